@@ -1,0 +1,35 @@
+"""The SkiplockError tree. Every error a user can cause has a clear message; none carries a password."""
+
+from __future__ import annotations
+
+
+class SkiplockError(Exception):
+    """Base of every error skiplock raises on purpose."""
+
+
+class ConfigError(SkiplockError):
+    """Bad settings, flags or environment: the process should exit non-zero at startup."""
+
+
+class PayloadError(SkiplockError, ValueError):
+    """A payload that is not JSON-serialisable, not finite, or too large. Nothing was written."""
+
+
+class DatabaseUnavailableError(SkiplockError):
+    """The database cannot be reached (wrong DSN, server down). The message has the password masked."""
+
+
+class SchemaNotReadyError(SkiplockError):
+    """The schema is missing or older than this version expects: run ``skiplock migrate``."""
+
+
+class HandlerImportError(ConfigError):
+    """The ``module:function`` handler cannot be imported or is not callable."""
+
+
+class LeaseLostError(SkiplockError):
+    """The job's lease was taken back (recovered, cancelled or re-claimed) before completion; work rolled back."""
+
+
+class NonRetryableError(Exception):
+    """Raise from a handler to fail the job at once, without further attempts."""

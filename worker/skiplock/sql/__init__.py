@@ -1,0 +1,123 @@
+"""Loads the named SQL of ``queries/*.sql`` and the ``migrations/NNNN_*.sql`` files, rendered for one schema.
+
+Each query starts with ``-- name: <query>`` and one description line. ``{schema}`` is rendered with
+``psycopg.sql.Identifier`` (so any schema name is quoted), values stay ``%(name)s`` parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, LiteralString, cast
+
+from psycopg import sql
+
+_HEADER = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>.+)\n", re.MULTILINE)
+QUERY_FILES = ("jobs.sql", "stats.sql", "schema.sql")
+
+
+@dataclass(frozen=True)
+class Statement:
+    name: str
+    doc: str
+    text: str
+
+
+def parse(source: str) -> list[Statement]:
+    """Split a .sql file into named statements (text still has ``{schema}``)."""
+    headers = list(_HEADER.finditer(source))
+    if not headers:
+        raise ValueError("no '-- name:' header found")
+    out = []
+    for i, m in enumerate(headers):
+        end = headers[i + 1].start() if i + 1 < len(headers) else len(source)
+        body = source[m.end() : end].strip()
+        if not body:
+            raise ValueError(f"query {m['name']} has no body")
+        out.append(Statement(m["name"], m["doc"].strip(), body))
+    return out
+
+
+def render(text: str, schema: str) -> LiteralString:
+    composed = sql.SQL(cast(LiteralString, text)).format(schema=sql.Identifier(schema))
+    return cast(LiteralString, composed.as_string(None))
+
+
+@cache
+def _raw_queries() -> tuple[Statement, ...]:
+    folder = resources.files(__package__).joinpath("queries")
+    out: list[Statement] = []
+    for filename in QUERY_FILES:
+        out.extend(parse(folder.joinpath(filename).read_text(encoding="utf-8")))
+    names = [s.name for s in out]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ValueError(f"duplicate query names: {sorted(dupes)}")
+    return tuple(out)
+
+
+class Queries:
+    """One attribute per named query, rendered for one schema. A typo in a name fails at first use."""
+
+    job_enqueue: LiteralString
+    job_find_by_key: LiteralString
+    job_enqueue_many: LiteralString
+    job_notify: LiteralString
+    job_claim: LiteralString
+    job_complete: LiteralString
+    job_fail: LiteralString
+    job_release: LiteralString
+    job_heartbeat: LiteralString
+    job_recover_expired: LiteralString
+    job_get: LiteralString
+    job_list_failed: LiteralString
+    job_retry_failed: LiteralString
+    job_cancel: LiteralString
+    job_purge_batch: LiteralString
+    queue_stats: LiteralString
+    schema_lock: LiteralString
+    schema_create: LiteralString
+    schema_versions: LiteralString
+    schema_record: LiteralString
+    schema_present: LiteralString
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        declared = set(type(self).__annotations__)
+        loaded = {s.name for s in _raw_queries()}
+        if declared != loaded:
+            raise ValueError(f"queries declared {sorted(declared ^ loaded)} do not match the .sql files")
+        for stmt in _raw_queries():
+            setattr(self, stmt.name, render(stmt.text, schema))
+
+    def __getattr__(self, name: str) -> Any:  # only called for missing attributes
+        raise AttributeError(f"no query named {name!r} in skiplock/sql/queries")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    text: str
+
+
+@cache
+def migrations() -> tuple[Migration, ...]:
+    folder = resources.files(__package__).joinpath("migrations")
+    out = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        m = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)
+        if not m:
+            continue
+        out.append(Migration(int(m[1]), f"{m[1]}_{m[2]}", entry.read_text(encoding="utf-8")))
+    versions = [m.version for m in out]
+    if versions != list(range(1, len(out) + 1)):
+        raise ValueError(f"migrations must be numbered 0001.. without gaps, got {versions}")
+    return tuple(out)
+
+
+@cache
+def queries_for(schema: str) -> Queries:
+    return Queries(schema)

@@ -1,0 +1,27 @@
+-- name: queue_stats
+-- Health of each queue (ready, delayed, processing, stalled, failed, oldest ready age) from partial indexes only.
+WITH live AS (
+    SELECT queue, status, visible_at, locked_at FROM {schema}.jobs
+    WHERE status = 'pending' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+    UNION ALL
+    SELECT queue, status, visible_at, locked_at FROM {schema}.jobs
+    WHERE status = 'processing' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+    UNION ALL
+    SELECT queue, status, visible_at, locked_at FROM {schema}.jobs
+    WHERE status = 'failed' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+)
+SELECT queue,
+       count(*) FILTER (WHERE status = 'pending' AND visible_at <= coalesce(%(now)s::timestamptz, now())) AS ready,
+       count(*) FILTER (WHERE status = 'pending' AND visible_at > coalesce(%(now)s::timestamptz, now())) AS delayed,
+       count(*) FILTER (WHERE status = 'processing') AS processing,
+       count(*) FILTER (WHERE status = 'processing' AND locked_at < coalesce(%(now)s::timestamptz, now())
+                                                   - make_interval(secs => %(lease_seconds)s)) AS stalled,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now())
+                - min(visible_at) FILTER (WHERE status = 'pending'
+                                          AND visible_at <= coalesce(%(now)s::timestamptz, now()))), 0)::float8
+           AS oldest_ready_age_seconds
+FROM live
+GROUP BY queue
+ORDER BY queue;
+
