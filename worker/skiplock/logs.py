@@ -21,9 +21,8 @@ class _Redactor(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if self.dsn:
             record.msg = redact(str(record.msg), self.dsn)
-            if record.args:
-                record.args = tuple(redact(str(a), self.dsn) for a in record.args) if isinstance(
-                    record.args, tuple) else record.args
+            if isinstance(record.args, tuple):
+                record.args = tuple(redact(a, self.dsn) if isinstance(a, str) else a for a in record.args)
         return True
 
 

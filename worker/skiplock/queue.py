@@ -362,6 +362,11 @@ class Queue:
             conn.commit()
             return migrations.migrate(conn, self.settings.schema)
 
+    def check_schema(self) -> None:
+        """Raise :class:`SchemaNotReadyError` unless the schema is migrated to this version."""
+        with self._pool.connection() as conn:
+            migrations.check_version(migrations.current_version(conn, self.settings.schema), self.settings.schema)
+
 
 # ---------------------------------------------------------------------------------------------- async
 class AsyncQueue:
@@ -491,6 +496,11 @@ class AsyncQueue:
         async with self._pool.connection() as conn:
             await conn.commit()
             return await migrations.amigrate(conn, self.settings.schema)
+
+    async def check_schema(self) -> None:
+        async with self._pool.connection() as conn:
+            version = await migrations.acurrent_version(conn, self.settings.schema)
+        migrations.check_version(version, self.settings.schema)
 
 
 def _require_selection(ids: Sequence[int] | None, queue: str | None) -> None:

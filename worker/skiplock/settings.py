@@ -10,7 +10,6 @@ import dataclasses
 import os
 import re
 import socket
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
@@ -90,12 +89,12 @@ class Settings:
     """Python logging level name (default INFO)."""
 
     worker_id: str = ""
-    """Identity written to locked_by (default ``host:pid:nonce``; the operator uses the pod name)."""
+    """Identity prefix written to locked_by (default ``host:pid``; the operator uses the pod name).
+    Each worker process appends its own random nonce, so a restarted container never shares an identity."""
 
     def __post_init__(self) -> None:
         if not self.worker_id:
-            nonce = uuid.uuid4().hex[:8]
-            object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{os.getpid()}:{nonce}")
+            object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{os.getpid()}")
         self.validate()
 
     # ------------------------------------------------------------------ building

@@ -15,7 +15,7 @@ from typing import Any, LiteralString, cast
 from psycopg import sql
 
 _HEADER = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>.+)\n", re.MULTILINE)
-QUERY_FILES = ("jobs.sql", "stats.sql", "schema.sql")
+QUERY_FILES = ("jobs.sql", "stats.sql", "schema.sql", "doctor.sql")
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,12 @@ class Queries:
     schema_versions: LiteralString
     schema_record: LiteralString
     schema_present: LiteralString
+    doctor_indexes: LiteralString
+    doctor_autovacuum: LiteralString
+    doctor_table_stats: LiteralString
+    doctor_xmin_holders: LiteralString
+    doctor_backend_pid: LiteralString
+    doctor_notify: LiteralString
 
     def __init__(self, schema: str) -> None:
         self.schema = schema

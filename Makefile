@@ -1,0 +1,41 @@
+# Every target creates or refreshes .venv first, so a fresh clone needs nothing but python3 (3.11+).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+K8S_TOOLS := $(CURDIR)/.cache/k8s-tools
+export PATH := $(K8S_TOOLS)/helm:$(K8S_TOOLS)/kubectl:$(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: demo test lint bench soak install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[operator,test,dev,demo]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make demo: the main job on an embedded PostgreSQL (or on $SKIPLOCK_DSN / $DATABASE_URL when set)
+demo: $(STAMP)
+	$(BIN)/skiplock demo
+
+## make test: lint, then the whole suite against a real PostgreSQL (SKIPLOCK_TEST_DSN, Docker, or embedded)
+test: $(STAMP)
+	bash tools/get-k8s-tools.sh >/dev/null
+	$(MAKE) --no-print-directory lint
+	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	bash tools/check-layout.sh
+	$(BIN)/ruff check worker operator tests bench
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+soak: $(STAMP)
+	$(BIN)/pytest -q -m soak tests/chaos
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from skiplock.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""A dedicated LISTEN connection that sets a wake-up event; polling stays the fallback.
+
+Behind PgBouncer in transaction mode LISTEN is accepted but notifications never arrive: the listener
+checks itself with a NOTIFY round trip after connecting and, when it gets nothing back, says so and stops
+(the worker keeps polling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+import psycopg
+from psycopg import sql
+
+from skiplock.backoff import backoff_seconds
+from skiplock.settings import redact
+
+log = logging.getLogger(__name__)
+PROBE_TIMEOUT = 3.0
+
+
+class Listener:
+    def __init__(
+        self, dsn: str, channel: str, queue: str, wake: Callable[[], None],
+        on_state: Callable[[bool], None] = lambda up: None,
+        on_notify: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._dsn = dsn
+        self._channel = channel
+        self._queue = queue
+        self._wake = wake
+        self._on_state = on_state
+        self._on_notify = on_notify
+        self.connected = False
+        self.unsupported = False
+        self.last_notification = 0.0
+
+    async def run(self) -> None:
+        """Listen until cancelled, reconnecting with capped backoff."""
+        failures = 0
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True) as conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    if not await self._probe(conn):
+                        self.unsupported = True
+                        log.warning(
+                            "LISTEN does not deliver notifications on this connection (PgBouncer in transaction "
+                            "mode?): polling only", extra={"action": "listen_unsupported"},
+                        )
+                        return
+                    self._set(True)
+                    failures = 0
+                    self._wake()  # anything enqueued while we were away
+                    async for note in conn.notifies():
+                        if note.payload == self._queue:
+                            self.last_notification = time.time()
+                            self._on_notify()
+                            self._wake()
+            except asyncio.CancelledError:
+                self._set(False)
+                raise
+            except (psycopg.Error, OSError) as exc:
+                self._set(False)
+                failures += 1
+                delay = backoff_seconds(failures, base=0.5, cap=30.0, jitter=0.5)
+                log.warning(
+                    "listener lost its connection (%s); reconnecting in %.1fs, polling meanwhile",
+                    redact(str(exc).strip(), self._dsn), delay, extra={"action": "listener_down"},
+                )
+                await asyncio.sleep(delay)
+
+    async def _probe(self, conn: psycopg.AsyncConnection[object]) -> bool:
+        token = f"probe:{uuid.uuid4().hex}"
+        await conn.execute("SELECT pg_notify(%s, %s)", (self._channel, token))
+        async for note in conn.notifies(timeout=PROBE_TIMEOUT):
+            if note.payload == token:
+                return True
+        return False
+
+    def _set(self, up: bool) -> None:
+        if up != self.connected:
+            self.connected = up
+            self._on_state(up)
+            log.info("listener %s", "connected" if up else "disconnected",
+                     extra={"action": "listener_up" if up else "listener_down", "channel": self._channel})

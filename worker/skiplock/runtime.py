@@ -1,0 +1,487 @@
+"""The worker: notify/poll claim loop, bounded concurrency, fenced handler transactions, batched completion,
+heartbeats, lease recovery, and a graceful SIGTERM drain.
+
+One asyncio loop runs it all. A sync handler runs its whole unit ("call handler, fenced complete, commit") in a
+thread on a sync-pool connection; an async handler gets an async connection. ``job.conn`` is opened for every
+job, but when the handler never used it the completion joins a batch (one statement for many jobs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from prometheus_client import CollectorRegistry
+
+from skiplock import __version__
+from skiplock.backoff import backoff_seconds
+from skiplock.handlers import Handler
+from skiplock.job import Job, QueueStats
+from skiplock.listener import Listener
+from skiplock.metrics import Exporter, QueueCollector, WorkerMetrics
+from skiplock.queue import AsyncQueue, Failure, Queue, check_connect, stats_from_row
+from skiplock.sql import queries_for
+from skiplock.settings import Settings, redact
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError)
+FLUSH_MAX = 500
+
+
+class _HandlerUsedConnection(Exception):
+    """Internal: the handler's transaction was aborted by a database error it swallowed."""
+
+
+@dataclass
+class _Running:
+    job: Job
+    task: asyncio.Task[None]
+    started: float = field(default_factory=time.monotonic)
+
+
+class Worker:
+    """Runs one queue's jobs until :meth:`request_stop`. Build it with settings and a loaded handler."""
+
+    def __init__(self, settings: Settings, handler: Handler, *, registry: CollectorRegistry | None = None) -> None:
+        self.settings = settings
+        self.handler = handler
+        self.identity = f"{settings.worker_id}:{uuid.uuid4().hex[:8]}"
+        self.queue_name = settings.queue
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = WorkerMetrics(self.registry)
+        self._running: dict[int, _Running] = {}
+        self._done_buf: list[Job] = []
+        self._fail_buf: list[Failure] = []
+        self._lost: set[tuple[int, int]] = set()
+        self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._flush_needed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._force = False
+        self._last_tick = time.monotonic()
+        self._db_ok = False
+        self._db_failures = 0
+        self._aq: AsyncQueue | None = None
+        self._sync_pool: ConnectionPool[Any] | None = None
+        self._sync_queue: Queue | None = None
+        self._exporter: Exporter | None = None
+        self.listener: Listener | None = None
+        self.released = 0
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    async def run(self) -> int:
+        """Run until asked to stop; returns the process exit code (0 after a clean drain)."""
+        s = self.settings
+        dsn = s.require_dsn()
+        await asyncio.to_thread(check_connect, dsn)
+        size = s.concurrency + 3 if self.handler.is_async else 4
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            dsn, min_size=min(size, 2), max_size=size, open=False, name="skiplock-worker",
+            reconnect_timeout=0,
+        )
+        await pool.open()
+        self._aq = AsyncQueue(pool, s, owned=True)
+        if not self.handler.is_async:
+            self._sync_pool = ConnectionPool(
+                dsn, min_size=1, max_size=s.concurrency, open=False, name="skiplock-handlers", reconnect_timeout=0
+            )
+            self._sync_pool.open()
+            self._sync_queue = Queue(pool=self._sync_pool, settings=s)
+        self.metrics.describe_worker(self.queue_name, s.concurrency, __version__)
+        if s.metrics_port:
+            self._start_exporter()
+        log.info(
+            "worker started", extra={
+                "action": "worker_started", "queue": self.queue_name, "worker": self.identity,
+                "handler": self.handler.spec, "concurrency": s.concurrency, "dsn": s.masked_dsn,
+            },
+        )
+        tasks = [
+            asyncio.create_task(self._ticker(), name="ticker"),
+            asyncio.create_task(self._flusher(), name="flusher"),
+            asyncio.create_task(self._heartbeats(), name="heartbeat"),
+            asyncio.create_task(self._recoverer(), name="recoverer"),
+        ]
+        if s.listen:
+            self.listener = Listener(
+                dsn, s.channel, self.queue_name, self._wake.set,
+                on_state=lambda up: self.metrics.listener_connected.set(1 if up else 0),
+                on_notify=lambda: self.metrics.last_notification.set(time.time()),
+            )
+            tasks.append(asyncio.create_task(self.listener.run(), name="listener"))
+        try:
+            await self._claim_loop()
+            await self._drain()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._flush_all(final=True)
+            if self._exporter:
+                self._exporter.stop()
+            if self._sync_pool is not None:
+                await asyncio.to_thread(self._sync_pool.close)
+            await pool.close()
+            log.info("worker stopped", extra={"action": "worker_stopped", "queue": self.queue_name,
+                                               "released": self.released})
+        return 0
+
+    def request_stop(self) -> None:
+        """First call: stop claiming and drain. Second call: stop waiting for in-flight jobs."""
+        if self._stopping.is_set():
+            self._force = True
+            for r in list(self._running.values()):
+                r.task.cancel()
+            return
+        log.info("stop requested: draining", extra={"action": "drain_started", "in_flight": len(self._running)})
+        self._stopping.set()
+        self._wake.set()
+        self._slot_freed.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    # ------------------------------------------------------------------------------------------ claiming
+    async def _claim_loop(self) -> None:
+        s = self.settings
+        more = True
+        while not self._stopping.is_set():
+            free = s.concurrency - len(self._running)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            if not more:
+                source = await self._wait_for_work()
+                if self._stopping.is_set():
+                    break
+                self.metrics.wakeups.labels(source).inc()
+            self._wake.clear()
+            want = min(s.batch, free)
+            jobs = await self._db("claim", lambda: self._queue().claim(self.queue_name, limit=want, worker=self.identity))
+            if jobs is None:
+                await self._backoff_after_error()
+                more = True
+                continue
+            more = len(jobs) == want
+            if more:
+                self.metrics.wakeups.labels("busy").inc()
+            if jobs:
+                self.metrics.jobs_claimed.labels(self.queue_name).inc(len(jobs))
+            for job in jobs:
+                self._start(job)
+
+    async def _wait_for_work(self) -> str:
+        waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(self._stopping.wait())]
+        try:
+            done, _ = await asyncio.wait(waiters, timeout=self.settings.poll_seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        return "notify" if done else "poll"
+
+    def _start(self, job: Job) -> None:
+        task = asyncio.create_task(self._run_job(job), name=f"job-{job.id}")
+        self._running[job.id] = _Running(job, task)
+        self.metrics.in_flight.labels(self.queue_name).set(len(self._running))
+        if job.visible_at is not None:
+            wait = max(0.0, (datetime.now(UTC) - job.visible_at).total_seconds())
+            self.metrics.job_wait.labels(self.queue_name).observe(wait)
+
+    # ------------------------------------------------------------------------------------------ running one job
+    async def _run_job(self, job: Job) -> None:
+        started = time.monotonic()
+        try:
+            if self.handler.is_async:
+                outcome = await self._run_async(job)
+            else:
+                outcome = await asyncio.to_thread(self._run_sync, job)
+            self._record(job, outcome, started)
+        except asyncio.CancelledError:
+            # Only at shutdown past the grace period: hand the job back without burning an attempt.
+            await self._release([job])
+            raise
+        except Exception as exc:  # the handler raised: retry or fail, fenced
+            self._record(job, exc, started)
+        finally:
+            self._running.pop(job.id, None)
+            self.metrics.in_flight.labels(self.queue_name).set(len(self._running))
+            self._slot_freed.set()
+
+    async def _run_async(self, job: Job) -> str:
+        assert self._aq is not None
+        async with self._aq.pool.connection() as conn:
+            try:
+                await self.handler.func(job.with_conn(conn))
+            except BaseException:
+                await conn.rollback()
+                raise
+            status = conn.info.transaction_status
+            if status == TransactionStatus.IDLE:
+                return "batch"
+            if status != TransactionStatus.INTRANS:
+                await conn.rollback()
+                raise _HandlerUsedConnection("the handler's transaction was aborted by a database error it caught")
+            done = await self._aq.complete([job], worker=self.identity, conn=conn)
+            if not done:
+                await conn.rollback()
+                return "lease_lost"
+            await conn.commit()
+            return "done"
+
+    def _run_sync(self, job: Job) -> str:
+        assert self._sync_pool is not None and self._sync_queue is not None
+        with self._sync_pool.connection() as conn:
+            try:
+                self.handler.func(job.with_conn(conn))
+            except BaseException:
+                conn.rollback()
+                raise
+            status = conn.info.transaction_status
+            if status == TransactionStatus.IDLE:
+                return "batch"
+            if status != TransactionStatus.INTRANS:
+                conn.rollback()
+                raise _HandlerUsedConnection("the handler's transaction was aborted by a database error it caught")
+            done = self._sync_queue.complete([job], worker=self.identity, conn=conn)
+            if not done:
+                conn.rollback()
+                return "lease_lost"
+            conn.commit()
+            return "done"
+
+    def _record(self, job: Job, outcome: str | BaseException, started: float) -> None:
+        q = self.queue_name
+        self.metrics.job_duration.labels(q).observe(time.monotonic() - started)
+        if isinstance(outcome, BaseException):
+            self._fail_buf.append(Failure.from_exception(job, outcome, self.settings))
+            self._flush_needed.set()
+            return
+        if outcome == "batch":  # the handler did not write through job.conn: complete in the next batch
+            self._done_buf.append(job)
+            self._flush_needed.set()
+            return
+        self.metrics.jobs_finished.labels(q, outcome).inc()
+        if outcome == "lease_lost":
+            self._warn_lost(job)
+        else:
+            log.debug("job done", extra={"action": "job_done", "queue": q, "job_id": job.id})
+
+    # ------------------------------------------------------------------------------------------ batched results
+    async def _flusher(self) -> None:
+        while True:
+            await self._flush_needed.wait()
+            self._flush_needed.clear()
+            ok = await self._flush_all()
+            if not ok:
+                await self._backoff_after_error()
+                self._flush_needed.set()
+
+    async def _flush_all(self, final: bool = False) -> bool:
+        ok = True
+        while ok and self._done_buf:
+            batch, self._done_buf = self._done_buf[:FLUSH_MAX], self._done_buf[FLUSH_MAX:]
+            ok = await self._flush_done(batch)
+            if not ok:
+                self._done_buf[:0] = batch
+        while ok and self._fail_buf:
+            fails, self._fail_buf = self._fail_buf[:FLUSH_MAX], self._fail_buf[FLUSH_MAX:]
+            ok = await self._flush_failed(fails)
+            if not ok:
+                self._fail_buf[:0] = fails
+        if not ok and final:
+            log.warning("could not record %d result(s) before exit; their leases will expire and they will rerun",
+                        len(self._done_buf) + len(self._fail_buf), extra={"action": "results_lost"})
+        return ok
+
+    async def _flush_done(self, done: list[Job]) -> bool:
+        q = self.queue_name
+        ok_ids = await self._db("complete", lambda: self._queue().complete(done, worker=self.identity))
+        if ok_ids is None:
+            return False
+        self.metrics.jobs_finished.labels(q, "done").inc(len(ok_ids))
+        for job in done:
+            if job.id not in ok_ids:
+                self.metrics.jobs_finished.labels(q, "lease_lost").inc()
+                self._warn_lost(job)
+        return True
+
+    async def _flush_failed(self, fails: list[Failure]) -> bool:
+        statuses = await self._db("fail", lambda: self._queue().fail(fails, worker=self.identity))
+        if statuses is None:
+            return False
+        for f in fails:
+            self._count_failure(f, statuses.get(f.job.id))
+        return True
+
+    def _count_failure(self, f: Failure, status: str | None) -> None:
+        q, job = self.queue_name, f.job
+        extra = {"queue": q, "job_id": job.id, "attempt": job.attempts, "max_attempts": job.max_attempts,
+                 "error": f.error[:500]}
+        if status is None:
+            self.metrics.jobs_finished.labels(q, "lease_lost").inc()
+            self._warn_lost(job)
+        elif status == "pending":
+            self.metrics.jobs_finished.labels(q, "retried").inc()
+            log.warning("job failed, will retry in %.1fs", f.delay_seconds, extra={"action": "job_retry", **extra})
+        else:
+            self.metrics.jobs_finished.labels(q, "failed").inc()
+            reason = "non_retryable" if not f.retry else "exhausted"
+            self.metrics.jobs_failed.labels(q, reason).inc()
+            log.error("job failed for good (%s)", reason.replace("_", "-"), extra={"action": "job_failed", **extra})
+
+    def _warn_lost(self, job: Job) -> None:
+        log.warning("lease lost before completion: result discarded, writes rolled back",
+                    extra={"action": "lease_lost", "queue": self.queue_name, "job_id": job.id})
+
+    # ------------------------------------------------------------------------------------------ leases
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+            jobs = [r.job for r in self._running.values()] + list(self._done_buf) + [f.job for f in self._fail_buf]
+            if not jobs:
+                continue
+            alive = await self._db("heartbeat", lambda: self._queue().heartbeat(jobs, worker=self.identity))
+            if alive is None:
+                continue
+            for job in jobs:
+                if job.id not in alive and (job.id, job.attempts) not in self._lost:
+                    self._lost.add((job.id, job.attempts))
+                    log.warning("heartbeat found the lease lost", extra={"action": "lease_lost", "job_id": job.id,
+                                                                         "queue": self.queue_name})
+            self._lost &= {(j.id, j.attempts) for j in jobs}
+
+    async def _recoverer(self) -> None:
+        while True:
+            recovered = await self._db("recover", lambda: self._queue().recover_expired(queue=self.queue_name))
+            for r in recovered or []:
+                self.metrics.jobs_recovered.labels(self.queue_name, r.status).inc()
+                log.warning("recovered a job whose lease expired", extra={
+                    "action": "lease_recovered", "queue": r.queue, "job_id": r.id, "status": r.status,
+                    "attempt": r.attempts})
+            if recovered:
+                self._wake.set()
+            await asyncio.sleep(self.settings.recover_seconds)
+
+    async def _release(self, jobs: list[Job]) -> None:
+        ids = await self._db("release", lambda: self._queue().release(jobs, worker=self.identity))
+        if ids:
+            self.released += len(ids)
+            self.metrics.jobs_released.labels(self.queue_name).inc(len(ids))
+            log.info("handed back %d unfinished job(s) without burning an attempt", len(ids),
+                     extra={"action": "jobs_released", "queue": self.queue_name})
+
+    # ------------------------------------------------------------------------------------------ shutdown
+    async def _drain(self) -> None:
+        if not self._running:
+            return
+        grace = self.settings.shutdown_grace_seconds
+        log.info("waiting up to %.0fs for %d in-flight job(s)", grace, len(self._running),
+                 extra={"action": "drain_wait"})
+        deadline = time.monotonic() + grace
+        while self._running and time.monotonic() < deadline and not self._force:
+            self._slot_freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_freed.wait(), timeout=max(0.01, deadline - time.monotonic()))
+        left = list(self._running.values())
+        if not left:
+            return
+        log.warning("grace period over: handing back %d job(s) still running", len(left),
+                    extra={"action": "drain_timeout"})
+        if not self.handler.is_async:
+            # Threads cannot be cancelled: release the jobs now; their late completion is fenced out.
+            await self._release([r.job for r in left])
+        for r in left:
+            r.task.cancel()
+        await asyncio.wait([r.task for r in left], timeout=5)
+
+    # ------------------------------------------------------------------------------------------ plumbing
+    def _queue(self) -> AsyncQueue:
+        assert self._aq is not None
+        return self._aq
+
+    async def _db(self, operation: str, call: Callable[[], Awaitable[T]]) -> T | None:
+        """Run one control-plane call; a transient database error is logged, counted and survived (None)."""
+        try:
+            result = await call()
+        except TRANSIENT as exc:
+            self.metrics.db_errors.labels(operation).inc()
+            self.metrics.database_up.set(0)
+            self._db_ok = False
+            self._db_failures += 1
+            if self._db_failures == 1 or self._db_failures % 10 == 0:
+                log.warning("database error during %s (%s); retrying", operation,
+                            redact(str(exc).strip(), self.settings.dsn), extra={"action": "db_error"})
+            return None
+        if not self._db_ok:
+            if self._db_failures:
+                log.info("database reachable again", extra={"action": "db_recovered"})
+            self._db_ok = True
+            self._db_failures = 0
+            self.metrics.database_up.set(1)
+        return result
+
+    async def _backoff_after_error(self) -> None:
+        delay = backoff_seconds(max(self._db_failures, 1), base=0.2, cap=10.0, jitter=0.5)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+
+    async def _ticker(self) -> None:
+        while True:
+            self._last_tick = time.monotonic()
+            await asyncio.sleep(1.0)
+
+    def _start_exporter(self) -> None:
+        s = self.settings
+        fetch = _StatsFetcher(s)
+        self.registry.register(QueueCollector(fetch, ttl=max(s.poll_seconds, 5.0)))
+        self._exporter = Exporter(self.registry, s.metrics_host, s.metrics_port, self._healthy, self._ready)
+        self._exporter.start()
+        log.info("metrics on :%d (/metrics, /healthz, /readyz)", self._exporter.port, extra={"action": "exporter_up"})
+
+    def _healthy(self) -> tuple[bool, str]:
+        age = time.monotonic() - self._last_tick
+        return (age < 30.0, f"event loop tick {age:.1f}s ago")
+
+    def _ready(self) -> tuple[bool, str]:
+        if self._stopping.is_set():
+            return False, "draining"
+        return (self._db_ok, "database reachable" if self._db_ok else "database unreachable")
+
+
+class _StatsFetcher:
+    """Queue-wide stats for the collector, on its own lazily opened connection (scrapes run in a thread)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __call__(self) -> list[Any]:
+        s = self._settings
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = psycopg.connect(s.require_dsn(), autocommit=True, connect_timeout=5)
+        try:
+            with self._conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(queries_for(s.schema).queue_stats,
+                            {"queue": s.queue, "lease_seconds": s.lease_seconds, "now": None})
+                rows = [stats_from_row(r) for r in cur.fetchall()]
+        except psycopg.Error:
+            self._conn.close()
+            self._conn = None
+            raise
+        if not rows:  # an empty queue still has series (zeros), so alerts and panels see it
+            rows = [QueueStats(s.queue, 0, 0, 0, 0, 0, 0.0)]
+        return rows
