@@ -1,0 +1,269 @@
+"""``skiplock.doctor`` on a real PostgreSQL: each check passes when healthy and fails for the right reason."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+
+from skiplock import Settings
+from skiplock.doctor import (
+    Check,
+    Thresholds,
+    check_autovacuum,
+    check_dead_tuples,
+    check_listen,
+    check_schema_version,
+    check_xmin_horizon,
+    exit_code,
+    expected_indexes,
+    render_json,
+    render_text,
+    run_checks,
+)
+from skiplock.migrate import latest_version
+from support.pg import wait_for
+
+FAST = Thresholds(listen_timeout_seconds=2.0)
+
+
+@pytest.fixture
+def conn(pg_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        yield c
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks}
+
+
+# ------------------------------------------------------------------------------------------ pure checks
+def test_expected_indexes_follow_the_migrations() -> None:
+    assert expected_indexes() == (
+        "jobs_pkey", "jobs_claim_idx", "jobs_recover_idx", "jobs_failed_idx", "jobs_retention_idx",
+        "jobs_idempotency_idx",
+    )
+    later = "CREATE INDEX jobs_x_idx ON {schema}.jobs (queue);\nDROP INDEX {schema}.jobs_failed_idx;"
+    assert expected_indexes(["CREATE INDEX jobs_failed_idx ON {schema}.jobs (queue);", later]) == (
+        "jobs_pkey", "jobs_x_idx",
+    )
+
+
+@pytest.mark.parametrize(
+    ("found", "latest", "ok", "severity"),
+    [(0, 1, False, "critical"), (1, 2, False, "critical"), (2, 1, False, "warning"), (1, 1, True, "info")],
+)
+def test_schema_version_table(found: int, latest: int, ok: bool, severity: str) -> None:
+    check = check_schema_version("s", found, latest)
+    assert (check.ok, check.severity) == (ok, severity)
+
+
+@pytest.mark.parametrize(
+    ("reloptions", "server", "autovacuum_on", "ok", "severity"),
+    [
+        (["autovacuum_vacuum_scale_factor=0.01"], 0.2, True, True, "info"),
+        (None, 0.2, True, False, "warning"),  # the server default is far too lazy for a queue table
+        (None, 0.02, True, True, "info"),
+        (["autovacuum_enabled=false"], 0.2, True, False, "critical"),
+        (["autovacuum_vacuum_scale_factor=0.01"], 0.2, False, False, "critical"),
+    ],
+)
+def test_autovacuum_table(
+    reloptions: list[str] | None, server: float, autovacuum_on: bool, ok: bool, severity: str
+) -> None:
+    row = {"reloptions": reloptions, "autovacuum_on": autovacuum_on, "track_counts_on": True,
+           "server_vacuum_scale_factor": server}
+    check = check_autovacuum("s", row)
+    assert (check.ok, check.severity) == (ok, severity), check
+    if not ok:
+        assert check.advice
+
+
+@pytest.mark.parametrize(
+    ("live", "dead", "ok"),
+    [(0, 0, True), (100, 900, True), (100_000, 10_000, True), (10_000, 10_000, False), (0, 50_000, False)],
+)
+def test_dead_tuples_table(live: int, dead: int, ok: bool) -> None:
+    vacuumed = datetime(2026, 1, 1, tzinfo=UTC)
+    row = {"live": live, "dead": dead, "last_autovacuum": None, "last_vacuum": vacuumed}
+    assert check_dead_tuples("s", row, Thresholds()).ok is ok
+
+
+def test_xmin_horizon_table() -> None:
+    def row(age: float | None, xmin_age: int) -> dict[str, Any]:
+        return {"holder": "pid 7", "kind": "session", "age_seconds": age, "xmin_age": xmin_age,
+                "detail": "user=x"}
+
+    th = Thresholds(xact_warning_seconds=300, xact_critical_seconds=3600, xmin_age_critical=1000)
+    assert check_xmin_horizon([], th).ok
+    assert check_xmin_horizon([row(10, 5)], th).ok
+    assert check_xmin_horizon([row(301, 5)], th).severity == "warning"
+    assert check_xmin_horizon([row(3601, 5)], th).severity == "critical"
+    slot = check_xmin_horizon([row(None, 2000)], th)  # a replication slot has no age in seconds
+    assert (slot.ok, slot.severity) == (False, "critical")
+    assert "pid 7" in slot.detail
+
+
+def test_listen_table() -> None:
+    assert check_listen(True, 1, [5, 5, 5]).ok
+    assert not check_listen(False, 1, [5, 5, 5]).ok
+    pooled = check_listen(True, 1, [5, 6, 5])
+    assert not pooled.ok
+    assert "PgBouncer" in pooled.detail
+    assert "--no-listen" in pooled.advice
+
+
+def test_rendering_and_exit_code() -> None:
+    good = Check("a", True, "info", "fine")
+    skip = Check("b", False, "info", "skipped: x")
+    warn = Check("c", False, "warning", "bad", "do this")
+    assert exit_code([good, skip]) == 0
+    assert exit_code([good, warn]) == 1
+    text = render_text([good, skip, warn])
+    assert "[      ok] a: fine" in text
+    assert "[    SKIP] b" in text
+    assert "[ WARNING] c: bad" in text
+    assert "-> do this" in text
+    assert text.endswith("1 problem(s) found\n")
+    doc = json.loads(render_json([good, warn]))
+    assert doc["ok"] is False
+    assert doc["checks"][1] == {
+        "name": "c", "ok": False, "severity": "warning", "detail": "bad", "advice": "do this",
+    }
+
+
+# ------------------------------------------------------------------------------------------ real database
+def test_fresh_schema_is_healthy(conn: psycopg.Connection[Any], settings: Settings) -> None:
+    checks = run_checks(conn, settings, thresholds=FAST)
+    assert [c.name for c in checks] == [
+        "schema_version", "indexes", "autovacuum", "dead_tuples", "xmin_horizon", "listen", "stalled_jobs",
+    ]
+    assert all(c.ok for c in checks), render_text(checks)
+    assert exit_code(checks) == 0
+    assert f"version {latest_version()}" in checks[0].detail
+
+
+def test_unmigrated_schema_is_critical_and_skips_table_checks(
+    pg_dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    settings = Settings.load(env={}, dsn=pg_dsn, schema=f"absent_{uuid.uuid4().hex[:8]}")
+    checks = by_name(run_checks(conn, settings, thresholds=FAST))
+    assert (checks["schema_version"].ok, checks["schema_version"].severity) == (False, "critical")
+    assert "skiplock migrate" in checks["schema_version"].advice
+    for name in ("indexes", "autovacuum", "dead_tuples", "stalled_jobs"):
+        assert (checks[name].ok, checks[name].severity) == (False, "info")
+        assert checks[name].detail.startswith("skipped:")
+    assert checks["listen"].ok
+    assert exit_code(list(checks.values())) == 1
+
+
+def test_missing_and_invalid_indexes(conn: psycopg.Connection[Any], settings: Settings, schema: str) -> None:
+    conn.execute(f'DROP INDEX "{schema}".jobs_recover_idx')
+    conn.execute(  # what an interrupted CREATE INDEX CONCURRENTLY leaves behind
+        "UPDATE pg_index SET indisvalid = false WHERE indexrelid = to_regclass(%s)",
+        [f'"{schema}".jobs_failed_idx'],
+    )
+    check = by_name(run_checks(conn, settings, thresholds=FAST))["indexes"]
+    assert (check.ok, check.severity) == (False, "critical")
+    assert "missing: jobs_recover_idx" in check.detail
+    assert "invalid: jobs_failed_idx" in check.detail
+
+
+def test_autovacuum_reset_to_server_default(
+    conn: psycopg.Connection[Any], settings: Settings, schema: str
+) -> None:
+    conn.execute(f'ALTER TABLE "{schema}".jobs RESET (autovacuum_vacuum_scale_factor)')
+    server = conn.execute("SELECT current_setting('autovacuum_vacuum_scale_factor')::float8").fetchone()
+    check = by_name(run_checks(conn, settings, thresholds=FAST))["autovacuum"]
+    assert server is not None
+    if server[0] <= 0.05:
+        pytest.skip("this server already vacuums eagerly by default")
+    assert (check.ok, check.severity) == (False, "warning")
+    assert "server default" in check.detail
+    assert "autovacuum_vacuum_scale_factor = 0.01" in check.advice
+
+
+def test_dead_tuples_after_mass_delete(
+    conn: psycopg.Connection[Any], settings: Settings, schema: str
+) -> None:
+    conn.execute(f'ALTER TABLE "{schema}".jobs SET (autovacuum_enabled = false)')  # keep the dead rows
+    conn.execute(
+        f"INSERT INTO \"{schema}\".jobs (payload, status) "
+        "SELECT '{}', 'done' FROM generate_series(1, 12000)"
+    )
+    conn.execute(f'DELETE FROM "{schema}".jobs')
+    th = Thresholds(listen_timeout_seconds=2.0, dead_min=10_000, dead_ratio=0.2)
+
+    def dead_check() -> Check | None:
+        conn.execute("SELECT pg_stat_force_next_flush()")  # statistics are flushed lazily (PostgreSQL 15+)
+        check = by_name(run_checks(conn, settings, thresholds=th))["dead_tuples"]
+        return check if not check.ok else None
+
+    check = wait_for(dead_check, timeout=10, interval=0.2, what="dead tuples in pg_stat_user_tables")
+    assert check.severity == "warning"
+    assert "12000 dead" in check.detail
+    assert "VACUUM" in check.advice
+    autovacuum = by_name(run_checks(conn, settings, thresholds=th))["autovacuum"]
+    assert (autovacuum.ok, autovacuum.severity) == (False, "critical")
+
+
+def test_long_transaction_holds_the_xmin_horizon(
+    pg_dsn: str, conn: psycopg.Connection[Any], settings: Settings
+) -> None:
+    with psycopg.connect(pg_dsn, application_name="doctor-test-holder") as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM pg_class")  # takes the snapshot: backend_xmin is set now
+        pid = holder.info.backend_pid
+        th = Thresholds(listen_timeout_seconds=2.0, xact_warning_seconds=0.0)
+        check = by_name(run_checks(conn, settings, thresholds=th))["xmin_horizon"]
+        assert (check.ok, check.severity) == (False, "warning")
+        assert f"pid {pid}" in check.detail
+        assert "doctor-test-holder" in check.detail
+        assert "pg_terminate_backend" in check.advice
+        holder.rollback()
+    assert by_name(run_checks(conn, settings, thresholds=FAST))["xmin_horizon"].ok
+
+
+def test_stalled_jobs(conn: psycopg.Connection[Any], settings: Settings, schema: str) -> None:
+    conn.execute(
+        f"INSERT INTO \"{schema}\".jobs (queue, payload, status, attempts, locked_by, locked_at) "
+        "VALUES ('emails', '{}', 'processing', 1, 'gone:1:x', now() - interval '1 hour')"
+    )
+    check = by_name(run_checks(conn, settings, thresholds=FAST))["stalled_jobs"]
+    assert (check.ok, check.severity) == (False, "warning")
+    assert "emails=1" in check.detail
+
+
+def test_listen_round_trip_fails_when_notifications_cannot_reach_this_session(
+    pg_dsn: str, conn: psycopg.Connection[Any], settings: Settings
+) -> None:
+    """NOTIFY is per database: a sender on another database never reaches our LISTEN (as behind a pooler)."""
+    other = f"doctor_{uuid.uuid4().hex[:8]}"
+    conn.execute(f'CREATE DATABASE "{other}"')
+    try:
+        with psycopg.connect(pg_dsn, autocommit=True, dbname=other) as elsewhere:
+            th = Thresholds(listen_timeout_seconds=0.5)
+            checks = by_name(run_checks(elsewhere, settings, thresholds=th))
+        assert (checks["listen"].ok, checks["listen"].severity) == (False, "warning")
+        assert "no notification came back within 0.5s" in checks["listen"].detail
+        assert "--no-listen" in checks["listen"].advice
+    finally:
+        conn.execute(f'DROP DATABASE "{other}" WITH (FORCE)')
+
+
+def test_listen_off_is_not_a_problem(conn: psycopg.Connection[Any], settings: Settings) -> None:
+    check = by_name(run_checks(conn, settings.replace(listen=False), thresholds=FAST))["listen"]
+    assert check.ok
+    assert "poll every 1s" in check.detail
+
+
+def test_leaves_a_transactional_connection_as_it_was(pg_dsn: str, settings: Settings) -> None:
+    with psycopg.connect(pg_dsn) as plain:
+        assert all(c.ok for c in run_checks(plain, settings, thresholds=FAST))
+        assert plain.autocommit is False
+
