@@ -1,0 +1,364 @@
+"""Queue primitives against a real PostgreSQL (sync and async share one module)."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import select
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from skiplock import AsyncQueue, PayloadError, Queue, Settings
+from skiplock.errors import DatabaseUnavailableError, NonRetryableError
+from skiplock.queue import Failure
+from support.procs import claim_all
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def status_of(queue: Queue, job_id: int) -> dict:
+    row = queue.get(job_id)
+    assert row is not None
+    return row
+
+
+# ---------------------------------------------------------------------------------------------- enqueue
+def test_enqueue_returns_an_id_and_the_job_is_pending(queue: Queue):
+    r = queue.enqueue("emails", {"to": "a@b.c"})
+    row = status_of(queue, r.id)
+    assert (row["status"], row["payload"], row["attempts"], row["max_attempts"]) == ("pending", {"to": "a@b.c"}, 0, 5)
+    assert r.duplicate is False
+
+
+@pytest.mark.parametrize("payload", [None, 1, "text", [1, 2], {"nested": {"ü": ["x", 1.5, True, None]}}])
+def test_any_json_value_round_trips(queue: Queue, payload):
+    job_id = queue.enqueue("q", payload).id
+    assert status_of(queue, job_id)["payload"] == payload
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        ({"x": object()}, "not JSON-serialisable"),
+        ({"x": math.nan}, "not JSON-serialisable"),
+        ({"x": math.inf}, "not JSON-serialisable"),
+        ({"x": "a\x00b"}, "NUL"),
+        ({"x": "y" * 300_000}, "over the"),
+    ],
+)
+def test_bad_payloads_are_refused_and_nothing_is_written(queue: Queue, payload, fragment):
+    with pytest.raises(PayloadError, match=fragment):
+        queue.enqueue("q", payload)
+    assert queue.stats() == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"delay": -1}, {"delay": math.nan}, {"max_attempts": 0}, {"priority": 40_000}, {"idempotency_key": ""},
+     {"run_at": datetime(2030, 1, 1)}],
+)
+def test_bad_arguments_are_refused(queue: Queue, kwargs):
+    with pytest.raises(ValueError):
+        queue.enqueue("q", {}, **kwargs)
+
+
+def test_bad_queue_names_are_refused(queue: Queue):
+    for name in ("", "has space", "x" * 200):
+        with pytest.raises(ValueError, match="queue name"):
+            queue.enqueue(name, {})
+
+
+def test_idempotency_key_returns_the_existing_job(queue: Queue):
+    first = queue.enqueue("q", {"n": 1}, idempotency_key="order-42")
+    second = queue.enqueue("q", {"n": 2}, idempotency_key="order-42")
+    assert second.id == first.id and second.duplicate
+    assert queue.enqueue("other", {"n": 3}, idempotency_key="order-42").duplicate is False
+    with queue._pool.connection() as conn:
+        count = conn.execute(f'SELECT count(*) FROM "{queue.settings.schema}".jobs').fetchone()[0]
+    assert count == 2
+
+
+def test_a_failed_job_frees_its_idempotency_key(queue: Queue):
+    first = queue.enqueue("q", {}, idempotency_key="k", max_attempts=1)
+    [job] = queue.claim("q", limit=1, worker="w")
+    queue.fail([Failure(job, "Boom: x", 0, retry=True)], worker="w")
+    again = queue.enqueue("q", {}, idempotency_key="k")
+    assert again.id != first.id and not again.duplicate
+    assert queue.retry_failed(ids=[first.id]) == []  # its key is live again: not re-driven twice
+
+
+def test_enqueue_in_the_callers_transaction_rolls_back_with_it_and_notifies_only_at_commit(queue: Queue, pg_dsn):
+    channel = queue.settings.channel
+    with psycopg.connect(pg_dsn, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{channel}"')
+        with psycopg.connect(pg_dsn) as conn:
+            queue.enqueue("q", {"n": 1}, conn=conn)
+            assert not _notified(listener, 0.2), "notification before commit"
+            conn.rollback()
+        assert queue.stats() == []
+        assert not _notified(listener, 0.3), "notification from a rolled-back transaction"
+        with psycopg.connect(pg_dsn) as conn:
+            for i in range(5):
+                queue.enqueue("q", {"n": i}, conn=conn)
+            conn.commit()
+        notes = _notified(listener, 2.0)
+        assert [n.payload for n in notes] == ["q"], "one notification per transaction and queue"
+    assert queue.stats()[0].ready == 5
+
+
+def _notified(conn: psycopg.Connection, timeout: float) -> list:
+    select.select([conn.fileno()], [], [], timeout)
+    return list(conn.notifies(timeout=0.3, stop_after=10))
+
+
+def test_delayed_jobs_do_not_notify(queue: Queue, pg_dsn):
+    with psycopg.connect(pg_dsn, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{queue.settings.channel}"')
+        queue.enqueue("q", {}, delay=60)
+        assert not _notified(listener, 0.3)
+
+
+def test_enqueue_many_inserts_all_skips_duplicate_keys_and_notifies_once(queue: Queue, pg_dsn):
+    with psycopg.connect(pg_dsn, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{queue.settings.channel}"')
+        ids = queue.enqueue_many("bulk", [{"i": i} for i in range(1000)])
+        assert len(ids) == 1000 and ids == sorted(ids)
+        assert [n.payload for n in _notified(listener, 2.0)] == ["bulk"]
+    keyed = queue.enqueue_many("bulk", [{}, {}, {}], idempotency_keys=["a", "a", "b"])
+    assert len(keyed) == 2
+    with pytest.raises(PayloadError):
+        queue.enqueue_many("bulk", [{"ok": 1}, {"bad": math.nan}])
+    assert queue.stats("bulk")[0].ready == 1002
+
+
+# ---------------------------------------------------------------------------------------------- claim
+def test_claim_orders_by_priority_then_visibility_then_id(queue: Queue):
+    low = queue.enqueue("q", "low", priority=-1).id
+    a = queue.enqueue("q", "a").id
+    b = queue.enqueue("q", "b").id
+    high = queue.enqueue("q", "high", priority=10).id
+    got = [j.id for j in queue.claim("q", limit=10, worker="w")]
+    assert got == [high, a, b, low]
+
+
+def test_delayed_jobs_are_invisible_until_due(queue: Queue):
+    job_id = queue.enqueue("q", {}, run_at=T0).id
+    assert queue.claim("q", limit=5, worker="w", now=T0 - timedelta(seconds=1)) == []
+    [job] = queue.claim("q", limit=5, worker="w", now=T0)
+    assert job.id == job_id and job.attempts == 1
+
+
+def test_claim_sets_the_lease_and_counts_the_attempt(queue: Queue):
+    job_id = queue.enqueue("q", {}).id
+    [job] = queue.claim("q", limit=1, worker="worker-1")
+    row = status_of(queue, job_id)
+    assert (row["status"], row["locked_by"], row["attempts"]) == ("processing", "worker-1", 1)
+    assert row["locked_at"] is not None
+    assert queue.claim("q", limit=1, worker="worker-2") == []
+
+
+def test_many_processes_never_claim_the_same_job_and_lose_none(queue: Queue, pg_dsn, schema):
+    ids = set(queue.enqueue_many("race", [{"i": i} for i in range(3000)]))
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    procs = [ctx.Process(target=claim_all, args=(pg_dsn, schema, "race", f"w{i}", out)) for i in range(6)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    claimed = [i for r in results for i in r]
+    assert len(claimed) == len(set(claimed)), "a job was claimed twice"
+    assert set(claimed) == ids, "a job was lost"
+    assert sum(1 for r in results if r) >= 2, "claims did not spread over workers"
+
+
+def test_claim_does_not_block_on_rows_locked_by_another_transaction(queue: Queue, pg_dsn):
+    queue.enqueue_many("q", [{}, {}])
+    with psycopg.connect(pg_dsn) as holder:
+        holder.execute(f'SELECT id FROM "{queue.settings.schema}".jobs ORDER BY id LIMIT 1 FOR UPDATE')
+        with psycopg.connect(pg_dsn, autocommit=True) as other:
+            other.execute("SET lock_timeout = '500ms'")
+        jobs = queue.claim("q", limit=2, worker="w")
+        assert len(jobs) == 1, "SKIP LOCKED skipped the locked row and did not wait"
+
+
+# ---------------------------------------------------------------------------------------------- complete / fail
+def test_complete_is_fenced_by_worker_and_attempt(queue: Queue):
+    queue.enqueue("q", {})
+    [job] = queue.claim("q", limit=1, worker="w1")
+    assert queue.complete([job], worker="w2") == set()
+    assert queue.complete([job], worker="w1") == {job.id}
+    assert status_of(queue, job.id)["status"] == "done"
+    assert queue.complete([job], worker="w1") == set(), "completing twice reports the lost lease"
+
+
+def test_a_recovered_and_reclaimed_job_refuses_the_old_attempt(queue: Queue):
+    queue.enqueue("q", {})
+    [old] = queue.claim("q", limit=1, worker="w1", now=T0)
+    assert [r.id for r in queue.recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(seconds=31))] == [old.id]
+    [new] = queue.claim("q", limit=1, worker="w1", now=T0 + timedelta(seconds=32))
+    assert new.attempts == 2
+    assert queue.complete([old], worker="w1") == set()
+    assert queue.complete([new], worker="w1") == {new.id}
+
+
+def test_fail_retries_with_backoff_then_fails_when_exhausted(queue: Queue, settings: Settings):
+    job_id = queue.enqueue("q", {}, max_attempts=2).id
+    [job] = queue.claim("q", limit=1, worker="w", now=T0)
+    failure = Failure(job, "ValueError: first", 10.0, retry=True)
+    assert queue.fail([failure], worker="w", now=T0) == {job_id: "pending"}
+    row = status_of(queue, job_id)
+    assert row["visible_at"] == T0 + timedelta(seconds=10)
+    assert row["last_error"] == "ValueError: first" and row["locked_by"] is None
+    assert queue.claim("q", limit=1, worker="w", now=T0 + timedelta(seconds=9)) == []
+    [job] = queue.claim("q", limit=1, worker="w", now=T0 + timedelta(seconds=10))
+    assert queue.fail([Failure(job, "ValueError: second", 10.0, retry=True)], worker="w") == {job_id: "failed"}
+    assert status_of(queue, job_id)["attempts"] == 2
+
+
+def test_non_retryable_errors_fail_at_once(queue: Queue, settings: Settings):
+    job_id = queue.enqueue("q", {}).id
+    [job] = queue.claim("q", limit=1, worker="w")
+    failure = Failure.from_exception(job, NonRetryableError("card declined"), settings)
+    assert failure.final and not failure.retry
+    assert queue.fail([failure], worker="w") == {job_id: "failed"}
+    assert status_of(queue, job_id)["last_error"] == "NonRetryableError: card declined"
+
+
+def test_failure_text_is_bounded_and_storable(settings: Settings):
+    from skiplock.job import Job
+    from skiplock.queue import format_error
+
+    job = Job(1, "q", {}, 1, 5)
+    f = Failure.from_exception(job, RuntimeError("x" * 100_000), settings)
+    assert len(f.error) <= 4000 and f.error.startswith("RuntimeError: ")
+    weird = format_error(ValueError(b"\xff\xfe".decode("utf-8", "surrogateescape") + "\x00"))
+    weird.encode("utf-8")
+    assert "\x00" not in weird
+
+
+def test_batch_completion_reports_only_the_lost_ones(queue: Queue):
+    queue.enqueue_many("q", [{} for _ in range(5)])
+    jobs = queue.claim("q", limit=5, worker="w")
+    queue.cancel(ids=[jobs[0].id])
+    done = queue.complete(jobs, worker="w")
+    assert done == {j.id for j in jobs[1:]}
+
+
+def test_release_hands_back_without_burning_an_attempt(queue: Queue):
+    job_id = queue.enqueue("q", {}).id
+    [job] = queue.claim("q", limit=1, worker="w")
+    assert queue.release([job], worker="w") == {job_id}
+    row = status_of(queue, job_id)
+    assert (row["status"], row["attempts"]) == ("pending", 0)
+
+
+# ---------------------------------------------------------------------------------------------- leases
+def test_heartbeat_extends_the_lease_so_the_job_is_not_recovered(queue: Queue):
+    queue.enqueue("q", {})
+    [job] = queue.claim("q", limit=1, worker="w", now=T0)
+    assert queue.heartbeat([job], worker="w", now=T0 + timedelta(seconds=25)) == {job.id}
+    assert queue.recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(seconds=40)) == []
+    recovered = queue.recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(seconds=56))
+    assert [r.status for r in recovered] == ["pending"]
+    assert queue.heartbeat([job], worker="w") == set()
+
+
+def test_recovery_fails_exhausted_jobs_and_says_why(queue: Queue):
+    job_id = queue.enqueue("q", {}, max_attempts=1).id
+    queue.claim("q", limit=1, worker="crashed-worker", now=T0)
+    [r] = queue.recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(minutes=5))
+    assert (r.id, r.status) == (job_id, "failed")
+    assert "lease expired" in status_of(queue, job_id)["last_error"]
+    assert "crashed-worker" in status_of(queue, job_id)["last_error"]
+
+
+def test_recovery_is_scoped_to_its_queue(queue: Queue):
+    queue.enqueue("a", {})
+    queue.enqueue("b", {})
+    queue.claim("a", limit=1, worker="w", now=T0)
+    queue.claim("b", limit=1, worker="w", now=T0)
+    assert [r.queue for r in queue.recover_expired(queue="a", lease_seconds=1, now=T0 + timedelta(seconds=5))] == ["a"]
+
+
+# ---------------------------------------------------------------------------------------------- stats / admin
+def test_stats_counts_every_state(queue: Queue):
+    queue.enqueue_many("q", [{} for _ in range(4)], run_at=T0)
+    queue.enqueue("q", {}, run_at=T0 + timedelta(hours=1))
+    jobs = queue.claim("q", limit=3, worker="w", now=T0 + timedelta(seconds=10))
+    queue.fail([Failure(jobs[0], "E: x", 0, retry=False)], worker="w")
+    [s] = queue.stats(now=T0 + timedelta(seconds=100), lease_seconds=60)
+    assert (s.ready, s.delayed, s.processing, s.stalled, s.failed) == (1, 1, 2, 2, 1)
+    assert s.oldest_ready_age_seconds == pytest.approx(100)
+    assert queue.stats("nope") == []
+
+
+def test_stats_reads_only_the_partial_indexes(queue: Queue, pg_dsn):
+    schema = queue.settings.schema
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'''INSERT INTO "{schema}".jobs (queue, payload, status)
+                        SELECT 'q', '{{}}', 'done' FROM generate_series(1, 50000)''')
+        conn.execute(f'ANALYZE "{schema}".jobs')
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN " + queue.queries.queue_stats.replace("%(queue)s", "NULL").replace("%(now)s", "NULL")
+            .replace("%(lease_seconds)s", "60")))
+    assert "Seq Scan" not in plan, plan
+    assert "jobs_claim_idx" in plan and "jobs_recover_idx" in plan and "jobs_failed_idx" in plan
+
+
+def test_retry_and_cancel_and_list_failed(queue: Queue):
+    a, b, c = (queue.enqueue("q", {"n": i}).id for i in range(3))
+    assert sorted(queue.cancel(ids=[a, b])) == [a, b]
+    assert [r["id"] for r in queue.list_failed("q")] == [b, a]
+    assert queue.retry_failed(queue="q") == [a, b] or sorted(queue.retry_failed(queue="q") or [a, b]) == [a, b]
+    assert status_of(queue, a)["status"] == "pending" and status_of(queue, a)["attempts"] == 0
+    assert status_of(queue, c)["status"] == "pending"
+    with pytest.raises(ValueError):
+        queue.cancel()
+
+
+def test_purge_deletes_old_finished_jobs_in_batches(queue: Queue, pg_dsn):
+    schema = queue.settings.schema
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'''INSERT INTO "{schema}".jobs (queue, payload, status, updated_at)
+                        SELECT 'q', '{{}}', CASE WHEN g % 2 = 0 THEN 'done' ELSE 'failed' END, now() - interval '8 days'
+                        FROM generate_series(1, 12000) g''')
+    recent = queue.enqueue("q", {}).id
+    assert queue.purge(older_than_seconds=7 * 86400, statuses=["failed"]) == 6000
+    assert queue.purge(older_than_seconds=7 * 86400) == 6000
+    assert queue.get(recent) is not None
+    with pytest.raises(ValueError):
+        queue.purge(older_than_seconds=1, statuses=["pending"])
+
+
+# ---------------------------------------------------------------------------------------------- connection
+def test_a_wrong_dsn_fails_fast_with_the_password_masked():
+    with pytest.raises(DatabaseUnavailableError) as info:
+        Queue("postgresql://app:hunter2@127.0.0.1:1/app", connect_timeout=2)
+    assert "hunter2" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------- async twin
+async def test_async_queue_runs_the_same_cycle(aqueue: AsyncQueue):
+    r = await aqueue.enqueue("q", {"x": 1}, idempotency_key="k")
+    assert (await aqueue.enqueue("q", {"x": 2}, idempotency_key="k")).id == r.id
+    ids = await aqueue.enqueue_many("q", [{"i": i} for i in range(3)])
+    jobs = await aqueue.claim("q", limit=10, worker="w")
+    assert {j.id for j in jobs} == {r.id, *ids}
+    assert await aqueue.heartbeat(jobs, worker="w") == {j.id for j in jobs}
+    assert await aqueue.complete(jobs[:2], worker="w") == {jobs[0].id, jobs[1].id}
+    statuses = await aqueue.fail([Failure(jobs[2], "E: x", 0, retry=True)], worker="w")
+    assert statuses == {jobs[2].id: "pending"}
+    assert await aqueue.release(jobs[3:], worker="w") == {jobs[3].id}
+    [s] = await aqueue.stats("q")
+    assert s.ready == 2 and s.processing == 0
+
+
+async def test_async_enqueue_in_the_callers_transaction(aqueue: AsyncQueue, pg_dsn):
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        await aqueue.enqueue("q", {}, conn=conn)
+        await conn.rollback()
+    assert await aqueue.stats() == []
