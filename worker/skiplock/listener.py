@@ -27,8 +27,9 @@ class Listener:
     def __init__(
         self, dsn: str, channel: str, queue: str, wake: Callable[[], None],
         on_state: Callable[[bool], None] = lambda up: None,
-        on_notify: Callable[[], None] = lambda: None,
+        on_notify: Callable[[], None] = lambda: None, application_name: str = "skiplock",
     ) -> None:
+        self._application_name = application_name
         self._dsn = dsn
         self._channel = channel
         self._queue = queue
@@ -44,7 +45,9 @@ class Listener:
         failures = 0
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(
+                    self._dsn, autocommit=True, application_name=self._application_name
+                ) as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                     if not await self._probe(conn):
                         self.unsupported = True

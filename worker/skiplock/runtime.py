@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError)
 FLUSH_MAX = 500
+APPLICATION_NAME = "skiplock-worker"
 
 
 class _HandlerUsedConnection(Exception):
@@ -89,13 +90,14 @@ class Worker:
         size = s.concurrency + 3 if self.handler.is_async else 4
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             dsn, min_size=min(size, 2), max_size=size, open=False, name="skiplock-worker",
-            reconnect_timeout=0,
+            reconnect_timeout=0, kwargs={"application_name": APPLICATION_NAME},
         )
         await pool.open()
         self._aq = AsyncQueue(pool, s, owned=True)
         if not self.handler.is_async:
             self._sync_pool = ConnectionPool(
-                dsn, min_size=1, max_size=s.concurrency, open=False, name="skiplock-handlers", reconnect_timeout=0
+                dsn, min_size=1, max_size=s.concurrency, open=False, name="skiplock-handlers", reconnect_timeout=0,
+                kwargs={"application_name": APPLICATION_NAME},
             )
             self._sync_pool.open()
             self._sync_queue = Queue(pool=self._sync_pool, settings=s)
@@ -116,7 +118,7 @@ class Worker:
         ]
         if s.listen:
             self.listener = Listener(
-                dsn, s.channel, self.queue_name, self._wake.set,
+                dsn, s.channel, self.queue_name, self._wake.set, application_name=APPLICATION_NAME,
                 on_state=lambda up: self.metrics.listener_connected.set(1 if up else 0),
                 on_notify=lambda: self.metrics.last_notification.set(time.time()),
             )
@@ -472,7 +474,8 @@ class _StatsFetcher:
     def __call__(self) -> list[Any]:
         s = self._settings
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(s.require_dsn(), autocommit=True, connect_timeout=5)
+            self._conn = psycopg.connect(s.require_dsn(), autocommit=True, connect_timeout=5,
+                                         application_name=APPLICATION_NAME)
         try:
             with self._conn.cursor(row_factory=dict_row) as cur:
                 cur.execute(queries_for(s.schema).queue_stats,

@@ -1,0 +1,234 @@
+"""The worker runtime with real processes and a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from skiplock import Queue, Settings
+from skiplock.handlers import Handler, load_handler
+from skiplock.errors import HandlerImportError
+from skiplock.runtime import APPLICATION_NAME, Worker
+from support.pg import await_for, wait_for
+from support.workers import WorkerProcess, make_effects_table
+
+FAST = {"lease_seconds": 4, "heartbeat_seconds": 1, "poll_seconds": 0.5, "recover_seconds": 0.5,
+        "backoff_base_seconds": 0.05, "backoff_cap_seconds": 0.2}
+
+
+@pytest.fixture
+def workers(pg_dsn: str, schema: str) -> Iterator[list[WorkerProcess]]:
+    make_effects_table(pg_dsn, schema)
+    started: list[WorkerProcess] = []
+    yield started
+    for w in started:
+        w.stop()
+
+
+def spawn(workers: list[WorkerProcess], pg_dsn: str, schema: str, handler: str, queue: str = "w", **kw) -> WorkerProcess:
+    w = WorkerProcess(pg_dsn, schema, queue, handler, **{**FAST, **kw})
+    workers.append(w)
+    return w
+
+
+def counts(pg_dsn: str, schema: str) -> dict[str, int]:
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(f'SELECT status, count(*) FROM "{schema}".jobs GROUP BY status').fetchall()
+    return dict(rows)
+
+
+def effects(pg_dsn: str, schema: str) -> list[tuple[int, int]]:
+    with psycopg.connect(pg_dsn) as conn:
+        return conn.execute(f'SELECT job_id, count(*) FROM "{schema}".effects GROUP BY job_id').fetchall()
+
+
+def all_done(pg_dsn: str, schema: str, n: int):
+    return lambda: counts(pg_dsn, schema).get("done", 0) == n
+
+
+@pytest.mark.parametrize("handler", ["support.handlers:write_effect", "support.handlers:awrite_effect"])
+def test_sync_and_async_handlers_commit_each_effect_with_completion(workers, queue: Queue, pg_dsn, schema, handler):
+    ids = queue.enqueue_many("w", [{} for _ in range(300)])
+    spawn(workers, pg_dsn, schema, handler, concurrency=8)
+    wait_for(all_done(pg_dsn, schema, 300), timeout=60, what="300 jobs done")
+    got = effects(pg_dsn, schema)
+    assert {job_id for job_id, _ in got} == set(ids)
+    assert all(n == 1 for _, n in got), "an effect was committed twice"
+
+
+def test_no_op_handler_completes_in_batches(workers, queue: Queue, pg_dsn, schema):
+    queue.enqueue_many("w", [{} for _ in range(2000)])
+    spawn(workers, pg_dsn, schema, "support.handlers:noop", concurrency=16, batch=16)
+    spawn(workers, pg_dsn, schema, "support.handlers:anoop", concurrency=16, batch=16)
+    wait_for(all_done(pg_dsn, schema, 2000), timeout=60, what="2000 jobs done")
+
+
+def test_failures_retry_with_backoff_then_fail(workers, queue: Queue, pg_dsn, schema):
+    ok = queue.enqueue("w", {"fail_times": 2}, max_attempts=5).id
+    dead = queue.enqueue("w", {"always_fail": True}, max_attempts=3).id
+    final = queue.enqueue("w", {"non_retryable": True}, max_attempts=5).id
+    spawn(workers, pg_dsn, schema, "support.handlers:mixed")
+    wait_for(lambda: counts(pg_dsn, schema) == {"done": 1, "failed": 2}, timeout=30, what="terminal states")
+    assert queue.get(ok)["attempts"] == 3
+    assert queue.get(dead)["attempts"] == 3 and "always fails (attempt 3)" in queue.get(dead)["last_error"]
+    assert queue.get(final)["attempts"] == 1 and queue.get(final)["last_error"] == "NonRetryableError: bad input"
+
+
+def test_kill_9_mid_batch_jobs_come_back_and_finish_exactly_once_in_effect(workers, queue: Queue, pg_dsn, schema):
+    ids = queue.enqueue_many("w", [{"sleep": 0.3} for _ in range(40)])
+    victim = spawn(workers, pg_dsn, schema, "support.handlers:write_effect", concurrency=8)
+    wait_for(lambda: counts(pg_dsn, schema).get("processing", 0) >= 4, timeout=20, what="jobs in flight")
+    victim.signal(signal.SIGKILL)
+    victim.wait()
+    stuck = counts(pg_dsn, schema).get("processing", 0)
+    assert stuck > 0, "the kill left nothing in flight; the test proves nothing"
+    spawn(workers, pg_dsn, schema, "support.handlers:write_effect", concurrency=8)
+    wait_for(all_done(pg_dsn, schema, 40), timeout=60, what="all jobs done after the crash")
+    got = effects(pg_dsn, schema)
+    assert sorted(j for j, _ in got) == sorted(ids) and all(n == 1 for _, n in got)
+    with psycopg.connect(pg_dsn) as conn:
+        retried = conn.execute(f'SELECT count(*) FROM "{schema}".jobs WHERE attempts = 2').fetchone()[0]
+    assert retried >= stuck
+
+
+def test_a_slow_job_with_heartbeats_is_not_stolen(workers, queue: Queue, pg_dsn, schema):
+    job_id = queue.enqueue("w", {"sleep": 6}).id  # longer than the 2 s lease
+    spawn(workers, pg_dsn, schema, "support.handlers:write_effect", lease_seconds=2, heartbeat_seconds=0.5)
+    wait_for(lambda: queue.get(job_id)["status"] == "processing", timeout=20, what="claimed")
+    spawn(workers, pg_dsn, schema, "support.handlers:write_effect", lease_seconds=2, heartbeat_seconds=0.5)
+    wait_for(lambda: queue.get(job_id)["status"] == "done", timeout=30, what="slow job done")
+    assert queue.get(job_id)["attempts"] == 1
+    assert effects(pg_dsn, schema) == [(job_id, 1)]
+
+
+def test_sigterm_drains_in_flight_jobs_and_exits_zero(workers, queue: Queue, pg_dsn, schema):
+    queue.enqueue_many("w", [{"sleep": 1} for _ in range(4)])
+    w = spawn(workers, pg_dsn, schema, "support.handlers:write_effect", concurrency=4, shutdown_grace_seconds=20)
+    wait_for(lambda: counts(pg_dsn, schema).get("processing", 0) == 4, timeout=20, what="4 in flight")
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+    assert counts(pg_dsn, schema) == {"done": 4}
+
+
+def test_sigterm_past_the_grace_period_hands_jobs_back_without_burning_an_attempt(workers, queue: Queue, pg_dsn, schema):
+    ids = queue.enqueue_many("w", [{"sleep": 30} for _ in range(2)])
+    w = spawn(workers, pg_dsn, schema, "support.handlers:awrite_effect", concurrency=2, shutdown_grace_seconds=0.5)
+    wait_for(lambda: counts(pg_dsn, schema).get("processing", 0) == 2, timeout=20, what="2 in flight")
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+    for job_id in ids:
+        row = queue.get(job_id)
+        assert (row["status"], row["attempts"]) == ("pending", 0)
+    assert effects(pg_dsn, schema) == []
+
+
+def test_terminated_backend_connections_are_survived(workers, queue: Queue, pg_dsn, schema):
+    queue.enqueue_many("w", [{} for _ in range(50)])
+    w = spawn(workers, pg_dsn, schema, "support.handlers:write_effect", concurrency=4)
+    wait_for(all_done(pg_dsn, schema, 50), timeout=30, what="first 50 done")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        killed = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                              "WHERE application_name = %s AND datname = current_database()",
+                              (APPLICATION_NAME,)).fetchone()[0]
+    assert killed >= 2
+    queue.enqueue_many("w", [{} for _ in range(50)])
+    wait_for(all_done(pg_dsn, schema, 100), timeout=60, what="next 50 done after the connections were killed")
+    assert w.alive, w.output()
+
+
+def test_a_handler_that_cannot_be_imported_stops_the_worker_at_start(pg_dsn, schema):
+    for spec, fragment in [("support.nosuch:fn", "cannot import handler module"),
+                           ("support.handlers:missing", "has no attribute"),
+                           ("support.handlers:not_callable", "not a function")]:
+        env = {"PYTHONPATH": "tests", "SKIPLOCK_DSN": pg_dsn, "SKIPLOCK_SCHEMA": schema, "PATH": "/usr/bin:/bin"}
+        done = subprocess.run([sys.executable, "-m", "skiplock", "worker", "--handler", spec], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert fragment in done.stderr
+
+
+def test_load_handler_tells_sync_from_async():
+    assert load_handler("support.handlers:noop").is_async is False
+    assert load_handler("support.handlers:anoop").is_async is True
+    with pytest.raises(HandlerImportError):
+        load_handler("nocolon")
+
+
+# ---------------------------------------------------------------------------------------------- in-process
+async def _run_worker(settings: Settings, handler: Handler) -> tuple[Worker, asyncio.Task[int]]:
+    worker = Worker(settings, handler)
+    task = asyncio.create_task(worker.run())
+    await await_for(lambda: worker.listener is None or worker.listener.connected or task.done(), timeout=15,
+                    what="listener up")
+    return worker, task
+
+
+async def test_notify_wakes_an_idle_worker_long_before_its_poll(settings: Settings, aqueue):
+    settings = settings.replace(poll_seconds=60, lease_seconds=120, heartbeat_seconds=10)
+    seen: list[int] = []
+
+    async def handler(job):
+        seen.append(job.id)
+
+    worker, task = await _run_worker(settings, Handler("t", handler, True))
+    try:
+        await asyncio.sleep(0.2)
+        job_id = (await aqueue.enqueue("default", {})).id
+        await await_for(lambda: seen == [job_id], timeout=10, what="job picked up through NOTIFY (poll is 60 s)")
+        wakeups = worker.registry.get_sample_value("skiplock_worker_wakeups_total", {"source": "notify"})
+        assert wakeups and wakeups >= 1
+    finally:
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+
+async def test_without_listen_the_poll_still_finds_work(settings: Settings, aqueue):
+    settings = settings.replace(poll_seconds=0.3, listen=False)
+    seen: list[int] = []
+
+    async def handler(job):
+        seen.append(job.id)
+
+    worker, task = await _run_worker(settings, Handler("t", handler, True))
+    try:
+        await asyncio.sleep(0.5)
+        job_id = (await aqueue.enqueue("default", {})).id
+        await await_for(lambda: seen == [job_id], timeout=10, what="job picked up by polling")
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def test_a_stolen_lease_rolls_back_the_handlers_writes(settings: Settings, aqueue, pg_dsn, schema):
+    make_effects_table(pg_dsn, schema)
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def handler(job):
+        await job.conn.execute(f'INSERT INTO "{schema}".effects VALUES (%s, %s)', (job.id, job.attempts))
+        started.set()
+        await release.wait()
+
+    worker, task = await _run_worker(settings, Handler("t", handler, True))
+    try:
+        job_id = (await aqueue.enqueue("default", {})).id
+        await asyncio.wait_for(started.wait(), 10)
+        with Queue(settings=settings, max_size=1) as q:
+            assert await asyncio.to_thread(q.cancel, ids=[job_id]) == [job_id]
+        release.set()
+        await await_for(
+            lambda: worker.registry.get_sample_value(
+                "skiplock_jobs_finished_total", {"queue": "default", "outcome": "lease_lost"}) == 1,
+            timeout=10, what="lease_lost counted")
+        assert effects(pg_dsn, schema) == []
+        row = await aqueue.get(job_id)
+        assert row["status"] == "failed" and row["last_error"].startswith("Cancelled")
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)

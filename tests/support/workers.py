@@ -1,0 +1,51 @@
+"""Start real ``skiplock worker`` processes for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def make_effects_table(dsn: str, schema: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE IF NOT EXISTS "{schema}".effects (job_id bigint, attempt int)')
+
+
+class WorkerProcess:
+    def __init__(self, dsn: str, schema: str, queue: str, handler: str, **settings: Any) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
+        env.update({"SKIPLOCK_DSN": dsn, "SKIPLOCK_SCHEMA": schema, "SKIPLOCK_QUEUE": queue,
+                    "SKIPLOCK_HANDLER": handler, "PYTHONPATH": str(TESTS)})
+        for key, value in settings.items():
+            env[f"SKIPLOCK_{key.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
+        self.log = tempfile.NamedTemporaryFile(prefix="skiplock-worker-", suffix=".log", delete=False)  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "skiplock", "worker"], env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
