@@ -1,0 +1,173 @@
+"""``skiplock demo``: a realistic mix of jobs drained by a few real worker processes, with live progress.
+
+With no DSN it starts an embedded PostgreSQL (pgserver, imported lazily) whose data lives in a cache folder
+and is reused between runs. It works in its own schema, ``skiplock_demo``, which it recreates each run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from skiplock.job import Job
+from skiplock.settings import Settings
+
+DEMO_SCHEMA = "skiplock_demo"
+DEMO_QUEUE = "demo"
+BAR = 30
+
+
+def handle(job: Job) -> None:
+    """The demo's handler: succeed, fail a few times first, or always fail, by the payload's kind."""
+    p = job.payload
+    if p["kind"] == "poison":
+        raise RuntimeError(f"upstream rejected order {p['order']} (attempt {job.attempts})")
+    if p["kind"] == "flaky" and job.attempts <= p["fail_times"]:
+        raise ConnectionError(f"payment gateway timed out (attempt {job.attempts})")
+    time.sleep(p["work_ms"] / 1000)
+    # The effect is written through job.conn: it commits with the job's completion, exactly once.
+    job.conn.execute(f'INSERT INTO "{DEMO_SCHEMA}".receipts (job_id, order_id) VALUES (%s, %s)', (job.id, p["order"]))
+
+
+def demo_payloads(n: int, rng: random.Random) -> list[tuple[dict[str, Any], float]]:
+    """(payload, delay seconds): ~80% succeed, ~10% fail 1-2 times first, ~3% always fail, ~7% delayed."""
+    out = []
+    for order in range(1, n + 1):
+        roll = rng.random()
+        work = rng.randint(1, 20)
+        if roll < 0.03:
+            out.append(({"kind": "poison", "order": order, "work_ms": work}, 0.0))
+        elif roll < 0.13:
+            out.append(({"kind": "flaky", "order": order, "fail_times": rng.randint(1, 2), "work_ms": work}, 0.0))
+        elif roll < 0.20:
+            out.append(({"kind": "delayed", "order": order, "work_ms": work}, rng.uniform(2, 6)))
+        else:
+            out.append(({"kind": "ok", "order": order, "work_ms": work}, 0.0))
+    return out
+
+
+@contextmanager
+def embedded_postgres() -> Iterator[str]:
+    try:
+        import pgserver
+    except ImportError:
+        raise SystemExit(
+            "skiplock demo: no DSN given and the embedded PostgreSQL is not installed: "
+            "pip install 'skiplock[demo]' (make demo does it), or pass --dsn"
+        ) from None
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", module="platformdirs")
+    folder = Path(tempfile.gettempdir()) / f"skiplock-demo-{os.getuid()}" / "pgdata"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    print(f"starting an embedded PostgreSQL in {folder} ...", flush=True)
+    server = pgserver.get_server(folder, cleanup_mode="stop")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+def run_demo(settings: Settings, *, jobs: int, workers: int, concurrency: int) -> int:
+    if settings.dsn:
+        return _demo(settings.dsn, jobs, workers, concurrency)
+    with embedded_postgres() as dsn:
+        return _demo(dsn, jobs, workers, concurrency)
+
+
+def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
+    from skiplock.cli import render_stats
+    from skiplock.queue import Queue
+
+    settings = Settings.load(env={}, dsn=dsn, schema=DEMO_SCHEMA, max_attempts=4, backoff_base_seconds=0.5,
+                             backoff_cap_seconds=3, backoff_jitter=0.5)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{DEMO_SCHEMA}" CASCADE')
+    with Queue(settings=settings) as q:
+        q.migrate()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE TABLE "{DEMO_SCHEMA}".receipts (job_id bigint PRIMARY KEY, order_id int NOT NULL)')
+        rng = random.Random(7)
+        mix = demo_payloads(jobs, rng)
+        now = [p for p, d in mix if d == 0]
+        q.enqueue_many(DEMO_QUEUE, now)
+        for payload, delay in mix:
+            if delay:
+                q.enqueue(DEMO_QUEUE, payload, delay=delay)
+        kinds = {k: sum(1 for p, _ in mix if p["kind"] == k) for k in ("ok", "flaky", "poison", "delayed")}
+        print(f"enqueued {jobs} jobs into queue {DEMO_QUEUE!r}: {kinds['ok']} ok, {kinds['flaky']} flaky "
+              f"(fail 1-2 times, then succeed), {kinds['poison']} poison (always fail), {kinds['delayed']} delayed 2-6 s")
+        print(f"starting {workers} worker processes x concurrency {concurrency} ...", flush=True)
+        procs = [_spawn_worker(dsn, settings, concurrency, i) for i in range(workers)]
+        started = time.monotonic()
+        try:
+            code = _watch(dsn, jobs, kinds["poison"], started, procs)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            exits = [p.wait(timeout=60) for p in procs]
+        elapsed = time.monotonic() - started
+        print()
+        print(render_stats(q.stats(DEMO_QUEUE)))
+        with psycopg.connect(dsn) as conn:
+            status = dict(conn.execute(f'SELECT status, count(*) FROM "{DEMO_SCHEMA}".jobs GROUP BY 1').fetchall())
+            receipts = conn.execute(f'SELECT count(*), count(DISTINCT order_id) FROM "{DEMO_SCHEMA}".receipts').fetchone()
+        assert receipts is not None
+        print(f"\ndone {status.get('done', 0)}, failed {status.get('failed', 0)} in {elapsed:.1f}s "
+              f"({status.get('done', 0) / elapsed:.0f} jobs/s); receipts written through job.conn: {receipts[0]} "
+              f"for {receipts[1]} orders (one per done job)")
+        print(f"workers drained on SIGTERM with exit codes {exits}")
+        print("try: skiplock failed --schema skiplock_demo   |   skiplock stats --schema skiplock_demo")
+        return code if all(e == 0 for e in exits) else 1
+
+
+def _spawn_worker(dsn: str, settings: Settings, concurrency: int, index: int) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
+    env.update(settings.replace(queue=DEMO_QUEUE, handler="skiplock.demo:handle", concurrency=concurrency,
+                                batch=concurrency, poll_seconds=1, log_level="CRITICAL").to_env())
+    env["SKIPLOCK_DSN"] = dsn
+    env["SKIPLOCK_WORKER_ID"] = f"demo-worker-{index}"
+    return subprocess.Popen([sys.executable, "-m", "skiplock", "worker"], env=env)
+
+
+def _watch(dsn: str, total: int, poison: int, started: float, procs: list[subprocess.Popen[bytes]]) -> int:
+    last_done, last_t = 0, started
+    rate = 0.0
+    deadline = started + 300
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            rows = conn.execute(f'SELECT status, count(*) FROM "{DEMO_SCHEMA}".jobs GROUP BY 1').fetchall()
+            c = {s: n for s, n in rows}
+            done, failed = c.get("done", 0), c.get("failed", 0)
+            t = time.monotonic()
+            if t - last_t >= 0.5:
+                rate = (done - last_done) / (t - last_t)
+                last_done, last_t = done, t
+            finished = done + failed
+            filled = int(BAR * finished / total)
+            line = (f"\r[{'#' * filled}{'.' * (BAR - filled)}] {finished}/{total}  done {done}  failed {failed}  "
+                    f"pending {c.get('pending', 0)}  processing {c.get('processing', 0)}  {rate:6.0f} jobs/s ")
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if finished >= total:
+                return 0 if failed == poison else 1
+            if all(p.poll() is not None for p in procs):
+                print("\nall workers exited early", file=sys.stderr)
+                return 1
+            if t > deadline:
+                print("\ndemo did not finish within 300 s", file=sys.stderr)
+                return 1
+            time.sleep(0.25)
