@@ -32,8 +32,9 @@ def schema(pg_dsn: str) -> Iterator[str]:
 
 @pytest.fixture
 def settings(pg_dsn: str, schema: str) -> Settings:
-    return Settings.load(env={}, dsn=pg_dsn, schema=schema, backoff_base_seconds=1, lease_seconds=30,
-                         heartbeat_seconds=5, poll_seconds=1)
+    return Settings.load(
+        env={}, dsn=pg_dsn, schema=schema, backoff_base_seconds=1, lease_seconds=30, heartbeat_seconds=5, poll_seconds=1
+    )
 
 
 @pytest.fixture

@@ -56,8 +56,14 @@ def test_bad_payloads_are_refused_and_nothing_is_written(queue: Queue, payload, 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"delay": -1}, {"delay": math.nan}, {"max_attempts": 0}, {"priority": 40_000}, {"idempotency_key": ""},
-     {"run_at": datetime(2030, 1, 1)}],
+    [
+        {"delay": -1},
+        {"delay": math.nan},
+        {"max_attempts": 0},
+        {"priority": 40_000},
+        {"idempotency_key": ""},
+        {"run_at": datetime(2030, 1, 1)},
+    ],
 )
 def test_bad_arguments_are_refused(queue: Queue, kwargs):
     with pytest.raises(ValueError):
@@ -153,6 +159,7 @@ def test_delayed_jobs_are_invisible_until_due(queue: Queue):
 def test_claim_sets_the_lease_and_counts_the_attempt(queue: Queue):
     job_id = queue.enqueue("q", {}).id
     [job] = queue.claim("q", limit=1, worker="worker-1")
+    assert job.id == job_id
     row = status_of(queue, job_id)
     assert (row["status"], row["locked_by"], row["attempts"]) == ("processing", "worker-1", 1)
     assert row["locked_at"] is not None
@@ -198,7 +205,9 @@ def test_complete_is_fenced_by_worker_and_attempt(queue: Queue):
 def test_a_recovered_and_reclaimed_job_refuses_the_old_attempt(queue: Queue):
     queue.enqueue("q", {})
     [old] = queue.claim("q", limit=1, worker="w1", now=T0)
-    assert [r.id for r in queue.recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(seconds=31))] == [old.id]
+    assert [r.id for r in queue.recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(seconds=31))] == [
+        old.id
+    ]
     [new] = queue.claim("q", limit=1, worker="w1", now=T0 + timedelta(seconds=32))
     assert new.attempts == 2
     assert queue.complete([old], worker="w1") == set()
@@ -302,9 +311,15 @@ def test_stats_reads_only_the_partial_indexes(queue: Queue, pg_dsn):
         conn.execute(f'''INSERT INTO "{schema}".jobs (queue, payload, status)
                         SELECT 'q', '{{}}', 'done' FROM generate_series(1, 50000)''')
         conn.execute(f'ANALYZE "{schema}".jobs')
-        plan = "\n".join(r[0] for r in conn.execute(
-            "EXPLAIN " + queue.queries.queue_stats.replace("%(queue)s", "NULL").replace("%(now)s", "NULL")
-            .replace("%(lease_seconds)s", "60")))
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN "
+                + queue.queries.queue_stats.replace("%(queue)s", "NULL")
+                .replace("%(now)s", "NULL")
+                .replace("%(lease_seconds)s", "60")
+            )
+        )
     assert "Seq Scan" not in plan, plan
     assert "jobs_claim_idx" in plan and "jobs_recover_idx" in plan and "jobs_failed_idx" in plan
 

@@ -12,14 +12,20 @@ import psycopg
 import pytest
 
 from skiplock import Queue, Settings
-from skiplock.handlers import Handler, load_handler
 from skiplock.errors import HandlerImportError
+from skiplock.handlers import Handler, load_handler
 from skiplock.runtime import APPLICATION_NAME, Worker
 from support.pg import await_for, wait_for
 from support.workers import WorkerProcess, make_effects_table
 
-FAST = {"lease_seconds": 4, "heartbeat_seconds": 1, "poll_seconds": 0.5, "recover_seconds": 0.5,
-        "backoff_base_seconds": 0.05, "backoff_cap_seconds": 0.2}
+FAST = {
+    "lease_seconds": 4,
+    "heartbeat_seconds": 1,
+    "poll_seconds": 0.5,
+    "recover_seconds": 0.5,
+    "backoff_base_seconds": 0.05,
+    "backoff_cap_seconds": 0.2,
+}
 
 
 @pytest.fixture
@@ -31,7 +37,9 @@ def workers(pg_dsn: str, schema: str) -> Iterator[list[WorkerProcess]]:
         w.stop()
 
 
-def spawn(workers: list[WorkerProcess], pg_dsn: str, schema: str, handler: str, queue: str = "w", **kw) -> WorkerProcess:
+def spawn(
+    workers: list[WorkerProcess], pg_dsn: str, schema: str, handler: str, queue: str = "w", **kw
+) -> WorkerProcess:
     w = WorkerProcess(pg_dsn, schema, queue, handler, **{**FAST, **kw})
     workers.append(w)
     return w
@@ -116,7 +124,9 @@ def test_sigterm_drains_in_flight_jobs_and_exits_zero(workers, queue: Queue, pg_
     assert counts(pg_dsn, schema) == {"done": 4}
 
 
-def test_sigterm_past_the_grace_period_hands_jobs_back_without_burning_an_attempt(workers, queue: Queue, pg_dsn, schema):
+def test_sigterm_past_the_grace_period_hands_jobs_back_without_burning_an_attempt(
+    workers, queue: Queue, pg_dsn, schema
+):
     ids = queue.enqueue_many("w", [{"sleep": 30} for _ in range(2)])
     w = spawn(workers, pg_dsn, schema, "support.handlers:awrite_effect", concurrency=2, shutdown_grace_seconds=0.5)
     wait_for(lambda: counts(pg_dsn, schema).get("processing", 0) == 2, timeout=20, what="2 in flight")
@@ -133,9 +143,11 @@ def test_terminated_backend_connections_are_survived(workers, queue: Queue, pg_d
     w = spawn(workers, pg_dsn, schema, "support.handlers:write_effect", concurrency=4)
     wait_for(all_done(pg_dsn, schema, 50), timeout=30, what="first 50 done")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        killed = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                              "WHERE application_name = %s AND datname = current_database()",
-                              (APPLICATION_NAME,)).fetchone()[0]
+        killed = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = %s AND datname = current_database()",
+            (APPLICATION_NAME,),
+        ).fetchone()[0]
     assert killed >= 2
     queue.enqueue_many("w", [{} for _ in range(50)])
     wait_for(all_done(pg_dsn, schema, 100), timeout=60, what="next 50 done after the connections were killed")
@@ -143,12 +155,19 @@ def test_terminated_backend_connections_are_survived(workers, queue: Queue, pg_d
 
 
 def test_a_handler_that_cannot_be_imported_stops_the_worker_at_start(pg_dsn, schema):
-    for spec, fragment in [("support.nosuch:fn", "cannot import handler module"),
-                           ("support.handlers:missing", "has no attribute"),
-                           ("support.handlers:not_callable", "not a function")]:
+    for spec, fragment in [
+        ("support.nosuch:fn", "cannot import handler module"),
+        ("support.handlers:missing", "has no attribute"),
+        ("support.handlers:not_callable", "not a function"),
+    ]:
         env = {"PYTHONPATH": "tests", "SKIPLOCK_DSN": pg_dsn, "SKIPLOCK_SCHEMA": schema, "PATH": "/usr/bin:/bin"}
-        done = subprocess.run([sys.executable, "-m", "skiplock", "worker", "--handler", spec], env=env,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(  # noqa: PLW1510 - the exit code is the assertion
+            [sys.executable, "-m", "skiplock", "worker", "--handler", spec],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 2, done.stderr
         assert fragment in done.stderr
 
@@ -164,8 +183,9 @@ def test_load_handler_tells_sync_from_async():
 async def _run_worker(settings: Settings, handler: Handler) -> tuple[Worker, asyncio.Task[int]]:
     worker = Worker(settings, handler)
     task = asyncio.create_task(worker.run())
-    await await_for(lambda: worker.listener is None or worker.listener.connected or task.done(), timeout=15,
-                    what="listener up")
+    await await_for(
+        lambda: worker.listener is None or worker.listener.connected or task.done(), timeout=15, what="listener up"
+    )
     return worker, task
 
 
@@ -223,9 +243,15 @@ async def test_a_stolen_lease_rolls_back_the_handlers_writes(settings: Settings,
             assert await asyncio.to_thread(q.cancel, ids=[job_id]) == [job_id]
         release.set()
         await await_for(
-            lambda: worker.registry.get_sample_value(
-                "skiplock_jobs_finished_total", {"queue": "default", "outcome": "lease_lost"}) == 1,
-            timeout=10, what="lease_lost counted")
+            lambda: (
+                worker.registry.get_sample_value(
+                    "skiplock_jobs_finished_total", {"queue": "default", "outcome": "lease_lost"}
+                )
+                == 1
+            ),
+            timeout=10,
+            what="lease_lost counted",
+        )
         assert effects(pg_dsn, schema) == []
         row = await aqueue.get(job_id)
         assert row["status"] == "failed" and row["last_error"].startswith("Cancelled")

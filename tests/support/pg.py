@@ -23,7 +23,7 @@ def _docker_answers() -> bool:
         if host.startswith("unix://"):
             with socket.socket(socket.AF_UNIX) as s:
                 s.settimeout(0.5)
-                s.connect(host[len("unix://"):])
+                s.connect(host[len("unix://") :])
         elif host.startswith("tcp://"):
             parts = urlsplit(host)
             with socket.create_connection((parts.hostname or "localhost", parts.port or 2375), timeout=0.5):
@@ -60,7 +60,9 @@ def find_postgres() -> Iterator[str]:
     try:
         import pgserver
     except ImportError:
-        pytest.fail("no PostgreSQL: set SKIPLOCK_TEST_DSN, start Docker, or install pgserver (pip install -e '.[test]')")
+        pytest.fail(
+            "no PostgreSQL: set SKIPLOCK_TEST_DSN, start Docker, or install pgserver (pip install -e '.[test]')"
+        )
     srv = pgserver.get_server(tempfile.mkdtemp(prefix="skiplock-pg-"), cleanup_mode="delete")
     try:
         yield srv.get_uri()
@@ -85,7 +87,9 @@ def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.
         time.sleep(interval)
 
 
-async def await_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> T:
+async def await_for(
+    check: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "condition"
+) -> T:
     import asyncio
 
     deadline = time.monotonic() + timeout

@@ -23,13 +23,23 @@ def make_effects_table(dsn: str, schema: str) -> None:
 class WorkerProcess:
     def __init__(self, dsn: str, schema: str, queue: str, handler: str, **settings: Any) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
-        env.update({"SKIPLOCK_DSN": dsn, "SKIPLOCK_SCHEMA": schema, "SKIPLOCK_QUEUE": queue,
-                    "SKIPLOCK_HANDLER": handler, "PYTHONPATH": str(TESTS)})
+        env.update(
+            {
+                "SKIPLOCK_DSN": dsn,
+                "SKIPLOCK_SCHEMA": schema,
+                "SKIPLOCK_QUEUE": queue,
+                "SKIPLOCK_HANDLER": handler,
+                "PYTHONPATH": str(TESTS),
+            }
+        )
         for key, value in settings.items():
             env[f"SKIPLOCK_{key.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
         self.log = tempfile.NamedTemporaryFile(prefix="skiplock-worker-", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "skiplock", "worker"], env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "skiplock", "worker"],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
 
     def output(self) -> str:

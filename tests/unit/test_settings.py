@@ -48,8 +48,9 @@ def test_unknown_flag_is_an_error():
 
 
 def test_to_env_round_trips_and_leaves_the_dsn_out():
-    s = Settings.load(env={}, dsn="postgresql://u:pw@h/db", queue="emails", concurrency=3, lease_seconds=120,
-                      listen=False)
+    s = Settings.load(
+        env={}, dsn="postgresql://u:pw@h/db", queue="emails", concurrency=3, lease_seconds=120, listen=False
+    )
     env = s.to_env()
     assert "SKIPLOCK_DSN" not in env
     assert env["SKIPLOCK_QUEUE"] == "emails"
@@ -84,7 +85,13 @@ def test_redact_removes_the_password_from_any_text():
 
 @given(st.integers(min_value=1, max_value=10_000), st.floats(min_value=0.1, max_value=1e6, allow_nan=False))
 def test_env_parsing_of_numbers(concurrency, lease):
-    s = Settings.load(env={"SKIPLOCK_CONCURRENCY": str(concurrency), "SKIPLOCK_LEASE_SECONDS": repr(lease),
-                           "SKIPLOCK_HEARTBEAT_SECONDS": repr(lease / 4), "SKIPLOCK_POLL_SECONDS": repr(lease / 4)})
+    s = Settings.load(
+        env={
+            "SKIPLOCK_CONCURRENCY": str(concurrency),
+            "SKIPLOCK_LEASE_SECONDS": repr(lease),
+            "SKIPLOCK_HEARTBEAT_SECONDS": repr(lease / 4),
+            "SKIPLOCK_POLL_SECONDS": repr(lease / 4),
+        }
+    )
     assert s.concurrency == concurrency
     assert s.lease_seconds == lease

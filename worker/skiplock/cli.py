@@ -72,16 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("enqueue", parents=[common], help="add one job")
     e.add_argument("--queue", required=True)
-    e.add_argument("--payload", required=True, help="the job's JSON payload, e.g. '{\"to\": \"a@b.c\"}'")
+    e.add_argument("--payload", required=True, help='the job\'s JSON payload, e.g. \'{"to": "a@b.c"}\'')
     e.add_argument("--delay", type=_seconds, default=0.0, help="seconds before the job becomes visible")
     e.add_argument("--priority", type=int, default=0, help="higher runs first (-32768..32767, default 0)")
-    e.add_argument("--max-attempts", type=_positive_int, help="attempts before failed (default SKIPLOCK_MAX_ATTEMPTS or 5)")
+    e.add_argument(
+        "--max-attempts", type=_positive_int, help="attempts before failed (default SKIPLOCK_MAX_ATTEMPTS or 5)"
+    )
     e.add_argument("--idempotency-key", help="a second enqueue with the same key returns the first job")
 
     st = sub.add_parser("stats", parents=[common], help="health of each queue")
     st.add_argument("--queue")
     st.add_argument("--json", action="store_true")
-    st.add_argument("--lease", type=_seconds, help="lease used to call a processing job stalled (default SKIPLOCK_LEASE_SECONDS)")
+    st.add_argument(
+        "--lease", type=_seconds, help="lease used to call a processing job stalled (default SKIPLOCK_LEASE_SECONDS)"
+    )
 
     f = sub.add_parser("failed", parents=[common], help="list failed jobs, newest first")
     f.add_argument("--queue")
@@ -109,8 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--recover", type=float, dest="recover_seconds", help="lease recovery interval (default 30)")
     w.add_argument("--grace", type=float, dest="shutdown_grace_seconds", help="drain grace seconds (default 30)")
     w.add_argument("--metrics-port", type=int, help="serve /metrics /healthz /readyz here (default off)")
-    w.add_argument("--no-listen", dest="listen", action="store_const", const=False,
-                   help="do not LISTEN (e.g. behind PgBouncer in transaction mode); poll only")
+    w.add_argument(
+        "--no-listen",
+        dest="listen",
+        action="store_const",
+        const=False,
+        help="do not LISTEN (e.g. behind PgBouncer in transaction mode); poll only",
+    )
 
     d = sub.add_parser("demo", parents=[common], help="run the demo (embedded PostgreSQL when no DSN is given)")
     d.add_argument("--jobs", type=_positive_int, default=3000)
@@ -139,9 +148,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "worker":
-            extra = {k: getattr(args, k) for k in (
-                "queue", "handler", "concurrency", "batch", "lease_seconds", "heartbeat_seconds", "poll_seconds",
-                "recover_seconds", "shutdown_grace_seconds", "metrics_port", "listen")}
+            extra = {
+                k: getattr(args, k)
+                for k in (
+                    "queue",
+                    "handler",
+                    "concurrency",
+                    "batch",
+                    "lease_seconds",
+                    "heartbeat_seconds",
+                    "poll_seconds",
+                    "recover_seconds",
+                    "shutdown_grace_seconds",
+                    "metrics_port",
+                    "listen",
+                )
+            }
             settings = load_settings(args, **extra)
         elif args.command == "stats":
             settings = load_settings(args, lease_seconds=args.lease)
@@ -198,7 +220,11 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     with _queue(settings) as q:
         _guard_schema(q, settings)
         result = q.enqueue(
-            args.queue, payload, delay=args.delay, priority=args.priority, max_attempts=args.max_attempts,
+            args.queue,
+            payload,
+            delay=args.delay,
+            priority=args.priority,
+            max_attempts=args.max_attempts,
             idempotency_key=args.idempotency_key,
         )
     note = " (duplicate: a live job with this idempotency key exists)" if result.duplicate else ""
@@ -225,16 +251,20 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
 
 def render_stats(rows: Sequence[Any]) -> str:
     head = ("queue", "ready", "delayed", "processing", "stalled", "failed", "oldest_ready_s")
-    body = [(r.queue, r.ready, r.delayed, r.processing, r.stalled, r.failed, f"{r.oldest_ready_age_seconds:.1f}")
-            for r in rows]
+    body = [
+        (r.queue, r.ready, r.delayed, r.processing, r.stalled, r.failed, f"{r.oldest_ready_age_seconds:.1f}")
+        for r in rows
+    ]
     return _table(head, body) if body else "no pending, processing or failed jobs"
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [list(map(str, head))] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-             for r in cells]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -249,8 +279,16 @@ def cmd_failed(args: argparse.Namespace, settings: Settings) -> int:
     if not rows:
         print("no failed jobs")
         return EXIT_OK
-    body = [(r["id"], r["queue"], f"{r['attempts']}/{r['max_attempts']}", r["updated_at"].isoformat(timespec="seconds"),
-             (r["last_error"] or "").replace("\n", " ")[:100]) for r in rows]
+    body = [
+        (
+            r["id"],
+            r["queue"],
+            f"{r['attempts']}/{r['max_attempts']}",
+            r["updated_at"].isoformat(timespec="seconds"),
+            (r["last_error"] or "").replace("\n", " ")[:100],
+        )
+        for r in rows
+    ]
     print(_table(("id", "queue", "attempts", "failed_at", "last_error"), body))
     return EXIT_OK
 
@@ -343,14 +381,25 @@ def cmd_operator(args: argparse.Namespace, settings: Settings) -> int:
     except ImportError as exc:
         raise ConfigError(f"the operator needs the extra: pip install 'skiplock[operator]' ({exc})") from None
     code: int = skiplock_operator.run(
-        namespaces=args.namespace, all_namespaces=args.all_namespaces, liveness_port=args.liveness_port,
-        peering=args.peering, standalone=args.peering is None,
+        namespaces=args.namespace,
+        all_namespaces=args.all_namespaces,
+        liveness_port=args.liveness_port,
+        peering=args.peering,
+        standalone=args.peering is None,
     )
     return code
 
 
 COMMANDS = {
-    "migrate": cmd_migrate, "enqueue": cmd_enqueue, "stats": cmd_stats, "failed": cmd_failed, "retry": cmd_retry,
-    "cancel": cmd_cancel, "purge": cmd_purge, "worker": cmd_worker, "demo": cmd_demo, "doctor": cmd_doctor,
+    "migrate": cmd_migrate,
+    "enqueue": cmd_enqueue,
+    "stats": cmd_stats,
+    "failed": cmd_failed,
+    "retry": cmd_retry,
+    "cancel": cmd_cancel,
+    "purge": cmd_purge,
+    "worker": cmd_worker,
+    "demo": cmd_demo,
+    "doctor": cmd_doctor,
     "operator": cmd_operator,
 }

@@ -18,9 +18,10 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
+from psycopg import sql
 
 from skiplock.job import Job
 from skiplock.settings import Settings
@@ -28,6 +29,13 @@ from skiplock.settings import Settings
 DEMO_SCHEMA = "skiplock_demo"
 DEMO_QUEUE = "demo"
 BAR = 30
+
+
+def _sql(text: LiteralString) -> sql.Composed:
+    return sql.SQL(text).format(sql.Identifier(DEMO_SCHEMA))
+
+
+_STATUS_COUNTS = _sql("SELECT status, count(*) FROM {}.jobs GROUP BY 1")
 
 
 def handle(job: Job) -> None:
@@ -39,7 +47,7 @@ def handle(job: Job) -> None:
         raise ConnectionError(f"payment gateway timed out (attempt {job.attempts})")
     time.sleep(p["work_ms"] / 1000)
     # The effect is written through job.conn: it commits with the job's completion, exactly once.
-    job.conn.execute(f'INSERT INTO "{DEMO_SCHEMA}".receipts (job_id, order_id) VALUES (%s, %s)', (job.id, p["order"]))
+    job.conn.execute(_sql("INSERT INTO {}.receipts (job_id, order_id) VALUES (%s, %s)"), (job.id, p["order"]))
 
 
 def demo_payloads(n: int, rng: random.Random) -> list[tuple[dict[str, Any], float]]:
@@ -73,7 +81,7 @@ def embedded_postgres() -> Iterator[str]:
     folder = Path(tempfile.gettempdir()) / f"skiplock-demo-{os.getuid()}" / "pgdata"
     folder.parent.mkdir(parents=True, exist_ok=True)
     print(f"starting an embedded PostgreSQL in {folder} ...", flush=True)
-    server = pgserver.get_server(folder, cleanup_mode="stop")
+    server = pgserver.get_server(folder, cleanup_mode="stop")  # type: ignore[attr-defined]
     try:
         yield server.get_uri()
     finally:
@@ -91,14 +99,21 @@ def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
     from skiplock.cli import render_stats
     from skiplock.queue import Queue
 
-    settings = Settings.load(env={}, dsn=dsn, schema=DEMO_SCHEMA, max_attempts=4, backoff_base_seconds=0.5,
-                             backoff_cap_seconds=3, backoff_jitter=0.5)
+    settings = Settings.load(
+        env={},
+        dsn=dsn,
+        schema=DEMO_SCHEMA,
+        max_attempts=4,
+        backoff_base_seconds=0.5,
+        backoff_cap_seconds=3,
+        backoff_jitter=0.5,
+    )
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{DEMO_SCHEMA}" CASCADE')
+        conn.execute(_sql("DROP SCHEMA IF EXISTS {} CASCADE"))
     with Queue(settings=settings) as q:
         q.migrate()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(f'CREATE TABLE "{DEMO_SCHEMA}".receipts (job_id bigint PRIMARY KEY, order_id int NOT NULL)')
+            conn.execute(_sql("CREATE TABLE {}.receipts (job_id bigint PRIMARY KEY, order_id int NOT NULL)"))
         rng = random.Random(7)
         mix = demo_payloads(jobs, rng)
         now = [p for p, d in mix if d == 0]
@@ -107,8 +122,10 @@ def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
             if delay:
                 q.enqueue(DEMO_QUEUE, payload, delay=delay)
         kinds = {k: sum(1 for p, _ in mix if p["kind"] == k) for k in ("ok", "flaky", "poison", "delayed")}
-        print(f"enqueued {jobs} jobs into queue {DEMO_QUEUE!r}: {kinds['ok']} ok, {kinds['flaky']} flaky "
-              f"(fail 1-2 times, then succeed), {kinds['poison']} poison (always fail), {kinds['delayed']} delayed 2-6 s")
+        print(
+            f"enqueued {jobs} jobs into queue {DEMO_QUEUE!r}: {kinds['ok']} ok, {kinds['flaky']} flaky "
+            f"(fail 1-2 times, then succeed), {kinds['poison']} poison (always fail), {kinds['delayed']} delayed 2-6 s"
+        )
         print(f"starting {workers} worker processes x concurrency {concurrency} ...", flush=True)
         procs = [_spawn_worker(dsn, settings, concurrency, i) for i in range(workers)]
         started = time.monotonic()
@@ -123,12 +140,16 @@ def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
         print()
         print(render_stats(q.stats(DEMO_QUEUE)))
         with psycopg.connect(dsn) as conn:
-            status = dict(conn.execute(f'SELECT status, count(*) FROM "{DEMO_SCHEMA}".jobs GROUP BY 1').fetchall())
-            receipts = conn.execute(f'SELECT count(*), count(DISTINCT order_id) FROM "{DEMO_SCHEMA}".receipts').fetchone()
+            status: dict[str, int] = dict(conn.execute(_STATUS_COUNTS).fetchall())
+            receipts = conn.execute(
+                _sql("SELECT count(*), count(DISTINCT order_id) FROM {}.receipts")
+            ).fetchone()
         assert receipts is not None
-        print(f"\ndone {status.get('done', 0)}, failed {status.get('failed', 0)} in {elapsed:.1f}s "
-              f"({status.get('done', 0) / elapsed:.0f} jobs/s); receipts written through job.conn: {receipts[0]} "
-              f"for {receipts[1]} orders (one per done job)")
+        print(
+            f"\ndone {status.get('done', 0)}, failed {status.get('failed', 0)} in {elapsed:.1f}s "
+            f"({status.get('done', 0) / elapsed:.0f} jobs/s); receipts written through job.conn: {receipts[0]} "
+            f"for {receipts[1]} orders (one per done job)"
+        )
         print(f"workers drained on SIGTERM with exit codes {exits}")
         print("try: skiplock failed --schema skiplock_demo   |   skiplock stats --schema skiplock_demo")
         return code if all(e == 0 for e in exits) else 1
@@ -136,8 +157,16 @@ def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
 
 def _spawn_worker(dsn: str, settings: Settings, concurrency: int, index: int) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
-    env.update(settings.replace(queue=DEMO_QUEUE, handler="skiplock.demo:handle", concurrency=concurrency,
-                                batch=concurrency, poll_seconds=1, log_level="CRITICAL").to_env())
+    env.update(
+        settings.replace(
+            queue=DEMO_QUEUE,
+            handler="skiplock.demo:handle",
+            concurrency=concurrency,
+            batch=concurrency,
+            poll_seconds=1,
+            log_level="CRITICAL",
+        ).to_env()
+    )
     env["SKIPLOCK_DSN"] = dsn
     env["SKIPLOCK_WORKER_ID"] = f"demo-worker-{index}"
     return subprocess.Popen([sys.executable, "-m", "skiplock", "worker"], env=env)
@@ -149,7 +178,7 @@ def _watch(dsn: str, total: int, poison: int, started: float, procs: list[subpro
     deadline = started + 300
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
-            rows = conn.execute(f'SELECT status, count(*) FROM "{DEMO_SCHEMA}".jobs GROUP BY 1').fetchall()
+            rows = conn.execute(_STATUS_COUNTS).fetchall()
             c = {s: n for s, n in rows}
             done, failed = c.get("done", 0), c.get("failed", 0)
             t = time.monotonic()
@@ -158,8 +187,10 @@ def _watch(dsn: str, total: int, poison: int, started: float, procs: list[subpro
                 last_done, last_t = done, t
             finished = done + failed
             filled = int(BAR * finished / total)
-            line = (f"\r[{'#' * filled}{'.' * (BAR - filled)}] {finished}/{total}  done {done}  failed {failed}  "
-                    f"pending {c.get('pending', 0)}  processing {c.get('processing', 0)}  {rate:6.0f} jobs/s ")
+            line = (
+                f"\r[{'#' * filled}{'.' * (BAR - filled)}] {finished}/{total}  done {done}  failed {failed}  "
+                f"pending {c.get('pending', 0)}  processing {c.get('processing', 0)}  {rate:6.0f} jobs/s "
+            )
             sys.stdout.write(line)
             sys.stdout.flush()
             if finished >= total:

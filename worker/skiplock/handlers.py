@@ -30,9 +30,7 @@ def load_handler(spec: str) -> Handler:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or any error raised while the module body runs
-        raise HandlerImportError(
-            f"cannot import handler module {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise HandlerImportError(f"cannot import handler module {module_name!r}: {type(exc).__name__}: {exc}") from exc
     target: Any = module
     for part in attr.split("."):
         try:

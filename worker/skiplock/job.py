@@ -11,8 +11,15 @@ JobStatus = Literal["pending", "processing", "done", "failed"]
 STATUSES: tuple[JobStatus, ...] = ("pending", "processing", "done", "failed")
 
 CLAIM_COLUMNS = (
-    "id", "queue", "payload", "attempts", "max_attempts", "priority",
-    "created_at", "visible_at", "idempotency_key",
+    "id",
+    "queue",
+    "payload",
+    "attempts",
+    "max_attempts",
+    "priority",
+    "created_at",
+    "visible_at",
+    "idempotency_key",
 )
 
 

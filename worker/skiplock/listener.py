@@ -25,9 +25,14 @@ PROBE_TIMEOUT = 3.0
 
 class Listener:
     def __init__(
-        self, dsn: str, channel: str, queue: str, wake: Callable[[], None],
+        self,
+        dsn: str,
+        channel: str,
+        queue: str,
+        wake: Callable[[], None],
         on_state: Callable[[bool], None] = lambda up: None,
-        on_notify: Callable[[], None] = lambda: None, application_name: str = "skiplock",
+        on_notify: Callable[[], None] = lambda: None,
+        application_name: str = "skiplock",
     ) -> None:
         self._application_name = application_name
         self._dsn = dsn
@@ -53,7 +58,8 @@ class Listener:
                         self.unsupported = True
                         log.warning(
                             "LISTEN does not deliver notifications on this connection (PgBouncer in transaction "
-                            "mode?): polling only", extra={"action": "listen_unsupported"},
+                            "mode?): polling only",
+                            extra={"action": "listen_unsupported"},
                         )
                         return
                     self._set(True)
@@ -73,7 +79,9 @@ class Listener:
                 delay = backoff_seconds(failures, base=0.5, cap=30.0, jitter=0.5)
                 log.warning(
                     "listener lost its connection (%s); reconnecting in %.1fs, polling meanwhile",
-                    redact(str(exc).strip(), self._dsn), delay, extra={"action": "listener_down"},
+                    redact(str(exc).strip(), self._dsn),
+                    delay,
+                    extra={"action": "listener_down"},
                 )
                 await asyncio.sleep(delay)
 
@@ -89,5 +97,8 @@ class Listener:
         if up != self.connected:
             self.connected = up
             self._on_state(up)
-            log.info("listener %s", "connected" if up else "disconnected",
-                     extra={"action": "listener_up" if up else "listener_down", "channel": self._channel})
+            log.info(
+                "listener %s",
+                "connected" if up else "disconnected",
+                extra={"action": "listener_up" if up else "listener_down", "channel": self._channel},
+            )

@@ -6,8 +6,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 from socketserver import ThreadingMixIn
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import prometheus_client
@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from skiplock.job import QueueStats
 
 log = logging.getLogger(__name__)
-prometheus_client.disable_created_metrics()
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -31,41 +31,64 @@ class WorkerMetrics:
 
     def __init__(self, registry: CollectorRegistry = prometheus_client.REGISTRY) -> None:
         self.registry = registry
-        self.jobs_claimed = Counter("skiplock_jobs_claimed", "Jobs claimed by this worker.", ["queue"], registry=registry)
+        self.jobs_claimed = Counter(
+            "skiplock_jobs_claimed", "Jobs claimed by this worker.", ["queue"], registry=registry
+        )
         self.jobs_finished = Counter(
-            "skiplock_jobs_finished", "Finished attempts by outcome (done, retried, failed, lease_lost).",
-            ["queue", "outcome"], registry=registry,
+            "skiplock_jobs_finished",
+            "Finished attempts by outcome (done, retried, failed, lease_lost).",
+            ["queue", "outcome"],
+            registry=registry,
         )
         self.jobs_failed = Counter(
-            "skiplock_jobs_failed", "Attempts that failed the job for good, by reason (non_retryable, exhausted).",
-            ["queue", "reason"], registry=registry,
+            "skiplock_jobs_failed",
+            "Attempts that failed the job for good, by reason (non_retryable, exhausted).",
+            ["queue", "reason"],
+            registry=registry,
         )
         self.jobs_recovered = Counter(
-            "skiplock_jobs_recovered", "Jobs whose lease expired and that this worker recovered, by new status.",
-            ["queue", "status"], registry=registry,
+            "skiplock_jobs_recovered",
+            "Jobs whose lease expired and that this worker recovered, by new status.",
+            ["queue", "status"],
+            registry=registry,
         )
         self.jobs_released = Counter(
-            "skiplock_jobs_released", "Jobs handed back unfinished at shutdown, without burning an attempt.",
-            ["queue"], registry=registry,
+            "skiplock_jobs_released",
+            "Jobs handed back unfinished at shutdown, without burning an attempt.",
+            ["queue"],
+            registry=registry,
         )
         self.job_duration = Histogram(
-            "skiplock_job_duration_seconds", "Handler run time including completion.", ["queue"],
-            buckets=DURATION_BUCKETS, registry=registry,
+            "skiplock_job_duration_seconds",
+            "Handler run time including completion.",
+            ["queue"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
         )
         self.job_wait = Histogram(
-            "skiplock_job_wait_seconds", "Time from a job becoming visible (enqueue or retry due) to its start.",
-            ["queue"], buckets=WAIT_BUCKETS, registry=registry,
+            "skiplock_job_wait_seconds",
+            "Time from a job becoming visible (enqueue or retry due) to its start.",
+            ["queue"],
+            buckets=WAIT_BUCKETS,
+            registry=registry,
         )
-        self.in_flight = Gauge("skiplock_worker_jobs_in_flight", "Jobs running in this worker.", ["queue"], registry=registry)
+        self.in_flight = Gauge(
+            "skiplock_worker_jobs_in_flight", "Jobs running in this worker.", ["queue"], registry=registry
+        )
         self.concurrency = Gauge(
             "skiplock_worker_concurrency", "Most jobs this worker runs at once.", ["queue"], registry=registry
         )
         self.wakeups = Counter(
-            "skiplock_worker_wakeups", "Claim-loop wake-ups by source (notify, poll, busy).", ["source"], registry=registry
+            "skiplock_worker_wakeups",
+            "Claim-loop wake-ups by source (notify, poll, busy).",
+            ["source"],
+            registry=registry,
         )
         self.db_errors = Counter(
-            "skiplock_worker_db_errors", "Transient database errors survived by the worker, by operation.",
-            ["operation"], registry=registry,
+            "skiplock_worker_db_errors",
+            "Transient database errors survived by the worker, by operation.",
+            ["operation"],
+            registry=registry,
         )
         self.database_up = Gauge(
             "skiplock_worker_database_up", "1 when the last database call of the worker succeeded.", registry=registry
@@ -75,7 +98,8 @@ class WorkerMetrics:
         )
         self.last_notification = Gauge(
             "skiplock_listener_last_notification_timestamp_seconds",
-            "Unix time of the last notification received (0: none yet).", registry=registry,
+            "Unix time of the last notification received (0: none yet).",
+            registry=registry,
         )
         self.build_info = Info("skiplock_build", "Version of skiplock.", registry=registry)
 
@@ -122,7 +146,9 @@ class QueueCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         stats = self._stats() or []
-        jobs = GaugeMetricFamily("skiplock_queue_jobs", "Jobs of the queue by state (queue-wide).", labels=["queue", "state"])
+        jobs = GaugeMetricFamily(
+            "skiplock_queue_jobs", "Jobs of the queue by state (queue-wide).", labels=["queue", "state"]
+        )
         oldest = GaugeMetricFamily(
             "skiplock_queue_oldest_ready_age_seconds", "Age of the oldest ready job (queue-wide).", labels=["queue"]
         )
@@ -153,8 +179,12 @@ class Exporter:
     """/metrics, /healthz (loop alive) and /readyz (database reachable, not draining) on one port, in a thread."""
 
     def __init__(
-        self, registry: CollectorRegistry, host: str, port: int,
-        healthy: Callable[[], tuple[bool, str]], ready: Callable[[], tuple[bool, str]],
+        self,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        healthy: Callable[[], tuple[bool, str]],
+        ready: Callable[[], tuple[bool, str]],
     ) -> None:
         metrics_app = prometheus_client.make_wsgi_app(registry)
 

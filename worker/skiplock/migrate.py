@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
@@ -31,7 +32,7 @@ def latest_version() -> int:
     return migrations()[-1].version
 
 
-def migrate(conn: psycopg.Connection[object], schema: str) -> MigrationReport:
+def migrate(conn: psycopg.Connection[Any], schema: str) -> MigrationReport:
     """Bring ``schema`` up to the latest version. ``conn`` must not be in a transaction; it is left idle."""
     q = queries_for(schema)
     applied: list[str] = []
@@ -49,7 +50,7 @@ def migrate(conn: psycopg.Connection[object], schema: str) -> MigrationReport:
     return MigrationReport(schema, tuple(applied), latest_version())
 
 
-async def amigrate(conn: psycopg.AsyncConnection[object], schema: str) -> MigrationReport:
+async def amigrate(conn: psycopg.AsyncConnection[Any], schema: str) -> MigrationReport:
     """Async twin of :func:`migrate` (the operator runs it before any worker starts)."""
     q = queries_for(schema)
     applied: list[str] = []
@@ -68,13 +69,13 @@ async def amigrate(conn: psycopg.AsyncConnection[object], schema: str) -> Migrat
     return MigrationReport(schema, tuple(applied), latest_version())
 
 
-def _apply(conn: psycopg.Connection[object], schema: str, m: Migration) -> None:
+def _apply(conn: psycopg.Connection[Any], schema: str, m: Migration) -> None:
     q = queries_for(schema)
     conn.execute(render(m.text, schema))
     conn.execute(q.schema_record, {"version": m.version, "name": m.name})
 
 
-def current_version(conn: psycopg.Connection[object], schema: str) -> int:
+def current_version(conn: psycopg.Connection[Any], schema: str) -> int:
     """Highest applied version, 0 when the schema was never migrated."""
     q = queries_for(schema)
     row = conn.execute(q.schema_present, {"table": f'"{schema}".schema_migrations'}).fetchone()
@@ -84,7 +85,7 @@ def current_version(conn: psycopg.Connection[object], schema: str) -> int:
     return max(versions, default=0)
 
 
-async def acurrent_version(conn: psycopg.AsyncConnection[object], schema: str) -> int:
+async def acurrent_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int:
     q = queries_for(schema)
     row = await (await conn.execute(q.schema_present, {"table": f'"{schema}".schema_migrations'})).fetchone()
     if not row or not row[0]:

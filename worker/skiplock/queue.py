@@ -123,8 +123,14 @@ def enqueue_many_params(
     if len(keys) != len(encoded):
         raise ValueError(f"{len(keys)} idempotency keys for {len(encoded)} payloads")
     params = enqueue_params(
-        settings, queue, None, delay=delay, run_at=run_at, priority=priority,
-        max_attempts=max_attempts, idempotency_key=None,
+        settings,
+        queue,
+        None,
+        delay=delay,
+        run_at=run_at,
+        priority=priority,
+        max_attempts=max_attempts,
+        idempotency_key=None,
     )
     params.pop("payload")
     params.pop("idempotency_key")
@@ -153,7 +159,9 @@ class Failure:
     def from_exception(cls, job: Job, exc: BaseException, settings: Settings) -> Failure:
         retry = not isinstance(exc, NonRetryableError)
         delay = backoff_seconds(
-            job.attempts, base=settings.backoff_base_seconds, cap=settings.backoff_cap_seconds,
+            job.attempts,
+            base=settings.backoff_base_seconds,
+            cap=settings.backoff_cap_seconds,
             jitter=settings.backoff_jitter,
         )
         return cls(job, format_error(exc), delay, retry)
@@ -196,7 +204,9 @@ def purge_params(
     if older_than_seconds < 0:
         raise ValueError("older_than must be >= 0")
     return {
-        "before": now - timedelta(seconds=older_than_seconds), "statuses": list(statuses), "queue": queue,
+        "before": now - timedelta(seconds=older_than_seconds),
+        "statuses": list(statuses),
+        "queue": queue,
         "limit": PURGE_BATCH,
     }
 
@@ -251,7 +261,9 @@ class Queue:
     def queries(self) -> Queries:
         return self._q
 
-    def _run(self, query: Any, params: dict[str, Any] | None, conn: psycopg.Connection[Any] | None) -> list[dict[str, Any]]:
+    def _run(
+        self, query: Any, params: dict[str, Any] | None, conn: psycopg.Connection[Any] | None
+    ) -> list[dict[str, Any]]:
         if conn is not None:
             with conn.cursor(row_factory=dict_row) as cur:
                 cur.execute(query, params)
@@ -262,12 +274,26 @@ class Queue:
 
     # producer
     def enqueue(
-        self, queue: str, payload: Any, *, delay: float = 0, run_at: datetime | None = None, priority: int = 0,
-        max_attempts: int | None = None, idempotency_key: str | None = None, conn: psycopg.Connection[Any] | None = None,
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        delay: float = 0,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        idempotency_key: str | None = None,
+        conn: psycopg.Connection[Any] | None = None,
     ) -> EnqueueResult:
         params = enqueue_params(
-            self.settings, queue, payload, delay=delay, run_at=run_at, priority=priority,
-            max_attempts=max_attempts, idempotency_key=idempotency_key,
+            self.settings,
+            queue,
+            payload,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            idempotency_key=idempotency_key,
         )
         rows = self._run(self._q.job_enqueue, params, conn)
         if not rows:  # a concurrent insert with the same key committed after our snapshot
@@ -276,13 +302,26 @@ class Queue:
         return EnqueueResult(rows[0]["id"], duplicate=rows[0]["duplicate"])
 
     def enqueue_many(
-        self, queue: str, payloads: Iterable[Any], *, delay: float = 0, run_at: datetime | None = None,
-        priority: int = 0, max_attempts: int | None = None, idempotency_keys: Sequence[str | None] | None = None,
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        delay: float = 0,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        idempotency_keys: Sequence[str | None] | None = None,
         conn: psycopg.Connection[Any] | None = None,
     ) -> list[int]:
         params = enqueue_many_params(
-            self.settings, queue, payloads, delay=delay, run_at=run_at, priority=priority,
-            max_attempts=max_attempts, idempotency_keys=idempotency_keys,
+            self.settings,
+            queue,
+            payloads,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            idempotency_keys=idempotency_keys,
         )
         return [r["id"] for r in self._run(self._q.job_enqueue_many, params, conn)]
 
@@ -292,7 +331,12 @@ class Queue:
         return [job_from_row(r) for r in rows]
 
     def complete(
-        self, jobs: Sequence[Job], *, worker: str, now: datetime | None = None, conn: psycopg.Connection[Any] | None = None
+        self,
+        jobs: Sequence[Job],
+        *,
+        worker: str,
+        now: datetime | None = None,
+        conn: psycopg.Connection[Any] | None = None,
     ) -> set[int]:
         """Mark jobs done (fenced). Returns the ids completed; the others had lost their lease."""
         return {r["id"] for r in self._run(self._q.job_complete, fence_params(jobs, worker, now), conn)}
@@ -308,7 +352,11 @@ class Queue:
         return {r["id"] for r in self._run(self._q.job_heartbeat, fence_params(jobs, worker, now), None)}
 
     def recover_expired(
-        self, *, queue: str | None = None, lease_seconds: float | None = None, limit: int = 1000,
+        self,
+        *,
+        queue: str | None = None,
+        lease_seconds: float | None = None,
+        limit: int = 1000,
         now: datetime | None = None,
     ) -> list[Recovered]:
         lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
@@ -316,7 +364,9 @@ class Queue:
         return [Recovered(**r) for r in self._run(self._q.job_recover_expired, params, None)]
 
     # observability and admin
-    def stats(self, queue: str | None = None, *, lease_seconds: float | None = None, now: datetime | None = None) -> list[QueueStats]:
+    def stats(
+        self, queue: str | None = None, *, lease_seconds: float | None = None, now: datetime | None = None
+    ) -> list[QueueStats]:
         lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
         rows = self._run(self._q.queue_stats, {"queue": queue, "lease_seconds": lease, "now": now}, None)
         return [stats_from_row(r) for r in rows]
@@ -328,13 +378,19 @@ class Queue:
     def list_failed(self, queue: str | None = None, *, limit: int = 50) -> list[dict[str, Any]]:
         return self._run(self._q.job_list_failed, {"queue": queue, "limit": limit}, None)
 
-    def retry_failed(self, *, ids: Sequence[int] | None = None, queue: str | None = None, now: datetime | None = None) -> list[int]:
+    def retry_failed(
+        self, *, ids: Sequence[int] | None = None, queue: str | None = None, now: datetime | None = None
+    ) -> list[int]:
         _require_selection(ids, queue)
         params = {"ids": list(ids) if ids is not None else None, "queue": queue, "now": now}
         return [r["id"] for r in self._run(self._q.job_retry_failed, params, None)]
 
     def cancel(
-        self, *, ids: Sequence[int] | None = None, queue: str | None = None, reason: str = "by operator",
+        self,
+        *,
+        ids: Sequence[int] | None = None,
+        queue: str | None = None,
+        reason: str = "by operator",
         now: datetime | None = None,
     ) -> list[int]:
         _require_selection(ids, queue)
@@ -342,7 +398,11 @@ class Queue:
         return [r["id"] for r in self._run(self._q.job_cancel, params, None)]
 
     def purge(
-        self, *, older_than_seconds: float, statuses: Sequence[str] = ("done", "failed"), queue: str | None = None,
+        self,
+        *,
+        older_than_seconds: float,
+        statuses: Sequence[str] = ("done", "failed"),
+        queue: str | None = None,
         now: datetime | None = None,
     ) -> int:
         """Delete finished jobs older than the cutoff in batches, each batch its own short transaction."""
@@ -352,7 +412,7 @@ class Queue:
         total = 0
         while True:
             with self._pool.connection() as conn:
-                deleted = conn.execute(self._q.job_purge_batch, params).rowcount
+                deleted: int = conn.execute(self._q.job_purge_batch, params).rowcount
             total += deleted
             if deleted < PURGE_BATCH:
                 return total
@@ -380,7 +440,12 @@ class AsyncQueue:
 
     @classmethod
     async def open(
-        cls, dsn: str | None = None, *, settings: Settings | None = None, max_size: int = 4, connect_timeout: float = 10.0,
+        cls,
+        dsn: str | None = None,
+        *,
+        settings: Settings | None = None,
+        max_size: int = 4,
+        connect_timeout: float = 10.0,
     ) -> AsyncQueue:
         settings = settings or Settings.load(dsn=dsn)
         dsn = settings.require_dsn()
@@ -403,9 +468,7 @@ class AsyncQueue:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
 
     @property
@@ -428,13 +491,26 @@ class AsyncQueue:
             return await cur.fetchall() if cur.description else []
 
     async def enqueue(
-        self, queue: str, payload: Any, *, delay: float = 0, run_at: datetime | None = None, priority: int = 0,
-        max_attempts: int | None = None, idempotency_key: str | None = None,
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        delay: float = 0,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        idempotency_key: str | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> EnqueueResult:
         params = enqueue_params(
-            self.settings, queue, payload, delay=delay, run_at=run_at, priority=priority,
-            max_attempts=max_attempts, idempotency_key=idempotency_key,
+            self.settings,
+            queue,
+            payload,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            idempotency_key=idempotency_key,
         )
         rows = await self._run(self._q.job_enqueue, params, conn)
         if not rows:
@@ -443,13 +519,26 @@ class AsyncQueue:
         return EnqueueResult(rows[0]["id"], duplicate=rows[0]["duplicate"])
 
     async def enqueue_many(
-        self, queue: str, payloads: Iterable[Any], *, delay: float = 0, run_at: datetime | None = None,
-        priority: int = 0, max_attempts: int | None = None, idempotency_keys: Sequence[str | None] | None = None,
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        delay: float = 0,
+        run_at: datetime | None = None,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        idempotency_keys: Sequence[str | None] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> list[int]:
         params = enqueue_many_params(
-            self.settings, queue, payloads, delay=delay, run_at=run_at, priority=priority,
-            max_attempts=max_attempts, idempotency_keys=idempotency_keys,
+            self.settings,
+            queue,
+            payloads,
+            delay=delay,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=max_attempts,
+            idempotency_keys=idempotency_keys,
         )
         return [r["id"] for r in await self._run(self._q.job_enqueue_many, params, conn)]
 
@@ -458,7 +547,11 @@ class AsyncQueue:
         return [job_from_row(r) for r in rows]
 
     async def complete(
-        self, jobs: Sequence[Job], *, worker: str, now: datetime | None = None,
+        self,
+        jobs: Sequence[Job],
+        *,
+        worker: str,
+        now: datetime | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> set[int]:
         return {r["id"] for r in await self._run(self._q.job_complete, fence_params(jobs, worker, now), conn)}
@@ -474,7 +567,11 @@ class AsyncQueue:
         return {r["id"] for r in await self._run(self._q.job_heartbeat, fence_params(jobs, worker, now), None)}
 
     async def recover_expired(
-        self, *, queue: str | None = None, lease_seconds: float | None = None, limit: int = 1000,
+        self,
+        *,
+        queue: str | None = None,
+        lease_seconds: float | None = None,
+        limit: int = 1000,
         now: datetime | None = None,
     ) -> list[Recovered]:
         lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds

@@ -13,16 +13,17 @@ import contextlib
 import logging
 import time
 import uuid
+from functools import partial
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
+from prometheus_client import CollectorRegistry
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
-from prometheus_client import CollectorRegistry
 
 from skiplock import __version__
 from skiplock.backoff import backoff_seconds
@@ -31,8 +32,8 @@ from skiplock.job import Job, QueueStats
 from skiplock.listener import Listener
 from skiplock.metrics import Exporter, QueueCollector, WorkerMetrics
 from skiplock.queue import AsyncQueue, Failure, Queue, check_connect, stats_from_row
-from skiplock.sql import queries_for
 from skiplock.settings import Settings, redact
+from skiplock.sql import queries_for
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -89,14 +90,24 @@ class Worker:
         await asyncio.to_thread(check_connect, dsn)
         size = s.concurrency + 3 if self.handler.is_async else 4
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            dsn, min_size=min(size, 2), max_size=size, open=False, name="skiplock-worker",
-            reconnect_timeout=0, kwargs={"application_name": APPLICATION_NAME},
+            dsn,
+            min_size=min(size, 2),
+            max_size=size,
+            open=False,
+            name="skiplock-worker",
+            reconnect_timeout=0,
+            kwargs={"application_name": APPLICATION_NAME},
         )
         await pool.open()
         self._aq = AsyncQueue(pool, s, owned=True)
         if not self.handler.is_async:
             self._sync_pool = ConnectionPool(
-                dsn, min_size=1, max_size=s.concurrency, open=False, name="skiplock-handlers", reconnect_timeout=0,
+                dsn,
+                min_size=1,
+                max_size=s.concurrency,
+                open=False,
+                name="skiplock-handlers",
+                reconnect_timeout=0,
                 kwargs={"application_name": APPLICATION_NAME},
             )
             self._sync_pool.open()
@@ -105,9 +116,14 @@ class Worker:
         if s.metrics_port:
             self._start_exporter()
         log.info(
-            "worker started", extra={
-                "action": "worker_started", "queue": self.queue_name, "worker": self.identity,
-                "handler": self.handler.spec, "concurrency": s.concurrency, "dsn": s.masked_dsn,
+            "worker started",
+            extra={
+                "action": "worker_started",
+                "queue": self.queue_name,
+                "worker": self.identity,
+                "handler": self.handler.spec,
+                "concurrency": s.concurrency,
+                "dsn": s.masked_dsn,
             },
         )
         tasks = [
@@ -118,7 +134,11 @@ class Worker:
         ]
         if s.listen:
             self.listener = Listener(
-                dsn, s.channel, self.queue_name, self._wake.set, application_name=APPLICATION_NAME,
+                dsn,
+                s.channel,
+                self.queue_name,
+                self._wake.set,
+                application_name=APPLICATION_NAME,
                 on_state=lambda up: self.metrics.listener_connected.set(1 if up else 0),
                 on_notify=lambda: self.metrics.last_notification.set(time.time()),
             )
@@ -136,8 +156,10 @@ class Worker:
             if self._sync_pool is not None:
                 await asyncio.to_thread(self._sync_pool.close)
             await pool.close()
-            log.info("worker stopped", extra={"action": "worker_stopped", "queue": self.queue_name,
-                                               "released": self.released})
+            log.info(
+                "worker stopped",
+                extra={"action": "worker_stopped", "queue": self.queue_name, "released": self.released},
+            )
         return 0
 
     def request_stop(self) -> None:
@@ -173,7 +195,9 @@ class Worker:
                 self.metrics.wakeups.labels(source).inc()
             self._wake.clear()
             want = min(s.batch, free)
-            jobs = await self._db("claim", lambda: self._queue().claim(self.queue_name, limit=want, worker=self.identity))
+            jobs = await self._db(
+                "claim", partial(self._queue().claim, self.queue_name, limit=want, worker=self.identity)
+            )
             if jobs is None:
                 await self._backoff_after_error()
                 more = True
@@ -189,7 +213,9 @@ class Worker:
     async def _wait_for_work(self) -> str:
         waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(self._stopping.wait())]
         try:
-            done, _ = await asyncio.wait(waiters, timeout=self.settings.poll_seconds, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                waiters, timeout=self.settings.poll_seconds, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             for w in waiters:
                 w.cancel()
@@ -305,8 +331,11 @@ class Worker:
             if not ok:
                 self._fail_buf[:0] = fails
         if not ok and final:
-            log.warning("could not record %d result(s) before exit; their leases will expire and they will rerun",
-                        len(self._done_buf) + len(self._fail_buf), extra={"action": "results_lost"})
+            log.warning(
+                "could not record %d result(s) before exit; their leases will expire and they will rerun",
+                len(self._done_buf) + len(self._fail_buf),
+                extra={"action": "results_lost"},
+            )
         return ok
 
     async def _flush_done(self, done: list[Job]) -> bool:
@@ -331,8 +360,13 @@ class Worker:
 
     def _count_failure(self, f: Failure, status: str | None) -> None:
         q, job = self.queue_name, f.job
-        extra = {"queue": q, "job_id": job.id, "attempt": job.attempts, "max_attempts": job.max_attempts,
-                 "error": f.error[:500]}
+        extra = {
+            "queue": q,
+            "job_id": job.id,
+            "attempt": job.attempts,
+            "max_attempts": job.max_attempts,
+            "error": f.error[:500],
+        }
         if status is None:
             self.metrics.jobs_finished.labels(q, "lease_lost").inc()
             self._warn_lost(job)
@@ -346,8 +380,10 @@ class Worker:
             log.error("job failed for good (%s)", reason.replace("_", "-"), extra={"action": "job_failed", **extra})
 
     def _warn_lost(self, job: Job) -> None:
-        log.warning("lease lost before completion: result discarded, writes rolled back",
-                    extra={"action": "lease_lost", "queue": self.queue_name, "job_id": job.id})
+        log.warning(
+            "lease lost before completion: result discarded, writes rolled back",
+            extra={"action": "lease_lost", "queue": self.queue_name, "job_id": job.id},
+        )
 
     # ------------------------------------------------------------------------------------------ leases
     async def _heartbeats(self) -> None:
@@ -356,14 +392,16 @@ class Worker:
             jobs = [r.job for r in self._running.values()] + list(self._done_buf) + [f.job for f in self._fail_buf]
             if not jobs:
                 continue
-            alive = await self._db("heartbeat", lambda: self._queue().heartbeat(jobs, worker=self.identity))
+            alive = await self._db("heartbeat", partial(self._queue().heartbeat, jobs, worker=self.identity))
             if alive is None:
                 continue
             for job in jobs:
                 if job.id not in alive and (job.id, job.attempts) not in self._lost:
                     self._lost.add((job.id, job.attempts))
-                    log.warning("heartbeat found the lease lost", extra={"action": "lease_lost", "job_id": job.id,
-                                                                         "queue": self.queue_name})
+                    log.warning(
+                        "heartbeat found the lease lost",
+                        extra={"action": "lease_lost", "job_id": job.id, "queue": self.queue_name},
+                    )
             self._lost &= {(j.id, j.attempts) for j in jobs}
 
     async def _recoverer(self) -> None:
@@ -371,9 +409,16 @@ class Worker:
             recovered = await self._db("recover", lambda: self._queue().recover_expired(queue=self.queue_name))
             for r in recovered or []:
                 self.metrics.jobs_recovered.labels(self.queue_name, r.status).inc()
-                log.warning("recovered a job whose lease expired", extra={
-                    "action": "lease_recovered", "queue": r.queue, "job_id": r.id, "status": r.status,
-                    "attempt": r.attempts})
+                log.warning(
+                    "recovered a job whose lease expired",
+                    extra={
+                        "action": "lease_recovered",
+                        "queue": r.queue,
+                        "job_id": r.id,
+                        "status": r.status,
+                        "attempt": r.attempts,
+                    },
+                )
             if recovered:
                 self._wake.set()
             await asyncio.sleep(self.settings.recover_seconds)
@@ -383,16 +428,20 @@ class Worker:
         if ids:
             self.released += len(ids)
             self.metrics.jobs_released.labels(self.queue_name).inc(len(ids))
-            log.info("handed back %d unfinished job(s) without burning an attempt", len(ids),
-                     extra={"action": "jobs_released", "queue": self.queue_name})
+            log.info(
+                "handed back %d unfinished job(s) without burning an attempt",
+                len(ids),
+                extra={"action": "jobs_released", "queue": self.queue_name},
+            )
 
     # ------------------------------------------------------------------------------------------ shutdown
     async def _drain(self) -> None:
         if not self._running:
             return
         grace = self.settings.shutdown_grace_seconds
-        log.info("waiting up to %.0fs for %d in-flight job(s)", grace, len(self._running),
-                 extra={"action": "drain_wait"})
+        log.info(
+            "waiting up to %.0fs for %d in-flight job(s)", grace, len(self._running), extra={"action": "drain_wait"}
+        )
         deadline = time.monotonic() + grace
         while self._running and time.monotonic() < deadline and not self._force:
             self._slot_freed.clear()
@@ -401,8 +450,9 @@ class Worker:
         left = list(self._running.values())
         if not left:
             return
-        log.warning("grace period over: handing back %d job(s) still running", len(left),
-                    extra={"action": "drain_timeout"})
+        log.warning(
+            "grace period over: handing back %d job(s) still running", len(left), extra={"action": "drain_timeout"}
+        )
         if not self.handler.is_async:
             # Threads cannot be cancelled: release the jobs now; their late completion is fenced out.
             await self._release([r.job for r in left])
@@ -425,8 +475,12 @@ class Worker:
             self._db_ok = False
             self._db_failures += 1
             if self._db_failures == 1 or self._db_failures % 10 == 0:
-                log.warning("database error during %s (%s); retrying", operation,
-                            redact(str(exc).strip(), self.settings.dsn), extra={"action": "db_error"})
+                log.warning(
+                    "database error during %s (%s); retrying",
+                    operation,
+                    redact(str(exc).strip(), self.settings.dsn),
+                    extra={"action": "db_error"},
+                )
             return None
         if not self._db_ok:
             if self._db_failures:
@@ -474,12 +528,14 @@ class _StatsFetcher:
     def __call__(self) -> list[Any]:
         s = self._settings
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(s.require_dsn(), autocommit=True, connect_timeout=5,
-                                         application_name=APPLICATION_NAME)
+            self._conn = psycopg.connect(
+                s.require_dsn(), autocommit=True, connect_timeout=5, application_name=APPLICATION_NAME
+            )
         try:
             with self._conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(queries_for(s.schema).queue_stats,
-                            {"queue": s.queue, "lease_seconds": s.lease_seconds, "now": None})
+                cur.execute(
+                    queries_for(s.schema).queue_stats, {"queue": s.queue, "lease_seconds": s.lease_seconds, "now": None}
+                )
                 rows = [stats_from_row(r) for r in cur.fetchall()]
         except psycopg.Error:
             self._conn.close()

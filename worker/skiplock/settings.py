@@ -7,6 +7,7 @@ The CLI builds it, the worker receives it, and the operator renders a worker's e
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import socket
@@ -73,7 +74,7 @@ class Settings:
     metrics_port: int = 0
     """Port of /metrics, /healthz and /readyz (default 0: off). The operator sets 9464."""
 
-    metrics_host: str = "0.0.0.0"  # noqa: S104 - a pod's exporter must be reachable from Prometheus
+    metrics_host: str = "0.0.0.0"
     """Address the metrics server binds (default all interfaces, as a pod needs)."""
 
     listen: bool = True
@@ -141,7 +142,9 @@ class Settings:
     def validate(self) -> None:
         problems: list[str] = []
         if not IDENTIFIER.match(self.schema):
-            problems.append(f"schema {self.schema!r} must match {IDENTIFIER.pattern} (lower-case, at most 40 characters)")
+            problems.append(
+                f"schema {self.schema!r} must match {IDENTIFIER.pattern} (lower-case, at most 40 characters)"
+            )
         if not QUEUE_NAME.match(self.queue):
             problems.append(f"queue {self.queue!r} must match {QUEUE_NAME.pattern}")
         for name in ("concurrency", "batch", "max_attempts", "max_payload_bytes"):
@@ -213,7 +216,7 @@ def _coerce(name: str, annotation: Any, raw: Any) -> Any:
             return int(raw)
         if kind == "float":
             value = float(raw)
-            if value != value or value in (float("inf"), float("-inf")):
+            if not math.isfinite(value):
                 raise ValueError("expected a finite number")
             return value
         return str(raw)
