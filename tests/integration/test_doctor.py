@@ -45,12 +45,17 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
 # ------------------------------------------------------------------------------------------ pure checks
 def test_expected_indexes_follow_the_migrations() -> None:
     assert expected_indexes() == (
-        "jobs_pkey", "jobs_claim_idx", "jobs_recover_idx", "jobs_failed_idx", "jobs_retention_idx",
+        "jobs_pkey",
+        "jobs_claim_idx",
+        "jobs_recover_idx",
+        "jobs_failed_idx",
+        "jobs_retention_idx",
         "jobs_idempotency_idx",
     )
     later = "CREATE INDEX jobs_x_idx ON {schema}.jobs (queue);\nDROP INDEX {schema}.jobs_failed_idx;"
     assert expected_indexes(["CREATE INDEX jobs_failed_idx ON {schema}.jobs (queue);", later]) == (
-        "jobs_pkey", "jobs_x_idx",
+        "jobs_pkey",
+        "jobs_x_idx",
     )
 
 
@@ -76,8 +81,12 @@ def test_schema_version_table(found: int, latest: int, ok: bool, severity: str) 
 def test_autovacuum_table(
     reloptions: list[str] | None, server: float, autovacuum_on: bool, ok: bool, severity: str
 ) -> None:
-    row = {"reloptions": reloptions, "autovacuum_on": autovacuum_on, "track_counts_on": True,
-           "server_vacuum_scale_factor": server}
+    row = {
+        "reloptions": reloptions,
+        "autovacuum_on": autovacuum_on,
+        "track_counts_on": True,
+        "server_vacuum_scale_factor": server,
+    }
     check = check_autovacuum("s", row)
     assert (check.ok, check.severity) == (ok, severity), check
     if not ok:
@@ -96,8 +105,7 @@ def test_dead_tuples_table(live: int, dead: int, ok: bool) -> None:
 
 def test_xmin_horizon_table() -> None:
     def row(age: float | None, xmin_age: int) -> dict[str, Any]:
-        return {"holder": "pid 7", "kind": "session", "age_seconds": age, "xmin_age": xmin_age,
-                "detail": "user=x"}
+        return {"holder": "pid 7", "kind": "session", "age_seconds": age, "xmin_age": xmin_age, "detail": "user=x"}
 
     th = Thresholds(xact_warning_seconds=300, xact_critical_seconds=3600, xmin_age_critical=1000)
     assert check_xmin_horizon([], th).ok
@@ -133,7 +141,11 @@ def test_rendering_and_exit_code() -> None:
     doc = json.loads(render_json([good, warn]))
     assert doc["ok"] is False
     assert doc["checks"][1] == {
-        "name": "c", "ok": False, "severity": "warning", "detail": "bad", "advice": "do this",
+        "name": "c",
+        "ok": False,
+        "severity": "warning",
+        "detail": "bad",
+        "advice": "do this",
     }
 
 
@@ -141,16 +153,20 @@ def test_rendering_and_exit_code() -> None:
 def test_fresh_schema_is_healthy(conn: psycopg.Connection[Any], settings: Settings) -> None:
     checks = run_checks(conn, settings, thresholds=FAST)
     assert [c.name for c in checks] == [
-        "schema_version", "indexes", "autovacuum", "dead_tuples", "xmin_horizon", "listen", "stalled_jobs",
+        "schema_version",
+        "indexes",
+        "autovacuum",
+        "dead_tuples",
+        "xmin_horizon",
+        "listen",
+        "stalled_jobs",
     ]
     assert all(c.ok for c in checks), render_text(checks)
     assert exit_code(checks) == 0
     assert f"version {latest_version()}" in checks[0].detail
 
 
-def test_unmigrated_schema_is_critical_and_skips_table_checks(
-    pg_dsn: str, conn: psycopg.Connection[Any]
-) -> None:
+def test_unmigrated_schema_is_critical_and_skips_table_checks(pg_dsn: str, conn: psycopg.Connection[Any]) -> None:
     settings = Settings.load(env={}, dsn=pg_dsn, schema=f"absent_{uuid.uuid4().hex[:8]}")
     checks = by_name(run_checks(conn, settings, thresholds=FAST))
     assert (checks["schema_version"].ok, checks["schema_version"].severity) == (False, "critical")
@@ -174,9 +190,7 @@ def test_missing_and_invalid_indexes(conn: psycopg.Connection[Any], settings: Se
     assert "invalid: jobs_failed_idx" in check.detail
 
 
-def test_autovacuum_reset_to_server_default(
-    conn: psycopg.Connection[Any], settings: Settings, schema: str
-) -> None:
+def test_autovacuum_reset_to_server_default(conn: psycopg.Connection[Any], settings: Settings, schema: str) -> None:
     conn.execute(f'ALTER TABLE "{schema}".jobs RESET (autovacuum_vacuum_scale_factor)')
     server = conn.execute("SELECT current_setting('autovacuum_vacuum_scale_factor')::float8").fetchone()
     check = by_name(run_checks(conn, settings, thresholds=FAST))["autovacuum"]
@@ -188,13 +202,10 @@ def test_autovacuum_reset_to_server_default(
     assert "autovacuum_vacuum_scale_factor = 0.01" in check.advice
 
 
-def test_dead_tuples_after_mass_delete(
-    conn: psycopg.Connection[Any], settings: Settings, schema: str
-) -> None:
+def test_dead_tuples_after_mass_delete(conn: psycopg.Connection[Any], settings: Settings, schema: str) -> None:
     conn.execute(f'ALTER TABLE "{schema}".jobs SET (autovacuum_enabled = false)')  # keep the dead rows
     conn.execute(
-        f"INSERT INTO \"{schema}\".jobs (payload, status) "
-        "SELECT '{}', 'done' FROM generate_series(1, 12000)"
+        f"INSERT INTO \"{schema}\".jobs (payload, status) SELECT '{{}}', 'done' FROM generate_series(1, 12000)"
     )
     conn.execute(f'DELETE FROM "{schema}".jobs')
     th = Thresholds(listen_timeout_seconds=2.0, dead_min=10_000, dead_ratio=0.2)
@@ -231,7 +242,7 @@ def test_long_transaction_holds_the_xmin_horizon(
 
 def test_stalled_jobs(conn: psycopg.Connection[Any], settings: Settings, schema: str) -> None:
     conn.execute(
-        f"INSERT INTO \"{schema}\".jobs (queue, payload, status, attempts, locked_by, locked_at) "
+        f'INSERT INTO "{schema}".jobs (queue, payload, status, attempts, locked_by, locked_at) '
         "VALUES ('emails', '{}', 'processing', 1, 'gone:1:x', now() - interval '1 hour')"
     )
     check = by_name(run_checks(conn, settings, thresholds=FAST))["stalled_jobs"]
@@ -266,4 +277,3 @@ def test_leaves_a_transactional_connection_as_it_was(pg_dsn: str, settings: Sett
     with psycopg.connect(pg_dsn) as plain:
         assert all(c.ok for c in run_checks(plain, settings, thresholds=FAST))
         assert plain.autocommit is False
-

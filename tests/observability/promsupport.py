@@ -55,8 +55,9 @@ def substitute(expr: str, *, queue: str, rate_interval: str) -> str:
 
 def panel_queries(*, queue: str, rate_interval: str = "1m") -> list[PanelQuery]:
     return [
-        PanelQuery(panel["title"], target["refId"],
-                   substitute(target["expr"], queue=queue, rate_interval=rate_interval))
+        PanelQuery(
+            panel["title"], target["refId"], substitute(target["expr"], queue=queue, rate_interval=rate_interval)
+        )
         for panel in panels(load_dashboard())
         for target in panel.get("targets", [])
     ]
@@ -67,8 +68,7 @@ def require_binary(name: str) -> str:
     path = shutil.which(name)
     if path:
         return path
-    why = (f"{name} not found: apt-get install -y --no-install-recommends prometheus "
-           "(see shared/TOOLING.md section 3)")
+    why = f"{name} not found: apt-get install -y --no-install-recommends prometheus (see shared/TOOLING.md section 3)"
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(why)
     pytest.skip(why)

@@ -40,16 +40,28 @@ def test_panels_fit_the_grid_without_overlapping() -> None:
     for title, g in boxes:
         assert g["x"] >= 0 and g["x"] + g["w"] <= 24, title
     for (a, ga), (b, gb) in combinations(boxes, 2):
-        apart = (ga["x"] + ga["w"] <= gb["x"] or gb["x"] + gb["w"] <= ga["x"]
-                 or ga["y"] + ga["h"] <= gb["y"] or gb["y"] + gb["h"] <= ga["y"])
+        apart = (
+            ga["x"] + ga["w"] <= gb["x"]
+            or gb["x"] + gb["w"] <= ga["x"]
+            or ga["y"] + ga["h"] <= gb["y"]
+            or gb["y"] + gb["h"] <= ga["y"]
+        )
         assert apart, f"{a!r} overlaps {b!r}"
 
 
 def test_dashboard_covers_the_issue() -> None:
     titles = {p["title"] for p in panels(load_dashboard())}
-    for wanted in ("Backlog by state", "Oldest ready job age", "Finished attempts by outcome", "Failure ratio",
-                   "Run duration percentiles", "Run duration heatmap", "In flight and capacity",
-                   "Listener connected", "Database reachable"):
+    for wanted in (
+        "Backlog by state",
+        "Oldest ready job age",
+        "Finished attempts by outcome",
+        "Failure ratio",
+        "Run duration percentiles",
+        "Run duration heatmap",
+        "In flight and capacity",
+        "Listener connected",
+        "Database reachable",
+    ):
         assert wanted in titles
 
 
@@ -61,11 +73,14 @@ def test_substitute_fills_every_variable() -> None:
 def test_every_panel_query_parses(tmp_path: Path) -> None:
     """promtool parses each query as a recording rule: a PromQL syntax error fails here, without a server."""
     promtool = require_binary("promtool")
-    rules = [{"record": f"dashboard:panel{i}", "expr": q.expr}
-             for i, q in enumerate(panel_queries(queue="(emails|reports)", rate_interval="5m"))]
+    rules = [
+        {"record": f"dashboard:panel{i}", "expr": q.expr}
+        for i, q in enumerate(panel_queries(queue="(emails|reports)", rate_interval="5m"))
+    ]
     path = tmp_path / "dashboard-rules.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}), encoding="utf-8")
-    out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60,
-                         check=False)
+    out = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(rules)} rules found" in out.stdout

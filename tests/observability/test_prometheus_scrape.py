@@ -76,10 +76,32 @@ def worker(settings: Settings, tmp_path: Path) -> Iterator[int]:
     }
     log = (tmp_path / "worker.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "skiplock", "worker", "--queue", QUEUE, "--handler", "observability_handlers:handle",
-         "--metrics-port", str(port), "--concurrency", "4", "--poll", "0.5", "--lease", "10", "--heartbeat", "2",
-         "--recover", "1"],
-        env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "skiplock",
+            "worker",
+            "--queue",
+            QUEUE,
+            "--handler",
+            "observability_handlers:handle",
+            "--metrics-port",
+            str(port),
+            "--concurrency",
+            "4",
+            "--poll",
+            "0.5",
+            "--lease",
+            "10",
+            "--heartbeat",
+            "2",
+            "--recover",
+            "1",
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         yield port
@@ -103,14 +125,24 @@ def prometheus(worker: int, tmp_path: Path) -> Iterator[str]:
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
     log = (tmp_path / "prometheus.log").open("wb")
     proc = subprocess.Popen(
-        [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            binary,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: proc.poll() is not None or try_get(f"{url}/-/ready") is not None, timeout=15,
-                 interval=0.1, what="prometheus /-/ready")
+        wait_for(
+            lambda: proc.poll() is not None or try_get(f"{url}/-/ready") is not None,
+            timeout=15,
+            interval=0.1,
+            what="prometheus /-/ready",
+        )
         assert proc.poll() is None, (tmp_path / "prometheus.log").read_text(errors="replace")
         yield url
     finally:
@@ -131,12 +163,17 @@ def test_every_dashboard_query_returns_data_from_a_real_worker(
     metrics_url = f"http://127.0.0.1:{worker}/metrics"
     scrape = wait_for(lambda: try_get(metrics_url), timeout=20, interval=0.1, what="the worker's /metrics")
     assert "skiplock_worker_concurrency" in scrape
-    wait_for(lambda: "skiplock_listener_connected 1.0" in (try_get(metrics_url) or ""), timeout=10,
-             interval=0.1, what="the worker's LISTEN connection")
+    wait_for(
+        lambda: "skiplock_listener_connected 1.0" in (try_get(metrics_url) or ""),
+        timeout=10,
+        interval=0.1,
+        what="the worker's LISTEN connection",
+    )
     with psycopg.connect(settings.require_dsn(), autocommit=True) as conn:
         conn.execute(  # a job whose worker died an hour ago: the worker recovers it at once (recovered_total)
             f'INSERT INTO "{settings.schema}".jobs (queue, payload, status, attempts, locked_by, locked_at) '
-            "VALUES (%s, '{}', 'processing', 1, 'gone:1:x', now() - interval '1 hour')", [QUEUE],
+            "VALUES (%s, '{}', 'processing', 1, 'gone:1:x', now() - interval '1 hour')",
+            [QUEUE],
         )
     with Queue(settings=settings, max_size=2) as queue:
         for i in range(12):
@@ -144,8 +181,12 @@ def test_every_dashboard_query_returns_data_from_a_real_worker(
         queue.enqueue(QUEUE, {"kind": "retry"}, max_attempts=2)  # retried once, then failed (exhausted)
         queue.enqueue(QUEUE, {"kind": "fail"})  # failed at once (non_retryable)
         queue.enqueue(QUEUE, {"kind": "ok"}, delay=3600)  # stays delayed
-        wait_for(lambda: {s.queue: s for s in queue.stats(QUEUE)}[QUEUE].failed == 2, timeout=15,
-                 interval=0.1, what="both failing jobs to end in failed")
+        wait_for(
+            lambda: {s.queue: s for s in queue.stats(QUEUE)}[QUEUE].failed == 2,
+            timeout=15,
+            interval=0.1,
+            what="both failing jobs to end in failed",
+        )
 
     queries = panel_queries(queue=QUEUE, rate_interval="30s")
     assert len(queries) >= 20
@@ -169,9 +210,11 @@ def test_every_dashboard_query_returns_data_from_a_real_worker(
     done = query(prometheus, f'sum(skiplock_jobs_finished_total{{queue="{QUEUE}", outcome="done"}})')
     assert float(done[0]["value"][1]) >= 13  # twelve enqueued ok jobs and the recovered one
 
-    labels = json.loads(http_get(
-        f"{prometheus}/api/v1/label/queue/values?" + urllib.parse.urlencode({"match[]": "skiplock_queue_jobs"})
-    ))
+    labels = json.loads(
+        http_get(
+            f"{prometheus}/api/v1/label/queue/values?" + urllib.parse.urlencode({"match[]": "skiplock_queue_jobs"})
+        )
+    )
     assert QUEUE in labels["data"], "the dashboard's queue selector would not list the queue"
 
 

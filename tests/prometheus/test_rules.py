@@ -38,8 +38,7 @@ METRIC = re.compile(r"\bskiplock_[a-z0-9_]+")
 
 def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     path = require_binary("promtool")
-    return subprocess.run([path, *args], input=stdin, capture_output=True, text=True, timeout=120,
-                          check=False)
+    return subprocess.run([path, *args], input=stdin, capture_output=True, text=True, timeout=120, check=False)
 
 
 def alert_rules() -> list[dict[str, Any]]:
@@ -81,8 +80,9 @@ def test_every_alert_is_tested_firing_and_quiet() -> None:
 
 
 def test_every_alert_has_severity_for_summary_description_and_a_runbook() -> None:
-    headings = [line.lstrip("#").strip() for line in DOCS.read_text(encoding="utf-8").splitlines()
-                if line.startswith("#")]
+    headings = [
+        line.lstrip("#").strip() for line in DOCS.read_text(encoding="utf-8").splitlines() if line.startswith("#")
+    ]
     anchors = {github_anchor(h) for h in headings}
     names = [rule["alert"] for rule in alert_rules()]
     assert len(names) == len(set(names)), "alert names must be unique (the chart drops alerts by name)"

@@ -82,16 +82,29 @@ def skipped(name: str, why: str) -> Check:
 def check_schema_version(schema: str, found: int, latest: int) -> Check:
     name = "schema_version"
     if found == 0:
-        return Check(name, False, "critical", f"schema {schema!r} has no skiplock tables",
-                     f"run 'skiplock migrate --schema {schema}' (or let the operator migrate it)")
+        return Check(
+            name,
+            False,
+            "critical",
+            f"schema {schema!r} has no skiplock tables",
+            f"run 'skiplock migrate --schema {schema}' (or let the operator migrate it)",
+        )
     if found < latest:
-        return Check(name, False, "critical",
-                     f"schema {schema!r} is at version {found}, this skiplock needs {latest}",
-                     "run 'skiplock migrate' before starting workers of this version")
+        return Check(
+            name,
+            False,
+            "critical",
+            f"schema {schema!r} is at version {found}, this skiplock needs {latest}",
+            "run 'skiplock migrate' before starting workers of this version",
+        )
     if found > latest:
-        return Check(name, False, "warning",
-                     f"schema {schema!r} is at version {found}, newer than this skiplock ({latest})",
-                     "upgrade this skiplock (workers, CLI) to the version that migrated the schema")
+        return Check(
+            name,
+            False,
+            "warning",
+            f"schema {schema!r} is at version {found}, newer than this skiplock ({latest})",
+            "upgrade this skiplock (workers, CLI) to the version that migrated the schema",
+        )
     return ok(name, f"schema {schema!r} is at version {found} (latest)")
 
 
@@ -99,9 +112,7 @@ _CREATE_INDEX = re.compile(
     r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+(?:CONCURRENTLY\s+)?(?:IF\s+NOT\s+EXISTS\s+)?(\w+)\s+ON\s+\{schema\}\.jobs\b",
     re.IGNORECASE,
 )
-_DROP_INDEX = re.compile(
-    r"DROP\s+INDEX\s+(?:CONCURRENTLY\s+)?(?:IF\s+EXISTS\s+)?(?:\{schema\}\.)?(\w+)", re.IGNORECASE
-)
+_DROP_INDEX = re.compile(r"DROP\s+INDEX\s+(?:CONCURRENTLY\s+)?(?:IF\s+EXISTS\s+)?(?:\{schema\}\.)?(\w+)", re.IGNORECASE)
 
 
 def expected_indexes(sources: Iterable[str] | None = None) -> tuple[str, ...]:
@@ -129,9 +140,14 @@ def check_indexes(schema: str, rows: Sequence[Mapping[str, Any]], expected: Sequ
             parts.append("missing: " + ", ".join(missing))
         if invalid:
             parts.append("invalid: " + ", ".join(invalid))
-        return Check(name, False, "critical", f"indexes of {schema}.jobs " + "; ".join(parts),
-                     "claims and lease recovery scan the whole table without them: drop the invalid ones "
-                     "and re-create them from the migration (CREATE INDEX CONCURRENTLY)")
+        return Check(
+            name,
+            False,
+            "critical",
+            f"indexes of {schema}.jobs " + "; ".join(parts),
+            "claims and lease recovery scan the whole table without them: drop the invalid ones "
+            "and re-create them from the migration (CREATE INDEX CONCURRENTLY)",
+        )
     return ok(name, f"all {len(expected)} expected indexes of {schema}.jobs are present and valid")
 
 
@@ -147,21 +163,34 @@ def check_autovacuum(schema: str, row: Mapping[str, Any]) -> Check:
     name = "autovacuum"
     table = f"{schema}.jobs"
     if not row["autovacuum_on"] or not row["track_counts_on"]:
-        return Check(name, False, "critical", "autovacuum (or track_counts) is off for the whole server",
-                     "turn autovacuum and track_counts on in postgresql.conf: a queue table bloats "
-                     "within hours without them")
+        return Check(
+            name,
+            False,
+            "critical",
+            "autovacuum (or track_counts) is off for the whole server",
+            "turn autovacuum and track_counts on in postgresql.conf: a queue table bloats within hours without them",
+        )
     opts = parse_reloptions(row["reloptions"])
     if opts.get("autovacuum_enabled", "true").lower() in ("false", "off", "0", "no"):
-        return Check(name, False, "critical", f"autovacuum is disabled on {table} (autovacuum_enabled=false)",
-                     f"ALTER TABLE {table} RESET (autovacuum_enabled);")
+        return Check(
+            name,
+            False,
+            "critical",
+            f"autovacuum is disabled on {table} (autovacuum_enabled=false)",
+            f"ALTER TABLE {table} RESET (autovacuum_enabled);",
+        )
     factor_text = opts.get("autovacuum_vacuum_scale_factor")
     factor = float(factor_text) if factor_text is not None else float(row["server_vacuum_scale_factor"])
     source = "table option" if factor_text is not None else "server default"
     if factor > RECOMMENDED_VACUUM_SCALE_FACTOR:
-        return Check(name, False, "warning",
-                     f"{table} is vacuumed only after {factor:.0%} of its rows changed ({source})",
-                     f"ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor = 0.01, "
-                     "autovacuum_analyze_scale_factor = 0.02);  -- a queue table is updated all the time")
+        return Check(
+            name,
+            False,
+            "warning",
+            f"{table} is vacuumed only after {factor:.0%} of its rows changed ({source})",
+            f"ALTER TABLE {table} SET (autovacuum_vacuum_scale_factor = 0.01, "
+            "autovacuum_analyze_scale_factor = 0.02);  -- a queue table is updated all the time",
+        )
     return ok(name, f"{table} autovacuum_vacuum_scale_factor={factor:g} ({source})")
 
 
@@ -176,10 +205,15 @@ def check_dead_tuples(schema: str, row: Mapping[str, Any] | None, th: Thresholds
     when = f"last vacuum {last:%Y-%m-%d %H:%M:%S %Z}" if isinstance(last, datetime) else "never vacuumed"
     detail = f"{table}: {dead} dead / {live} live tuples ({ratio:.0%} dead), {when}"
     if dead >= th.dead_min and ratio >= th.dead_ratio:
-        return Check(name, False, "warning", detail,
-                     "vacuum is falling behind: look for long transactions (xmin_horizon), lower the "
-                     "table's autovacuum_vacuum_scale_factor, purge old done jobs in batches, or run "
-                     f"VACUUM {table};")
+        return Check(
+            name,
+            False,
+            "warning",
+            detail,
+            "vacuum is falling behind: look for long transactions (xmin_horizon), lower the "
+            "table's autovacuum_vacuum_scale_factor, purge old done jobs in batches, or run "
+            f"VACUUM {table};",
+        )
     return ok(name, detail)
 
 
@@ -196,16 +230,17 @@ def check_xmin_horizon(rows: Sequence[Mapping[str, Any]], th: Thresholds) -> Che
         return f"{r['holder']} ({r['kind']}, open {age}, xmin age {r['xmin_age']} xids; {r['detail']})"
 
     detail = "oldest xmin held by " + describe(worst)
-    advice = ("a long transaction, an abandoned replication slot or a forgotten prepared transaction stops "
-              "VACUUM from removing dead job rows: end it (pg_terminate_backend(pid), "
-              "pg_drop_replication_slot, ROLLBACK PREPARED), and set idle_in_transaction_session_timeout "
-              "for application roles")
+    advice = (
+        "a long transaction, an abandoned replication slot or a forgotten prepared transaction stops "
+        "VACUUM from removing dead job rows: end it (pg_terminate_backend(pid), "
+        "pg_drop_replication_slot, ROLLBACK PREPARED), and set idle_in_transaction_session_timeout "
+        "for application roles"
+    )
     if oldest_seconds >= th.xact_critical_seconds or xmin_age >= th.xmin_age_critical:
         return Check(name, False, "critical", detail, advice)
     if oldest_seconds >= th.xact_warning_seconds:
         return Check(name, False, "warning", detail, advice)
-    return ok(name, f"oldest transaction holding the xmin horizon is {oldest_seconds:.0f}s old "
-                    f"({worst['holder']})")
+    return ok(name, f"oldest transaction holding the xmin horizon is {oldest_seconds:.0f}s old ({worst['holder']})")
 
 
 def check_listen(received: bool, timeout: float, pids: Sequence[int]) -> Check:
@@ -219,9 +254,14 @@ def check_listen(received: bool, timeout: float, pids: Sequence[int]) -> Check:
     if pooled:
         problems.append(f"consecutive transactions ran on different server processes {sorted(set(pids))}")
     detail = "; ".join(problems) + " (a transaction-mode pooler such as PgBouncer?)"
-    return Check(name, False, "warning", detail,
-                 "point workers at PostgreSQL directly or at a session-mode pool, or run them with "
-                 "--no-listen (SKIPLOCK_LISTEN=false): they then poll every poll_seconds")
+    return Check(
+        name,
+        False,
+        "warning",
+        detail,
+        "point workers at PostgreSQL directly or at a session-mode pool, or run them with "
+        "--no-listen (SKIPLOCK_LISTEN=false): they then poll every poll_seconds",
+    )
 
 
 def check_stalled(stats: Sequence[QueueStats], lease_seconds: float) -> Check:
@@ -230,10 +270,15 @@ def check_stalled(stats: Sequence[QueueStats], lease_seconds: float) -> Check:
     if stalled:
         listing = ", ".join(f"{q}={n}" for q, n in sorted(stalled.items()))
         detail = f"jobs processing past their {lease_seconds:g}s lease: {listing}"
-        return Check(name, False, "warning", detail,
-                     "their workers stopped heartbeating (crashed, OOM-killed, partitioned): make sure "
-                     "workers of these queues run, they recover expired leases every recover_seconds; "
-                     "if leases expire while handlers still run, raise lease_seconds")
+        return Check(
+            name,
+            False,
+            "warning",
+            detail,
+            "their workers stopped heartbeating (crashed, OOM-killed, partitioned): make sure "
+            "workers of these queues run, they recover expired leases every recover_seconds; "
+            "if leases expire while handlers still run, raise lease_seconds",
+        )
     return ok(name, f"no job is processing past its {lease_seconds:g}s lease")
 
 
@@ -315,8 +360,7 @@ def _one(row: Mapping[str, Any] | None) -> Mapping[str, Any]:
 def _listen(conn: psycopg.Connection[Any], settings: Settings, timeout: float) -> Check:
     """LISTEN on a private channel here, NOTIFY from a second connection, wait for it to come back."""
     if not settings.listen:
-        return Check("listen", True, "info",
-                     f"skipped: listen is off, workers poll every {settings.poll_seconds:g}s")
+        return Check("listen", True, "info", f"skipped: listen is off, workers poll every {settings.poll_seconds:g}s")
     q = queries_for(settings.schema)
     channel = f"{settings.channel}_doctor"
     token = secrets.token_hex(8)
@@ -332,8 +376,13 @@ def _listen(conn: psycopg.Connection[Any], settings: Settings, timeout: float) -
         except psycopg.Error as exc:
             why = redact(str(exc), settings.dsn)
             detail = f"could not open a second connection to send NOTIFY: {why}"
-            return Check("listen", False, "warning", detail,
-                         "check the DSN; workers need a connection for LISTEN besides their pool")
+            return Check(
+                "listen",
+                False,
+                "warning",
+                detail,
+                "check the DSN; workers need a connection for LISTEN besides their pool",
+            )
         deadline = time.monotonic() + timeout
         while not received and (left := deadline - time.monotonic()) > 0:
             for note in conn.notifies(timeout=left, stop_after=1):
