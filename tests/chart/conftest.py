@@ -55,3 +55,7 @@ def render(template: Template) -> Render:
         return [doc for doc in yaml.safe_load_all(rendered(*args)) if doc]
 
     return run
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "image: replays the Dockerfile's install steps in a fresh virtualenv")
