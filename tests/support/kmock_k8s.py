@@ -31,6 +31,10 @@ BUILTINS: dict[str, dict[str, Any]] = {
     "v1/secrets": {"kind": "Secret", "namespaced": True},
     "v1/events": {"kind": "Event", "namespaced": True},
     "events.k8s.io/v1/events": {"kind": "Event", "namespaced": True},
+    # kopf waits for these two in discovery before it watches anything (it never lists them with
+    # scanning disabled, which matters: kmock cannot list namespaces).
+    "v1/namespaces": {"kind": "Namespace", "namespaced": False},
+    "apiextensions.k8s.io/v1/customresourcedefinitions": {"kind": "CustomResourceDefinition", "namespaced": False},
 }
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 

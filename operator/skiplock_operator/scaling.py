@@ -1,0 +1,190 @@
+"""Pure replica math: backlog in, desired replicas out (no I/O, no clocks; ``now`` is passed in).
+
+The policy, in order: ``ceil(ready / targetBacklogPerReplica)``; at least one replica while jobs are in
+flight; stay at zero until the ready backlog reaches the activation threshold; one more replica than now
+when the oldest ready job waited longer than ``maxOldestReadyAgeSeconds``; clamp to [min, max]; cap by the
+connection budget. Scale-ups apply at once; a scale-down applies only when every recommendation of the
+stabilization window agrees (the highest one wins, as the HPA does).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+WORKER_CONNECTION_OVERHEAD = 3
+"""Connections one worker holds besides one per concurrent job: pool spare, recovery and LISTEN."""
+
+# Decision reasons (also the Kubernetes Event reasons of scale changes): CamelCase, a bounded set.
+ACTIVATED = "Activated"
+BACKLOG_GREW = "BacklogGrew"
+OLDEST_READY_AGE = "OldestReadyAge"
+MIN_REPLICAS = "MinReplicas"
+BACKLOG_SHRANK = "BacklogShrank"
+MAX_REPLICAS = "MaxReplicas"
+CONNECTION_BUDGET = "ConnectionBudget"
+STABILIZING = "Stabilizing"
+BELOW_ACTIVATION = "BelowActivation"
+STEADY = "Steady"
+PAUSED = "Paused"
+REASONS = (
+    ACTIVATED,
+    BACKLOG_GREW,
+    OLDEST_READY_AGE,
+    MIN_REPLICAS,
+    BACKLOG_SHRANK,
+    MAX_REPLICAS,
+    CONNECTION_BUDGET,
+    STABILIZING,
+    BELOW_ACTIVATION,
+    STEADY,
+    PAUSED,
+)
+
+
+@dataclass(frozen=True)
+class ScalingSpec:
+    """``spec.scaling`` of a JobQueue (defaults equal the CRD's; a unit test checks it)."""
+
+    enabled: bool = True
+    min_replicas: int = 0
+    max_replicas: int = 10
+    target_backlog_per_replica: int = 10
+    activation_backlog: int = 1
+    max_oldest_ready_age_seconds: float = 0.0
+    scale_down_stabilization_seconds: float = 60.0
+    polling_interval_seconds: float = 5.0
+    connection_budget: int = 0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one stats query saw for one queue."""
+
+    ready: int
+    processing: int = 0
+    oldest_ready_age_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    at: float
+    replicas: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    current: int
+    replicas: int
+    reason: str
+    message: str
+    budget_limited: bool = False
+    history: tuple[Recommendation, ...] = field(default=(), repr=False)
+
+    @property
+    def changed(self) -> bool:
+        return self.replicas != self.current
+
+
+def connections_per_replica(concurrency: int) -> int:
+    return concurrency + WORKER_CONNECTION_OVERHEAD
+
+
+def budget_cap(spec: ScalingSpec, concurrency: int) -> int | None:
+    """Most replicas the connection budget allows, or None when there is no budget."""
+    if spec.connection_budget <= 0:
+        return None
+    return spec.connection_budget // connections_per_replica(concurrency)
+
+
+def demand(obs: Observation, current: int, spec: ScalingSpec) -> tuple[int, bool]:
+    """Replicas the backlog asks for before clamping, and whether the oldest-age rule forced it."""
+    wanted = math.ceil(obs.ready / spec.target_backlog_per_replica)
+    if obs.processing > 0:
+        wanted = max(wanted, 1)  # never take the last worker from jobs in flight
+    if current == 0 and obs.processing == 0 and obs.ready < spec.activation_backlog:
+        wanted = 0
+    age_limit = spec.max_oldest_ready_age_seconds
+    if age_limit > 0 and obs.ready > 0 and obs.oldest_ready_age_seconds > age_limit and current + 1 > wanted:
+        return current + 1, True
+    return wanted, False
+
+
+def decide(
+    obs: Observation,
+    current: int,
+    spec: ScalingSpec,
+    *,
+    concurrency: int,
+    now: float,
+    history: tuple[Recommendation, ...] = (),
+    paused: bool = False,
+) -> Decision:
+    """Desired replicas for one poll; ``history`` is the previous decision's, passed back in."""
+    if paused:
+        return Decision(
+            current, current, PAUSED, "spec.paused is true: replicas are left alone", history=history
+        )
+    wanted, aged = demand(obs, current, spec)
+    desired = min(spec.max_replicas, max(spec.min_replicas, wanted))
+    cap = budget_cap(spec, concurrency)
+    limited = cap is not None and desired > cap
+    if cap is not None:
+        desired = min(desired, cap)
+    window_start = now - spec.scale_down_stabilization_seconds
+    kept = (*tuple(r for r in history if r.at > window_start), Recommendation(now, desired))
+    budget_note = (
+        f"; capped at {cap} by connectionBudget {spec.connection_budget} "
+        f"({connections_per_replica(concurrency)} connections per replica)"
+        if limited
+        else ""
+    )
+    seen = f"ready={obs.ready} processing={obs.processing} oldestReadyAge={obs.oldest_ready_age_seconds:.0f}s"
+
+    if desired > current:
+        if current == 0 and desired > 0 and wanted > 0 and obs.ready >= spec.activation_backlog:
+            reason = ACTIVATED
+        elif aged:
+            reason = OLDEST_READY_AGE
+        elif wanted < spec.min_replicas:
+            reason = MIN_REPLICAS
+        else:
+            reason = BACKLOG_GREW
+        return Decision(
+            current, desired, reason, f"scale {current} -> {desired}: {seen}{budget_note}", limited, kept
+        )
+
+    if desired < current:
+        hard_limit = min(spec.max_replicas, cap if cap is not None else spec.max_replicas)
+        if current > hard_limit:  # a lowered maxReplicas or budget applies at once
+            reason = CONNECTION_BUDGET if cap is not None and cap < spec.max_replicas else MAX_REPLICAS
+            target = max(desired, min(hard_limit, max(r.replicas for r in kept)))
+            return Decision(
+                current, target, reason, f"scale {current} -> {target}: {seen}{budget_note}", limited, kept
+            )
+        held = max(r.replicas for r in kept)
+        if held < current:
+            return Decision(
+                current, held, BACKLOG_SHRANK, f"scale {current} -> {held}: {seen}", limited, kept
+            )
+        window = spec.scale_down_stabilization_seconds
+        return Decision(
+            current,
+            current,
+            STABILIZING,
+            f"{desired} replicas would do; holding {current} for the {window:.0f}s stabilization window: "
+            f"{seen}",
+            limited,
+            kept,
+        )
+
+    if current == 0 and obs.ready > 0:
+        return Decision(
+            current,
+            0,
+            BELOW_ACTIVATION,
+            f"ready backlog {obs.ready} is below activationBacklog {spec.activation_backlog}",
+            limited,
+            kept,
+        )
+    return Decision(current, current, STEADY, f"{current} replicas: {seen}{budget_note}", limited, kept)

@@ -1,0 +1,276 @@
+"""A JobQueue's ``spec`` as typed, validated values (pure; the CRD repeats these defaults and bounds).
+
+The API server applies the CRD's defaults and rules; this module applies them again, so the operator is
+correct against a server that skipped them (an old CRD, an emulator) and a unit test keeps both in step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from skiplock.errors import ConfigError
+from skiplock.settings import Settings
+from skiplock_operator.scaling import WORKER_CONNECTION_OVERHEAD, ScalingSpec
+
+METRICS_PORT = 9464
+RESERVED_ENV = re.compile(r"^(SKIPLOCK_|POD_(NAME|NAMESPACE|UID)$)")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+LOG_FORMATS = ("plain", "json")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+SELECTOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
+
+
+class InvalidSpecError(ValueError):
+    """The spec cannot be run as written; the message says which field and why (no retry helps)."""
+
+
+@dataclass(frozen=True)
+class JobQueueSpec:
+    queue: str
+    handler: str
+    image: str
+    dsn_secret_name: str
+    dsn_secret_key: str = "dsn"
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
+    schema: str = "skiplock"
+    concurrency: int = 10
+    batch: int = 10
+    lease_seconds: float = 60.0
+    heartbeat_seconds: float = 15.0
+    poll_seconds: float = 2.0
+    recover_seconds: float = 30.0
+    max_attempts: int = 5
+    backoff_base_seconds: float = 5.0
+    backoff_cap_seconds: float = 3600.0
+    backoff_jitter: float = 1.0
+    shutdown_grace_seconds: float = 30.0
+    listen: bool = True
+    log_format: str = "json"
+    log_level: str = "INFO"
+    replicas: int | None = None
+    paused: bool = False
+    scaling: ScalingSpec = field(default_factory=ScalingSpec)
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    env: tuple[Mapping[str, Any], ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] = field(default_factory=dict)
+    service_account_name: str | None = None
+    pod_labels: Mapping[str, str] = field(default_factory=dict)
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def worker_settings(self) -> Settings:
+        """The worker's settings (no DSN: it comes from the Secret); raises InvalidSpecError."""
+        try:
+            return Settings(
+                dsn=None,
+                schema=self.schema,
+                queue=self.queue,
+                handler=self.handler,
+                concurrency=self.concurrency,
+                batch=self.batch,
+                lease_seconds=self.lease_seconds,
+                heartbeat_seconds=self.heartbeat_seconds,
+                poll_seconds=self.poll_seconds,
+                recover_seconds=self.recover_seconds,
+                backoff_base_seconds=self.backoff_base_seconds,
+                backoff_cap_seconds=self.backoff_cap_seconds,
+                backoff_jitter=self.backoff_jitter,
+                max_attempts=self.max_attempts,
+                shutdown_grace_seconds=self.shutdown_grace_seconds,
+                metrics_port=METRICS_PORT,
+                listen=self.listen,
+                log_format=self.log_format,  # type: ignore[arg-type]
+                log_level=self.log_level,
+                worker_id="rendered-by-operator",
+            )
+        except ConfigError as exc:
+            raise InvalidSpecError(str(exc)) from None
+
+    def worker_env(self) -> dict[str, str]:
+        return self.worker_settings().to_env()
+
+
+class _Reader:
+    """Typed access to one mapping, naming the full path in every error."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise InvalidSpecError(f"{path} must be an object")
+        self.data, self.path = data, path
+
+    def _value(self, key: str, default: Any, required: bool) -> Any:
+        value = self.data.get(key)
+        if value is None:
+            if required:
+                raise InvalidSpecError(f"{self.path}.{key} is required")
+            return default
+        return value
+
+    def text(
+        self, key: str, default: str | None = None, *, required: bool = False, choices: tuple[str, ...] = ()
+    ) -> Any:
+        value = self._value(key, default, required)
+        if value is None:
+            return None
+        if not isinstance(value, str) or (required and not value):
+            raise InvalidSpecError(f"{self.path}.{key} must be a non-empty string")
+        if choices and value not in choices:
+            raise InvalidSpecError(f"{self.path}.{key} must be one of {', '.join(choices)} (got {value!r})")
+        return value
+
+    def integer(self, key: str, default: int | None, low: int, high: int) -> Any:
+        value = self._value(key, default, False)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+            raise InvalidSpecError(f"{self.path}.{key} must be an integer")
+        if not low <= value <= high:
+            raise InvalidSpecError(f"{self.path}.{key} must be within {low}..{high} (got {value})")
+        return int(value)
+
+    def number(self, key: str, default: float, low: float, high: float) -> float:
+        value = self._value(key, default, False)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise InvalidSpecError(f"{self.path}.{key} must be a number")
+        if not low <= value <= high:
+            raise InvalidSpecError(f"{self.path}.{key} must be within {low:g}..{high:g} (got {value})")
+        return float(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self._value(key, default, False)
+        if not isinstance(value, bool):
+            raise InvalidSpecError(f"{self.path}.{key} must be true or false")
+        return value
+
+    def mapping(self, key: str) -> dict[str, Any]:
+        return dict(_Reader(self.data.get(key), f"{self.path}.{key}").data)
+
+    def strings(self, key: str) -> dict[str, str]:
+        value = self.mapping(key)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise InvalidSpecError(f"{self.path}.{key} must map strings to strings")
+        return value
+
+    def objects(self, key: str) -> tuple[Mapping[str, Any], ...]:
+        value = self.data.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+            raise InvalidSpecError(f"{self.path}.{key} must be a list of objects")
+        return tuple(value)
+
+    def child(self, key: str) -> _Reader:
+        return _Reader(self.data.get(key), f"{self.path}.{key}")
+
+
+def parse_scaling(r: _Reader) -> ScalingSpec:
+    d = ScalingSpec()
+    s = ScalingSpec(
+        enabled=r.flag("enabled", d.enabled),
+        min_replicas=r.integer("minReplicas", d.min_replicas, 0, 1000),
+        max_replicas=r.integer("maxReplicas", d.max_replicas, 0, 1000),
+        target_backlog_per_replica=r.integer(
+            "targetBacklogPerReplica", d.target_backlog_per_replica, 1, 1_000_000
+        ),
+        activation_backlog=r.integer("activationBacklog", d.activation_backlog, 1, 1_000_000),
+        max_oldest_ready_age_seconds=r.number(
+            "maxOldestReadyAgeSeconds", d.max_oldest_ready_age_seconds, 0, 86400
+        ),
+        scale_down_stabilization_seconds=r.number(
+            "scaleDownStabilizationSeconds", d.scale_down_stabilization_seconds, 0, 3600
+        ),
+        polling_interval_seconds=r.number("pollingIntervalSeconds", d.polling_interval_seconds, 0.1, 300),
+        connection_budget=r.integer("connectionBudget", d.connection_budget, 0, 100_000),
+    )
+    if s.min_replicas > s.max_replicas:
+        raise InvalidSpecError(
+            f"spec.scaling.minReplicas ({s.min_replicas}) must not exceed "
+            f"spec.scaling.maxReplicas ({s.max_replicas})"
+        )
+    return s
+
+
+def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
+    """Defaults applied, bounds and cross-field rules checked; raises InvalidSpecError."""
+    r = _Reader(spec, "spec")
+    d = JobQueueSpec(queue="", handler="", image="", dsn_secret_name="")
+    secret = r.child("dsnSecretRef")
+    backoff = r.child("backoff")
+    parsed = JobQueueSpec(
+        queue=r.text("queue", required=True),
+        handler=r.text("handler", required=True),
+        image=r.text("image", required=True),
+        dsn_secret_name=secret.text("name", required=True),
+        dsn_secret_key=secret.text("key", d.dsn_secret_key),
+        image_pull_policy=r.text("imagePullPolicy", d.image_pull_policy, choices=PULL_POLICIES),
+        image_pull_secrets=tuple(
+            _Reader(s, "spec.imagePullSecrets[]").text("name", required=True)
+            for s in r.objects("imagePullSecrets")
+        ),
+        schema=r.text("schema", d.schema),
+        concurrency=r.integer("concurrency", d.concurrency, 1, 1000),
+        batch=r.integer("batch", d.batch, 1, 1000),
+        lease_seconds=r.number("leaseSeconds", d.lease_seconds, 1, 86400),
+        heartbeat_seconds=r.number("heartbeatSeconds", d.heartbeat_seconds, 0.01, 43200),
+        poll_seconds=r.number("pollSeconds", d.poll_seconds, 0.01, 3600),
+        recover_seconds=r.number("recoverSeconds", d.recover_seconds, 0.01, 86400),
+        max_attempts=r.integer("maxAttempts", d.max_attempts, 1, 1000),
+        backoff_base_seconds=backoff.number("baseSeconds", d.backoff_base_seconds, 0.01, 86400),
+        backoff_cap_seconds=backoff.number("capSeconds", d.backoff_cap_seconds, 0.01, 604800),
+        backoff_jitter=backoff.number("jitter", d.backoff_jitter, 0, 1),
+        shutdown_grace_seconds=r.number("shutdownGraceSeconds", d.shutdown_grace_seconds, 0, 86400),
+        listen=r.flag("listen", d.listen),
+        log_format=r.text("logFormat", d.log_format, choices=LOG_FORMATS),
+        log_level=r.text("logLevel", d.log_level, choices=LOG_LEVELS),
+        replicas=r.integer("replicas", None, 0, 1000),
+        paused=r.flag("paused", d.paused),
+        scaling=parse_scaling(r.child("scaling")),
+        resources=r.mapping("resources"),
+        env=r.objects("env"),
+        node_selector=r.strings("nodeSelector"),
+        tolerations=r.objects("tolerations"),
+        affinity=r.mapping("affinity"),
+        service_account_name=r.text("serviceAccountName"),
+        pod_labels=r.strings("podLabels"),
+        pod_annotations=r.strings("podAnnotations"),
+    )
+    check_cross_fields(parsed)
+    parsed.worker_settings()  # the worker's own validation (heartbeat vs lease, handler shape, ...)
+    return parsed
+
+
+def check_cross_fields(s: JobQueueSpec) -> None:
+    if s.heartbeat_seconds * 2 > s.lease_seconds:
+        raise InvalidSpecError(
+            f"spec.heartbeatSeconds ({s.heartbeat_seconds:g}) must be at most half of spec.leaseSeconds "
+            f"({s.lease_seconds:g})"
+        )
+    if s.poll_seconds >= s.lease_seconds:
+        raise InvalidSpecError(
+            f"spec.pollSeconds ({s.poll_seconds:g}) must be below spec.leaseSeconds ({s.lease_seconds:g})"
+        )
+    if s.backoff_cap_seconds < s.backoff_base_seconds:
+        raise InvalidSpecError("spec.backoff.capSeconds must be at least spec.backoff.baseSeconds")
+    budget = s.scaling.connection_budget
+    if budget and budget < s.concurrency + WORKER_CONNECTION_OVERHEAD:
+        raise InvalidSpecError(
+            f"spec.scaling.connectionBudget ({budget}) cannot hold one worker "
+            f"(concurrency + {WORKER_CONNECTION_OVERHEAD} = "
+            f"{s.concurrency + WORKER_CONNECTION_OVERHEAD} connections)"
+        )
+    for item in s.env:
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidSpecError("spec.env[].name is required")
+        if RESERVED_ENV.match(name):
+            raise InvalidSpecError(
+                f"spec.env sets {name}, which the operator owns: use the matching spec field"
+            )
+    for key in SELECTOR_LABELS:
+        if key in s.pod_labels:
+            raise InvalidSpecError(f"spec.podLabels must not set {key} (the Deployment selector uses it)")

@@ -1,0 +1,93 @@
+"""Condition types, reasons and the pure ``set_condition`` (``lastTransitionTime`` moves only on a flip)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+# Condition types: positive, so True is good.
+READY = "Ready"
+DATABASE_REACHABLE = "DatabaseReachable"
+SCHEMA_READY = "SchemaReady"
+SCALING_ACTIVE = "ScalingActive"
+CONDITION_TYPES = (READY, DATABASE_REACHABLE, SCHEMA_READY, SCALING_ACTIVE)
+
+# Reasons (CamelCase constants).
+RECONCILED = "Reconciled"
+INVALID_SPEC = "InvalidSpec"
+SECRET_NOT_FOUND = "SecretNotFound"
+CONNECTED = "Connected"
+CONNECT_FAILED = "ConnectFailed"
+MIGRATED = "Migrated"
+MIGRATION_PENDING = "MigrationPending"
+BACKLOG_POLLED = "BacklogPolled"
+CONNECTION_BUDGET_LIMITED = "ConnectionBudgetLimited"
+AUTOSCALING_DISABLED = "AutoscalingDisabled"
+PAUSED = "Paused"
+DEPLOYMENT_MISSING = "DeploymentMissing"
+
+MAX_MESSAGE = 1024
+
+
+def now_iso(now: datetime | None = None) -> str:
+    return (now or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]] | None,
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    *,
+    now: datetime | None = None,
+    observed_generation: int | None = None,
+) -> list[dict[str, Any]]:
+    """A new conditions list with ``type_`` set; the others are kept as they were, in order."""
+    word = "True" if status else "False"
+    message = message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
+    out: list[dict[str, Any]] = []
+    found = False
+    for cond in conditions or ():
+        if cond.get("type") != type_:
+            out.append(dict(cond))
+            continue
+        found = True
+        flipped = cond.get("status") != word
+        new = {
+            "type": type_,
+            "status": word,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now_iso(now)
+            if flipped or not cond.get("lastTransitionTime")
+            else cond["lastTransitionTime"],
+        }
+        if observed_generation is not None:
+            new["observedGeneration"] = observed_generation
+        out.append(new)
+    if not found:
+        new = {
+            "type": type_,
+            "status": word,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now_iso(now),
+        }
+        if observed_generation is not None:
+            new["observedGeneration"] = observed_generation
+        out.append(new)
+    return out
+
+
+def get_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
+    for cond in conditions or ():
+        if cond.get("type") == type_:
+            return cond
+    return None
+
+
+def is_true(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> bool:
+    cond = get_condition(conditions, type_)
+    return bool(cond and cond.get("status") == "True")
