@@ -352,6 +352,9 @@ async def _run_worker(worker: Any) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     code: int = await worker.run()
+    if worker.abandoned_threads:
+        logging.shutdown()
+        os._exit(code)  # do not join handler threads still running: their jobs were handed back
     return code
 
 

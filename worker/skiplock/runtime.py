@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 import uuid
-from functools import partial
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
@@ -80,7 +82,12 @@ class Worker:
         self._sync_queue: Queue | None = None
         self._exporter: Exporter | None = None
         self.listener: Listener | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._sync_started = 0
+        self._threads_lock = threading.Lock()
+        self._sync_finished = 0
         self.released = 0
+        self.abandoned_threads = 0
 
     # ------------------------------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
@@ -112,6 +119,8 @@ class Worker:
             )
             self._sync_pool.open()
             self._sync_queue = Queue(pool=self._sync_pool, settings=s)
+            # One thread per slot (asyncio's default executor has only cpu + 4 threads).
+            self._executor = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix="skiplock-handler")
         self.metrics.describe_worker(self.queue_name, s.concurrency, __version__)
         if s.metrics_port:
             self._start_exporter()
@@ -154,7 +163,16 @@ class Worker:
             if self._exporter:
                 self._exporter.stop()
             if self._sync_pool is not None:
-                await asyncio.to_thread(self._sync_pool.close)
+                busy = self._busy_threads()
+                assert self._executor is not None
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                if busy:
+                    # Handler threads cannot be interrupted; their jobs were handed back and their late
+                    # completion is fenced out. The CLI exits without joining them.
+                    self.abandoned_threads = busy
+                    log.warning("%d handler thread(s) still running at exit", busy, extra={"action": "threads_left"})
+                else:
+                    await asyncio.to_thread(self._sync_pool.close)
             await pool.close()
             log.info(
                 "worker stopped",
@@ -236,7 +254,8 @@ class Worker:
             if self.handler.is_async:
                 outcome = await self._run_async(job)
             else:
-                outcome = await asyncio.to_thread(self._run_sync, job)
+                assert self._executor is not None
+                outcome = await asyncio.get_running_loop().run_in_executor(self._executor, self._run_sync, job)
             self._record(job, outcome, started)
         except asyncio.CancelledError:
             # Only at shutdown past the grace period: hand the job back without burning an attempt.
@@ -270,7 +289,19 @@ class Worker:
             await conn.commit()
             return "done"
 
+    def _busy_threads(self) -> int:
+        return self._sync_started - self._sync_finished
+
     def _run_sync(self, job: Job) -> str:
+        with self._threads_lock:
+            self._sync_started += 1
+        try:
+            return self._run_sync_unit(job)
+        finally:
+            with self._threads_lock:
+                self._sync_finished += 1
+
+    def _run_sync_unit(self, job: Job) -> str:
         assert self._sync_pool is not None and self._sync_queue is not None
         with self._sync_pool.connection() as conn:
             try:
