@@ -216,7 +216,7 @@ def test_dead_tuples_after_mass_delete(conn: psycopg.Connection[Any], settings: 
         return check if not check.ok else None
 
     check = wait_for(dead_check, timeout=10, interval=0.2, what="dead tuples in pg_stat_user_tables")
-    assert check.severity == "warning"
+    assert check is not None and check.severity == "warning"
     assert "12000 dead" in check.detail
     assert "VACUUM" in check.advice
     autovacuum = by_name(run_checks(conn, settings, thresholds=th))["autovacuum"]

@@ -162,7 +162,7 @@ def test_every_dashboard_query_returns_data_from_a_real_worker(
 ) -> None:
     metrics_url = f"http://127.0.0.1:{worker}/metrics"
     scrape = wait_for(lambda: try_get(metrics_url), timeout=20, interval=0.1, what="the worker's /metrics")
-    assert "skiplock_worker_concurrency" in scrape
+    assert scrape is not None and "skiplock_worker_concurrency" in scrape
     wait_for(
         lambda: "skiplock_listener_connected 1.0" in (try_get(metrics_url) or ""),
         timeout=10,
@@ -226,6 +226,7 @@ def test_prometheus_loads_and_evaluates_the_alert_rules(prometheus: str) -> None
         return rules if rules and all(not r["lastEvaluation"].startswith(never) for r in rules) else None
 
     rules = wait_for(evaluated, timeout=10, interval=0.2, what="a first evaluation of every rule")
+    assert rules is not None
     names = {r["name"] for r in rules}
     expected = {r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
     assert names == expected

@@ -179,3 +179,14 @@ def test_every_metric_named_by_alerts_and_dashboard_is_exported(scrape: str) -> 
     named |= set(METRIC.findall(json.dumps(dashboard["templating"])))
     assert named, "no metric found in the rules or the dashboard"
     assert named - exported == set()
+
+
+def test_docs_name_and_explain_every_exported_metric(scrape: str) -> None:
+    registry = CollectorRegistry()
+    OperatorMetrics(registry)
+    docs = DOCS.read_text(encoding="utf-8")
+    rows = {line.split("`")[1] for line in docs.splitlines() if line.startswith("| `skiplock_")}
+    exported = exported_names(scrape) | exported_names(generate_latest(registry).decode())
+    families = {re.sub(r"_(bucket|count|sum)$", "", name) for name in exported}
+    assert families - rows == set(), "metrics without a row in the docs' metrics reference"
+    assert rows - families == set(), "documented metrics that nothing exports"
