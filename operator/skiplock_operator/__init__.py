@@ -29,10 +29,10 @@ async def serve(
     ready_flag: threading.Event | asyncio.Event | None = None,
 ) -> None:
     """Run the operator in the current event loop until ``stop_flag`` is set or a signal arrives."""
-    import kopf  # noqa: PLC0415 - lazy, so importing the package stays cheap
+    import kopf
 
-    from skiplock_operator.config import OperatorConfig  # noqa: PLC0415
-    from skiplock_operator.handlers import configure, register  # noqa: PLC0415
+    from skiplock_operator.config import OperatorConfig
+    from skiplock_operator.handlers import configure, register
 
     config = config or OperatorConfig.from_env()
     registry = kopf.OperatorRegistry()
@@ -57,9 +57,9 @@ async def serve(
 
 def _process_metrics(port: int | None) -> Any:
     """One metrics object per process (a registry refuses the same names twice); the exporter starts once."""
-    from prometheus_client import REGISTRY, start_http_server  # noqa: PLC0415
+    from prometheus_client import REGISTRY, start_http_server
 
-    from skiplock_operator.metrics import OperatorMetrics  # noqa: PLC0415
+    from skiplock_operator.metrics import OperatorMetrics
 
     if id(REGISTRY) not in _METRICS:
         _METRICS[id(REGISTRY)] = OperatorMetrics(REGISTRY)
@@ -80,7 +80,7 @@ def run(
         log.error("give --namespace NS (repeatable) or --all-namespaces")
         return 2
     try:
-        import kopf  # noqa: F401, PLC0415 - only to fail early with a clear message
+        import kopf  # noqa: F401 - only to fail early with a clear message
     except ImportError as exc:
         log.error("the operator needs the extra: pip install 'skiplock[operator]' (%s)", exc)
         return 2

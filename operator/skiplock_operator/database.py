@@ -106,9 +106,7 @@ class Databases:
         self._migrated.add(key)
         return True
 
-    async def stats(
-        self, user: Hashable, dsn: str, schema: str, queue: str, *, lease_seconds: float
-    ) -> QueueStats:
+    async def stats(self, user: Hashable, dsn: str, schema: str, queue: str, *, lease_seconds: float) -> QueueStats:
         async def read(aq: AsyncQueue) -> list[QueueStats]:
             return await aq.stats(queue, lease_seconds=lease_seconds)
 

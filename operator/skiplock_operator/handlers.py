@@ -65,9 +65,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
     @kopf.on.resume(*resource, registry=registry)
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, registry=registry)
-    async def reconcile_jobqueue(
-        body: kopf.Body, memo: kopf.Memo, retry: int, logger: kopf.Logger, **_: Any
-    ) -> None:
+    async def reconcile_jobqueue(body: kopf.Body, memo: kopf.Memo, retry: int, logger: kopf.Logger, **_: Any) -> None:
         await reconcile.reconcile(memo.runtime, body, retry, logger)
 
     @kopf.on.delete(*resource, registry=registry)

@@ -87,9 +87,7 @@ class Kube:
 
     # ------------------------------------------------------------------ deployments
     async def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return await self._json(
-            self._apps.read_namespaced_deployment(name, namespace, _preload_content=False)
-        )
+        return await self._json(self._apps.read_namespaced_deployment(name, namespace, _preload_content=False))
 
     async def create_deployment(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         created = await self._json(
@@ -97,9 +95,7 @@ class Kube:
         )
         return created or {}
 
-    async def patch_deployment(
-        self, namespace: str, name: str, patch: dict[str, Any]
-    ) -> dict[str, Any] | None:
+    async def patch_deployment(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
         return await self._json(
             self._apps.patch_namespaced_deployment(  # type: ignore[call-arg]
                 name,
@@ -139,9 +135,7 @@ class Kube:
             )
         )
 
-    async def patch_jobqueue_status(
-        self, namespace: str, name: str, status: dict[str, Any]
-    ) -> dict[str, Any] | None:
+    async def patch_jobqueue_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
         return await self._json(
             self._custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
                 GROUP,

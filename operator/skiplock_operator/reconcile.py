@@ -278,9 +278,7 @@ class Autoscaler:
             return rt.backoff(self.failures, interval)
         started = time.monotonic()
         try:
-            stats = await rt.databases.stats(
-                self.key, dsn, spec.schema, spec.queue, lease_seconds=spec.lease_seconds
-            )
+            stats = await rt.databases.stats(self.key, dsn, spec.schema, spec.queue, lease_seconds=spec.lease_seconds)
         except DatabaseUnavailableError as exc:
             return await self.unreachable(str(exc), interval)
         rt.metrics.poll_duration.observe(time.monotonic() - started)

@@ -170,9 +170,7 @@ def build_deployment(
 def is_subset(wanted: Any, actual: Any) -> bool:
     """Whether everything in ``wanted`` is in ``actual`` (the server may add defaults we did not set)."""
     if isinstance(wanted, Mapping):
-        return isinstance(actual, Mapping) and all(
-            k in actual and is_subset(v, actual[k]) for k, v in wanted.items()
-        )
+        return isinstance(actual, Mapping) and all(k in actual and is_subset(v, actual[k]) for k, v in wanted.items())
     if isinstance(wanted, list):
         return (
             isinstance(actual, list)

@@ -122,9 +122,7 @@ def decide(
 ) -> Decision:
     """Desired replicas for one poll; ``history`` is the previous decision's, passed back in."""
     if paused:
-        return Decision(
-            current, current, PAUSED, "spec.paused is true: replicas are left alone", history=history
-        )
+        return Decision(current, current, PAUSED, "spec.paused is true: replicas are left alone", history=history)
     wanted, aged = demand(obs, current, spec)
     desired = min(spec.max_replicas, max(spec.min_replicas, wanted))
     cap = budget_cap(spec, concurrency)
@@ -150,30 +148,23 @@ def decide(
             reason = MIN_REPLICAS
         else:
             reason = BACKLOG_GREW
-        return Decision(
-            current, desired, reason, f"scale {current} -> {desired}: {seen}{budget_note}", limited, kept
-        )
+        return Decision(current, desired, reason, f"scale {current} -> {desired}: {seen}{budget_note}", limited, kept)
 
     if desired < current:
         hard_limit = min(spec.max_replicas, cap if cap is not None else spec.max_replicas)
         if current > hard_limit:  # a lowered maxReplicas or budget applies at once
             reason = CONNECTION_BUDGET if cap is not None and cap < spec.max_replicas else MAX_REPLICAS
             target = max(desired, min(hard_limit, max(r.replicas for r in kept)))
-            return Decision(
-                current, target, reason, f"scale {current} -> {target}: {seen}{budget_note}", limited, kept
-            )
+            return Decision(current, target, reason, f"scale {current} -> {target}: {seen}{budget_note}", limited, kept)
         held = max(r.replicas for r in kept)
         if held < current:
-            return Decision(
-                current, held, BACKLOG_SHRANK, f"scale {current} -> {held}: {seen}", limited, kept
-            )
+            return Decision(current, held, BACKLOG_SHRANK, f"scale {current} -> {held}: {seen}", limited, kept)
         window = spec.scale_down_stabilization_seconds
         return Decision(
             current,
             current,
             STABILIZING,
-            f"{desired} replicas would do; holding {current} for the {window:.0f}s stabilization window: "
-            f"{seen}",
+            f"{desired} replicas would do; holding {current} for the {window:.0f}s stabilization window: {seen}",
             limited,
             kept,
         )

@@ -174,13 +174,9 @@ def parse_scaling(r: _Reader) -> ScalingSpec:
         enabled=r.flag("enabled", d.enabled),
         min_replicas=r.integer("minReplicas", d.min_replicas, 0, 1000),
         max_replicas=r.integer("maxReplicas", d.max_replicas, 0, 1000),
-        target_backlog_per_replica=r.integer(
-            "targetBacklogPerReplica", d.target_backlog_per_replica, 1, 1_000_000
-        ),
+        target_backlog_per_replica=r.integer("targetBacklogPerReplica", d.target_backlog_per_replica, 1, 1_000_000),
         activation_backlog=r.integer("activationBacklog", d.activation_backlog, 1, 1_000_000),
-        max_oldest_ready_age_seconds=r.number(
-            "maxOldestReadyAgeSeconds", d.max_oldest_ready_age_seconds, 0, 86400
-        ),
+        max_oldest_ready_age_seconds=r.number("maxOldestReadyAgeSeconds", d.max_oldest_ready_age_seconds, 0, 86400),
         scale_down_stabilization_seconds=r.number(
             "scaleDownStabilizationSeconds", d.scale_down_stabilization_seconds, 0, 3600
         ),
@@ -189,8 +185,7 @@ def parse_scaling(r: _Reader) -> ScalingSpec:
     )
     if s.min_replicas > s.max_replicas:
         raise InvalidSpecError(
-            f"spec.scaling.minReplicas ({s.min_replicas}) must not exceed "
-            f"spec.scaling.maxReplicas ({s.max_replicas})"
+            f"spec.scaling.minReplicas ({s.min_replicas}) must not exceed spec.scaling.maxReplicas ({s.max_replicas})"
         )
     return s
 
@@ -209,8 +204,7 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
         dsn_secret_key=secret.text("key", d.dsn_secret_key),
         image_pull_policy=r.text("imagePullPolicy", d.image_pull_policy, choices=PULL_POLICIES),
         image_pull_secrets=tuple(
-            _Reader(s, "spec.imagePullSecrets[]").text("name", required=True)
-            for s in r.objects("imagePullSecrets")
+            _Reader(s, "spec.imagePullSecrets[]").text("name", required=True) for s in r.objects("imagePullSecrets")
         ),
         schema=r.text("schema", d.schema),
         concurrency=r.integer("concurrency", d.concurrency, 1, 1000),
@@ -268,9 +262,7 @@ def check_cross_fields(s: JobQueueSpec) -> None:
         if not isinstance(name, str) or not name:
             raise InvalidSpecError("spec.env[].name is required")
         if RESERVED_ENV.match(name):
-            raise InvalidSpecError(
-                f"spec.env sets {name}, which the operator owns: use the matching spec field"
-            )
+            raise InvalidSpecError(f"spec.env sets {name}, which the operator owns: use the matching spec field")
     for key in SELECTOR_LABELS:
         if key in s.pod_labels:
             raise InvalidSpecError(f"spec.podLabels must not set {key} (the Deployment selector uses it)")

@@ -82,9 +82,7 @@ class Wakeups:
         key = self._users.get(user)
         return key is not None and self._channels[key].listening.is_set()
 
-    async def subscribe(
-        self, user: Hashable, dsn: str, schema: str, queue: str, event: asyncio.Event
-    ) -> None:
+    async def subscribe(self, user: Hashable, dsn: str, schema: str, queue: str, event: asyncio.Event) -> None:
         key = (dsn, schema)
         if self._users.get(user) == key:
             self._channels[key].subscribers[user] = (queue, event)

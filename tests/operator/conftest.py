@@ -47,7 +47,9 @@ class Cluster:
 
     async def create_jobqueue(self, name: str, spec: dict[str, Any]) -> None:
         body = {"apiVersion": "skiplock.io/v1alpha1", "kind": "JobQueue", "metadata": {"name": name}, "spec": spec}
-        await self._send("POST", f"/apis/skiplock.io/v1alpha1/namespaces/{NAMESPACE}/jobqueues", body, "application/json")
+        await self._send(
+            "POST", f"/apis/skiplock.io/v1alpha1/namespaces/{NAMESPACE}/jobqueues", body, "application/json"
+        )
 
     async def patch_jobqueue(self, name: str, patch: dict[str, Any]) -> None:
         await self._send("PATCH", f"/apis/skiplock.io/v1alpha1/namespaces/{NAMESPACE}/jobqueues/{name}", patch)
@@ -94,15 +96,28 @@ async def operator(cluster: Cluster) -> AsyncIterator[OperatorMetrics]:
     """The real operator (``skiplock_operator.serve``) in its own thread and event loop."""
     stop, ready = threading.Event(), threading.Event()
     config = OperatorConfig(
-        server=str(cluster.emu.url), insecure=True, metrics_port=None, database_timeout_seconds=2.0, retry_cap_seconds=1.0,
+        server=str(cluster.emu.url),
+        insecure=True,
+        metrics_port=None,
+        database_timeout_seconds=2.0,
+        retry_cap_seconds=1.0,
     )
     metrics = OperatorMetrics(CollectorRegistry())
     failures: list[BaseException] = []
 
     def main() -> None:
         try:
-            asyncio.run(serve(namespaces=[NAMESPACE], all_namespaces=False, standalone=True, config=config,
-                              metrics=metrics, stop_flag=stop, ready_flag=ready))
+            asyncio.run(
+                serve(
+                    namespaces=[NAMESPACE],
+                    all_namespaces=False,
+                    standalone=True,
+                    config=config,
+                    metrics=metrics,
+                    stop_flag=stop,
+                    ready_flag=ready,
+                )
+            )
         except BaseException as exc:  # reported by the fixture below
             failures.append(exc)
 
@@ -133,7 +148,11 @@ def jobqueue_spec(queue: str, schema: str, **scaling: Any) -> dict[str, Any]:
         "schema": schema,
         "concurrency": 4,
         "scaling": {
-            "minReplicas": 0, "maxReplicas": 5, "targetBacklogPerReplica": 10,
-            "scaleDownStabilizationSeconds": 1, "pollingIntervalSeconds": 0.2, **scaling,
+            "minReplicas": 0,
+            "maxReplicas": 5,
+            "targetBacklogPerReplica": 10,
+            "scaleDownStabilizationSeconds": 1,
+            "pollingIntervalSeconds": 0.2,
+            **scaling,
         },
     }

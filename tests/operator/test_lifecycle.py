@@ -40,7 +40,9 @@ async def test_create_migrates_and_builds_an_owned_deployment(
     assert env["SKIPLOCK_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "db", "key": "dsn"}
     async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
         assert await acurrent_version(conn, fresh_schema) == latest_version()
-    await await_for(lambda: (cluster.condition("mail", "SchemaReady") or {}).get("status") == "True", what="SchemaReady")
+    await await_for(
+        lambda: (cluster.condition("mail", "SchemaReady") or {}).get("status") == "True", what="SchemaReady"
+    )
     await await_for(lambda: (cluster.condition("mail", "Ready") or {}).get("status") == "True", what="Ready")
 
 
@@ -53,8 +55,10 @@ async def test_backlog_scales_up_then_down_after_the_window_then_delete(
 
     await aqueue.enqueue_many("img", [{"n": i} for i in range(35)])
     await await_for(lambda: cluster.replicas("img") == 4, timeout=10, what="ceil(35 / 10) = 4 replicas")
-    status = await await_for(lambda: status_of(cluster, "img") if backlog_of(cluster, "img") == 35 else None,
-                             what="status.backlog.ready = 35")
+    status = await await_for(
+        lambda: status_of(cluster, "img") if backlog_of(cluster, "img") == 35 else None,
+        what="status.backlog.ready = 35",
+    )
     assert status["desiredReplicas"] == 4 and status["lastScaleTime"]
     assert status["backlog"] == {"ready": 35, "delayed": 0, "processing": 0, "stalled": 0, "failed": 0}
 

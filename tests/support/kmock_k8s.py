@@ -188,7 +188,8 @@ class K8sEmulator(kmock.KubernetesEmulator):
                 snapshot = [
                     copy.deepcopy(obj.raw)
                     for (resource, namespace, _), obj in self._objects.items()
-                    if resource == request.resource and not obj.deleted
+                    if resource == request.resource
+                    and not obj.deleted
                     and (request.namespace is None or namespace == request.namespace)
                 ]
             for raw in snapshot:
@@ -223,8 +224,11 @@ def _where(raw: Mapping[str, Any]) -> tuple[Any, Any]:
 def register(emu: kmock.KubernetesEmulator, resources: Mapping[str, Mapping[str, Any]]) -> None:
     for key, info in resources.items():
         emu.resources[key] = kmock.ResourceInfo(
-            kind=info["kind"], namespaced=info["namespaced"], verbs=VERBS,
-            subresources=info.get("subresources", []), shortnames=info.get("shortnames", []),
+            kind=info["kind"],
+            namespaced=info["namespaced"],
+            verbs=VERBS,
+            subresources=info.get("subresources", []),
+            shortnames=info.get("shortnames", []),
             singular=info.get("singular"),
         )
 
@@ -240,9 +244,11 @@ def register_crds(emu: kmock.KubernetesEmulator, paths: Iterable[Path]) -> None:
             names = spec["names"]
             for version in spec["versions"]:
                 found[f"{spec['group']}/{version['name']}/{names['plural']}"] = {
-                    "kind": names["kind"], "namespaced": spec["scope"] == "Namespaced",
+                    "kind": names["kind"],
+                    "namespaced": spec["scope"] == "Namespaced",
                     "subresources": sorted(version.get("subresources", {})),
-                    "shortnames": names.get("shortNames", []), "singular": names.get("singular"),
+                    "shortnames": names.get("shortNames", []),
+                    "singular": names.get("singular"),
                 }
     register(emu, found)
 
