@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from chart.chartlib import (
     CHART,
     KUBE_VERSION,
     NAMESPACE,
+    ROOT,
     SCENARIOS,
     Render,
     Template,
@@ -18,6 +21,7 @@ from chart.chartlib import (
     only,
     run_helm,
 )
+from chart.crdcheck import problems
 
 # Kinds without a schema in kubernetes-validate: each is checked by its own test (JobQueue and the kopf
 # peering against our CRDs in test_crds.py, the monitoring kinds in test_monitoring.py).
@@ -185,6 +189,11 @@ def test_notes_show_how_to_create_and_watch_a_jobqueue(helm: str) -> None:
     proc = run_helm(helm, "install", "sl", str(CHART), "--dry-run=client", "--namespace", NAMESPACE)
     assert proc.returncode == 0, proc.stderr
     notes = proc.stdout.split("NOTES:", 1)[1]
-    assert "kind: JobQueue" in notes and "kubectl apply -f -" in notes
-    assert "kubectl get jobqueues --watch" in notes
+    assert "kubectl apply -f -" in notes and "kubectl get jobqueues --watch" in notes
     assert "ghcr.io/skiplock/skiplock:0.1.0" in notes
+    # The JobQueue shown is one the CRD accepts.
+    block = notes.split("<<'YAML'", 1)[1].split("\n  YAML", 1)[0]
+    jobqueue = yaml.safe_load(textwrap.dedent(block.split("\n", 1)[1]))
+    jobqueue["metadata"]["namespace"] = "default"
+    crd = yaml.safe_load((ROOT / "crds" / "jobqueues.skiplock.io.yaml").read_text())
+    assert problems(crd, jobqueue) == []
