@@ -81,8 +81,10 @@ def test_entry_point_runs_from_the_installed_wheel(venv: Path, tmp_path: Path) -
         assert command in help_text
     run(venv / "bin" / "skiplock", "operator", "--help", env=image_env(), cwd=tmp_path)
     run(venv / "bin" / "skiplock", "worker", "--help", env=image_env(), cwd=tmp_path)
-    # Nothing is written next to the code at start-up: a read-only root filesystem is enough.
+    # Nothing is written next to the code at start-up: a read-only root filesystem is enough, and the
+    # bytecode was compiled by pip at install time (PYTHONDONTWRITEBYTECODE does not stop that).
     assert sorted(p for p in venv.rglob("*")) == before
+    assert list(venv.rglob("skiplock/__pycache__/cli.*.pyc"))
     assert not list(tmp_path.iterdir())
 
 
