@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 RESULTS = ("success", "invalid", "retry", "error")
+disable_created_metrics()
 
 
 class OperatorMetrics:

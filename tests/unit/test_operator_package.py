@@ -1,0 +1,47 @@
+"""The package surface: a cheap import, run()'s usage errors, and the metric names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+import skiplock_operator
+from skiplock_operator.metrics import OperatorMetrics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_import_does_not_load_kopf() -> None:
+    code = "import sys, skiplock_operator; print('kopf' in sys.modules, 'kubernetes_asyncio' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": f"{ROOT / 'worker'}:{ROOT / 'operator'}"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_run_without_namespaces_is_a_usage_error() -> None:
+    assert skiplock_operator.run([], False, None, None, True) == 2
+
+
+def test_metric_names() -> None:
+    registry = CollectorRegistry()
+    metrics = OperatorMetrics(registry)
+    metrics.desired_replicas.labels("ns", "jq").set(3)
+    metrics.scale_decisions.labels("up", "BacklogGrew").inc()
+    text = generate_latest(registry).decode()
+    for name in (
+        'skiplock_operator_reconciles_total{result="success"}',
+        'skiplock_operator_desired_replicas{jobqueue="jq",namespace="ns"} 3.0',
+        'skiplock_operator_scale_decisions_total{direction="up",reason="BacklogGrew"} 1.0',
+        "skiplock_operator_poll_duration_seconds_bucket",
+    ):
+        assert name in text
+    metrics.forget("ns", "jq")
+    assert 'jobqueue="jq"' not in generate_latest(registry).decode().split("skiplock_operator_desired_replicas")[-1]
