@@ -4,6 +4,10 @@ ConfigMap carries files/dashboard.json for the Grafana sidecar, and the monitors
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -111,3 +115,22 @@ def only_endpoint(monitor: dict[str, Any]) -> dict[str, Any]:
 def test_service_monitor_needs_the_service(template: Template) -> None:
     proc = template("--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.service.enabled=false")
     assert proc.returncode != 0 and "metrics.service.enabled" in proc.stderr
+
+
+def test_rendered_rules_pass_promtool(render: Render, tmp_path: Path) -> None:
+    """The PrometheusRule's groups, with an alert dropped, are still a valid Prometheus rule file."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("promtool not found; CI=true requires it (apt-get install prometheus)")
+        pytest.skip("promtool not found (apt-get install prometheus)")
+    dropped = alert_names()[-1]
+    rule = only(render(*MONITORING, "--set", f"metrics.prometheusRule.disabledAlerts={{{dropped}}}"),
+                "PrometheusRule")
+    path = tmp_path / "rendered-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    total = sum(len(group["rules"]) for group in alert_file()["groups"])
+    assert f"SUCCESS: {total - 1} rules found" in proc.stdout
