@@ -7,7 +7,7 @@ import contextlib
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 RESULTS = ("success", "invalid", "retry", "error")
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class OperatorMetrics:

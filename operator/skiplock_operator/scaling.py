@@ -1,10 +1,11 @@
 """Pure replica math: backlog in, desired replicas out (no I/O, no clocks; ``now`` is passed in).
 
-The policy, in order: ``ceil(ready / targetBacklogPerReplica)``; at least one replica while jobs are in
-flight; stay at zero until the ready backlog reaches the activation threshold; one more replica than now
-when the oldest ready job waited longer than ``maxOldestReadyAgeSeconds``; clamp to [min, max]; cap by the
-connection budget. Scale-ups apply at once; a scale-down applies only when every recommendation of the
-stabilization window agrees (the highest one wins, as the HPA does).
+The policy, in order: ``ceil(ready / targetBacklogPerReplica)``, but never fewer replicas than the jobs
+in flight keep busy (``ceil(processing / concurrency)``); stay at zero until the ready backlog reaches the
+activation threshold; one more replica than now when the oldest ready job waited longer than
+``maxOldestReadyAgeSeconds``; clamp to [min, max]; cap by the connection budget. Scale-ups apply at once;
+a scale-down applies only when every recommendation of the stabilization window agrees (the highest one
+wins, as the HPA does).
 """
 
 from __future__ import annotations
@@ -97,11 +98,14 @@ def budget_cap(spec: ScalingSpec, concurrency: int) -> int | None:
     return spec.connection_budget // connections_per_replica(concurrency)
 
 
-def demand(obs: Observation, current: int, spec: ScalingSpec) -> tuple[int, bool]:
-    """Replicas the backlog asks for before clamping, and whether the oldest-age rule forced it."""
-    wanted = math.ceil(obs.ready / spec.target_backlog_per_replica)
-    if obs.processing > 0:
-        wanted = max(wanted, 1)  # never take the last worker from jobs in flight
+def demand(obs: Observation, current: int, spec: ScalingSpec, concurrency: int) -> tuple[int, bool]:
+    """Replicas the backlog asks for before clamping, and whether the oldest-age rule forced it.
+
+    The ready backlog asks for ``ceil(ready / target)``; the jobs in flight for the replicas busy with
+    them, ``ceil(processing / concurrency)``. Without that floor a steady load that keeps the ready
+    backlog near zero would scale down, build a backlog, scale up, and flap.
+    """
+    wanted = max(math.ceil(obs.ready / spec.target_backlog_per_replica), math.ceil(obs.processing / concurrency))
     if current == 0 and obs.processing == 0 and obs.ready < spec.activation_backlog:
         wanted = 0
     age_limit = spec.max_oldest_ready_age_seconds
@@ -123,7 +127,7 @@ def decide(
     """Desired replicas for one poll; ``history`` is the previous decision's, passed back in."""
     if paused:
         return Decision(current, current, PAUSED, "spec.paused is true: replicas are left alone", history=history)
-    wanted, aged = demand(obs, current, spec)
+    wanted, aged = demand(obs, current, spec, concurrency)
     desired = min(spec.max_replicas, max(spec.min_replicas, wanted))
     cap = budget_cap(spec, concurrency)
     limited = cap is not None and desired > cap
