@@ -103,18 +103,28 @@ class WorkerMetrics:
         )
         self.build_info = Info("skiplock_build", "Version of skiplock.", registry=registry)
 
-    def describe_worker(self, queue: str, concurrency: int, version: str) -> None:
+    def describe_worker(self, queue: str, concurrency: int, version: str) -> BoundMetrics:
+        """Create every series of this worker at zero, and return the children bound to its queue."""
         self.build_info.info({"version": version})
         self.concurrency.labels(queue).set(concurrency)
-        self.in_flight.labels(queue).set(0)
-        for outcome in OUTCOMES:
-            self.jobs_finished.labels(queue, outcome)
-        for reason in FAILURE_REASONS:
-            self.jobs_failed.labels(queue, reason)
-        self.jobs_claimed.labels(queue)
         for source in ("notify", "poll", "busy"):
             self.wakeups.labels(source)
         self.database_up.set(0)
+        return BoundMetrics(self, queue)
+
+
+class BoundMetrics:
+    """The per-queue children, looked up once (``labels()`` takes a lock and a dict lookup per call)."""
+
+    def __init__(self, m: WorkerMetrics, queue: str) -> None:
+        self.claimed = m.jobs_claimed.labels(queue)
+        self.finished = {outcome: m.jobs_finished.labels(queue, outcome) for outcome in OUTCOMES}
+        self.failed = {reason: m.jobs_failed.labels(queue, reason) for reason in FAILURE_REASONS}
+        self.recovered = {status: m.jobs_recovered.labels(queue, status) for status in ("pending", "failed")}
+        self.released = m.jobs_released.labels(queue)
+        self.duration = m.job_duration.labels(queue)
+        self.wait = m.job_wait.labels(queue)
+        self.in_flight = m.in_flight.labels(queue)
 
 
 class QueueCollector(Collector):

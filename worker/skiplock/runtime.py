@@ -65,6 +65,7 @@ class Worker:
         self.queue_name = settings.queue
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = WorkerMetrics(self.registry)
+        self.m = self.metrics.describe_worker(self.queue_name, settings.concurrency, __version__)
         self._running: dict[int, _Running] = {}
         self._done_buf: list[Job] = []
         self._fail_buf: list[Failure] = []
@@ -121,7 +122,6 @@ class Worker:
             self._sync_queue = Queue(pool=self._sync_pool, settings=s)
             # One thread per slot (asyncio's default executor has only cpu + 4 threads).
             self._executor = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix="skiplock-handler")
-        self.metrics.describe_worker(self.queue_name, s.concurrency, __version__)
         if s.metrics_port:
             self._start_exporter()
         log.info(
@@ -224,7 +224,7 @@ class Worker:
             if more:
                 self.metrics.wakeups.labels("busy").inc()
             if jobs:
-                self.metrics.jobs_claimed.labels(self.queue_name).inc(len(jobs))
+                self.m.claimed.inc(len(jobs))
             for job in jobs:
                 self._start(job)
 
@@ -242,10 +242,10 @@ class Worker:
     def _start(self, job: Job) -> None:
         task = asyncio.create_task(self._run_job(job), name=f"job-{job.id}")
         self._running[job.id] = _Running(job, task)
-        self.metrics.in_flight.labels(self.queue_name).set(len(self._running))
+        self.m.in_flight.inc()
         if job.visible_at is not None:
             wait = max(0.0, (datetime.now(UTC) - job.visible_at).total_seconds())
-            self.metrics.job_wait.labels(self.queue_name).observe(wait)
+            self.m.wait.observe(wait)
 
     # ------------------------------------------------------------------------------------------ running one job
     async def _run_job(self, job: Job) -> None:
@@ -265,7 +265,7 @@ class Worker:
             self._record(job, exc, started)
         finally:
             self._running.pop(job.id, None)
-            self.metrics.in_flight.labels(self.queue_name).set(len(self._running))
+            self.m.in_flight.dec()
             self._slot_freed.set()
 
     async def _run_async(self, job: Job) -> str:
@@ -324,7 +324,7 @@ class Worker:
 
     def _record(self, job: Job, outcome: str | BaseException, started: float) -> None:
         q = self.queue_name
-        self.metrics.job_duration.labels(q).observe(time.monotonic() - started)
+        self.m.duration.observe(time.monotonic() - started)
         if isinstance(outcome, BaseException):
             self._fail_buf.append(Failure.from_exception(job, outcome, self.settings))
             self._flush_needed.set()
@@ -333,7 +333,7 @@ class Worker:
             self._done_buf.append(job)
             self._flush_needed.set()
             return
-        self.metrics.jobs_finished.labels(q, outcome).inc()
+        self.m.finished[outcome].inc()
         if outcome == "lease_lost":
             self._warn_lost(job)
         else:
@@ -370,14 +370,13 @@ class Worker:
         return ok
 
     async def _flush_done(self, done: list[Job]) -> bool:
-        q = self.queue_name
         ok_ids = await self._db("complete", lambda: self._queue().complete(done, worker=self.identity))
         if ok_ids is None:
             return False
-        self.metrics.jobs_finished.labels(q, "done").inc(len(ok_ids))
+        self.m.finished["done"].inc(len(ok_ids))
         for job in done:
             if job.id not in ok_ids:
-                self.metrics.jobs_finished.labels(q, "lease_lost").inc()
+                self.m.finished["lease_lost"].inc()
                 self._warn_lost(job)
         return True
 
@@ -399,15 +398,15 @@ class Worker:
             "error": f.error[:500],
         }
         if status is None:
-            self.metrics.jobs_finished.labels(q, "lease_lost").inc()
+            self.m.finished["lease_lost"].inc()
             self._warn_lost(job)
         elif status == "pending":
-            self.metrics.jobs_finished.labels(q, "retried").inc()
+            self.m.finished["retried"].inc()
             log.warning("job failed, will retry in %.1fs", f.delay_seconds, extra={"action": "job_retry", **extra})
         else:
-            self.metrics.jobs_finished.labels(q, "failed").inc()
+            self.m.finished["failed"].inc()
             reason = "non_retryable" if not f.retry else "exhausted"
-            self.metrics.jobs_failed.labels(q, reason).inc()
+            self.m.failed[reason].inc()
             log.error("job failed for good (%s)", reason.replace("_", "-"), extra={"action": "job_failed", **extra})
 
     def _warn_lost(self, job: Job) -> None:
@@ -439,7 +438,7 @@ class Worker:
         while True:
             recovered = await self._db("recover", lambda: self._queue().recover_expired(queue=self.queue_name))
             for r in recovered or []:
-                self.metrics.jobs_recovered.labels(self.queue_name, r.status).inc()
+                self.m.recovered[r.status].inc()
                 log.warning(
                     "recovered a job whose lease expired",
                     extra={
@@ -458,7 +457,7 @@ class Worker:
         ids = await self._db("release", lambda: self._queue().release(jobs, worker=self.identity))
         if ids:
             self.released += len(ids)
-            self.metrics.jobs_released.labels(self.queue_name).inc(len(ids))
+            self.m.released.inc(len(ids))
             log.info(
                 "handed back %d unfinished job(s) without burning an attempt",
                 len(ids),
