@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -25,6 +26,8 @@ NAMESPACE = "default"
 JQ = kmock.resource("skiplock.io", "v1alpha1", "jobqueues")
 DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
 SECRETS = kmock.resource("", "v1", "secrets")
+EVENTS = kmock.resource("", "v1", "events")
+EVENTS_V1 = kmock.resource("events.k8s.io", "v1", "events")
 
 
 class Cluster:
@@ -76,6 +79,13 @@ class Cluster:
         dep = self.deployment(name)
         return None if dep is None else dep["spec"].get("replicas")
 
+    def events(self) -> list[dict[str, Any]]:
+        return [
+            dict(obj.raw)
+            for (res, _, _), obj in self.emu.objects.items()
+            if res in (EVENTS, EVENTS_V1) and not obj.deleted
+        ]
+
     def condition(self, name: str, type_: str) -> dict[str, Any] | None:
         jq = self.jobqueue(name) or {}
         for cond in (jq.get("status") or {}).get("conditions") or []:
@@ -91,8 +101,8 @@ async def cluster() -> AsyncIterator[Cluster]:
         yield Cluster(emu)
 
 
-@pytest.fixture
-async def operator(cluster: Cluster) -> AsyncIterator[OperatorMetrics]:
+@contextlib.asynccontextmanager
+async def running_operator(cluster: Cluster, **options: Any) -> AsyncIterator[OperatorMetrics]:
     """The real operator (``skiplock_operator.serve``) in its own thread and event loop."""
     stop, ready = threading.Event(), threading.Event()
     config = OperatorConfig(
@@ -104,31 +114,30 @@ async def operator(cluster: Cluster) -> AsyncIterator[OperatorMetrics]:
     )
     metrics = OperatorMetrics(CollectorRegistry())
     failures: list[BaseException] = []
+    kwargs: dict[str, Any] = {"namespaces": [NAMESPACE], "all_namespaces": False, "standalone": True, **options}
 
     def main() -> None:
         try:
-            asyncio.run(
-                serve(
-                    namespaces=[NAMESPACE],
-                    all_namespaces=False,
-                    standalone=True,
-                    config=config,
-                    metrics=metrics,
-                    stop_flag=stop,
-                    ready_flag=ready,
-                )
-            )
-        except BaseException as exc:  # reported by the fixture below
+            asyncio.run(serve(config=config, metrics=metrics, stop_flag=stop, ready_flag=ready, **kwargs))
+        except BaseException as exc:  # reported below
             failures.append(exc)
 
     thread = threading.Thread(target=main, name="kopf", daemon=True)
     thread.start()
-    assert await asyncio.to_thread(ready.wait, 20), f"operator did not start: {failures}"
-    yield metrics
-    stop.set()
-    await asyncio.to_thread(thread.join, 20)
+    try:
+        assert await asyncio.to_thread(ready.wait, 20), f"operator did not start: {failures}"
+        yield metrics
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join, 20)
     assert not thread.is_alive(), "operator did not stop"
     assert not failures, failures
+
+
+@pytest.fixture
+async def operator(cluster: Cluster) -> AsyncIterator[OperatorMetrics]:
+    async with running_operator(cluster) as metrics:
+        yield metrics
 
 
 @pytest.fixture

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 import psycopg
+import yaml
 
 from skiplock import AsyncQueue
 from skiplock.migrate import acurrent_version, latest_version
 from support.pg import await_for
 
-from .conftest import Cluster, jobqueue_spec
+from .conftest import CRDS, Cluster, jobqueue_spec
+
+CRD = next(p for p in CRDS if p.name == "jobqueues.skiplock.io.yaml")
 
 
 def status_of(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -71,3 +75,50 @@ async def test_backlog_scales_up_then_down_after_the_window_then_delete(
     await cluster.delete_jobqueue("img")
     await await_for(lambda: cluster.deployment("img") is None, timeout=10, what="Deployment deleted")
     await await_for(lambda: cluster.jobqueue("img") is None, timeout=10, what="JobQueue finalized")
+
+
+def column_value(obj: dict[str, Any], path: str) -> Any:
+    """Resolve the jsonPath forms our printer columns use: dotted fields and one [?(@.type=="X")] filter."""
+    value: Any = obj
+    for part in re.findall(r'[^.\[\]]+|\[\?\(@\.type=="\w+"\)\]', path):
+        if part.startswith("[?"):
+            wanted = re.search(r'"(\w+)"', part).group(1)  # type: ignore[union-attr]
+            value = next((c for c in value or [] if c.get("type") == wanted), None)
+        else:
+            value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+async def test_status_fills_every_printer_column_and_spec_changes_roll_out(
+    pg_dsn: str, schema: str, aqueue: AsyncQueue, cluster: Cluster, operator: object
+) -> None:
+    await cluster.apply_secret("db", pg_dsn)
+    await cluster.create_jobqueue("cols", jobqueue_spec("cols", schema, minReplicas=1))
+    await aqueue.enqueue_many("cols", [{"n": i} for i in range(12)])
+    await await_for(lambda: backlog_of(cluster, "cols") == 12, what="backlog in status")
+    jq = cluster.jobqueue("cols")
+    assert jq is not None
+    for column in yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["additionalPrinterColumns"]:
+        assert column_value(jq, column["jsonPath"]) is not None, column["name"]
+    assert jq["status"]["observedGeneration"] == jq["metadata"]["generation"]
+    assert jq["status"]["selector"] == "app.kubernetes.io/name=skiplock-worker,app.kubernetes.io/instance=cols"
+    assert jq["status"]["oldestReadyAgeSeconds"] >= 0
+    reasons = {e.get("reason") for e in cluster.events()}
+    assert "BacklogGrew" in reasons, reasons
+
+    replicas = cluster.replicas("cols")
+    await cluster.patch_jobqueue("cols", {"spec": {"image": "example.com/app-worker:2.0"}})
+    await await_for(
+        lambda: (
+            (cluster.deployment("cols") or {})["spec"]["template"]["spec"]["containers"][0]["image"]
+            == "example.com/app-worker:2.0"
+        ),
+        what="new image rolled out",
+    )
+    assert cluster.replicas("cols") == replicas, "a template change must not touch the replicas"
+    await await_for(
+        lambda: (
+            status_of(cluster, "cols").get("observedGeneration") == cluster.jobqueue("cols")["metadata"]["generation"]
+        ),  # type: ignore[index]
+        what="observedGeneration follows the spec",
+    )

@@ -1,0 +1,24 @@
+"""HA: with kopf peering, the operator heartbeats into the peering object and still reconciles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kmock
+
+from support.pg import await_for
+
+from .conftest import NAMESPACE, Cluster, jobqueue_spec, running_operator
+
+PEERINGS = kmock.resource("kopf.dev", "v1", "kopfpeerings")
+
+
+async def test_peered_operator_heartbeats_and_reconciles(pg_dsn: str, schema: str, cluster: Cluster) -> None:
+    body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "skiplock"}}
+    await cluster._send("POST", f"/apis/kopf.dev/v1/namespaces/{NAMESPACE}/kopfpeerings", body, "application/json")
+    async with running_operator(cluster, standalone=False, peering="skiplock"):
+        await cluster.apply_secret("db", pg_dsn)
+        await cluster.create_jobqueue("ha", jobqueue_spec("ha", schema, minReplicas=1))
+        await await_for(lambda: cluster.replicas("ha") == 1, timeout=15, what="Deployment from the peered operator")
+        peers: dict[str, Any] = (cluster.get(PEERINGS, "skiplock") or {}).get("status") or {}
+        assert peers, "the operator wrote no heartbeat into the peering object"
