@@ -8,6 +8,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -375,3 +376,22 @@ def test_listen_check_behind_a_real_pgbouncer(pgbouncer: str, settings: Settings
         assert checks["listen"].severity == "warning"
         assert "PgBouncer" in checks["listen"].detail
         assert "--no-listen" in checks["listen"].advice
+
+
+# ------------------------------------------------------------------------------------------ through the CLI
+def test_cli_doctor_json_and_exit_codes(pg_dsn: str, schema: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_") and k != "DATABASE_URL"}
+
+    def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "skiplock", "doctor", "--dsn", pg_dsn, *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+
+    out = doctor("--schema", schema, "--json")
+    report = json.loads(out.stdout)
+    assert report["checks"][0]["name"] == "schema_version"
+    assert set(report["checks"][0]) == {"name", "ok", "severity", "detail", "advice"}
+    assert out.returncode == (0 if report["ok"] else 1), out.stdout + out.stderr
+    missing = doctor("--schema", f"absent_{uuid.uuid4().hex[:8]}")
+    assert missing.returncode == 1
+    assert "[CRITICAL] schema_version" in missing.stdout
+    assert "skiplock migrate" in missing.stdout
