@@ -1,0 +1,339 @@
+"""skiplock benchmark suite (issue 7): ``make bench`` or ``.venv/bin/python bench/run.py [--quick|--full]``.
+
+Each case runs ``--repeat`` times (default 3), interleaved (case A, case B, ..., then again), so slow drift on a
+shared machine hits every case alike; the tables show medians, and ratios are taken within this one run. JSON
+lines (settings, versions, machine facts, every run, the medians and the targets) go to stdout after the tables
+and to ``bench/results/bench-<time>.jsonl``.
+
+By default a private PostgreSQL (pgserver's binaries, stock settings) is started on 127.0.0.1 so the
+server-wide counters are ours alone; ``--dsn`` (or ``SKIPLOCK_BENCH_DSN``) uses an existing server instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import meter
+import scenario
+from server import Server, external_server, private_server
+
+MODES: dict[str, dict[str, Any]] = {
+    # the smoke test's size: every case once, in well under a minute
+    "quick": {
+        "drain_jobs": 300,
+        "single_jobs": 100,
+        "bulk_jobs": 2000,
+        "bulk_chunk": 1000,
+        "prefill_rows": 5_000,
+        "latency_rate": 50.0,
+        "latency_seconds": 1.0,
+    },
+    # make bench: a few minutes on a 2-core machine
+    "default": {
+        "drain_jobs": 10_000,
+        "single_jobs": 1_000,
+        "bulk_jobs": 20_000,
+        "bulk_chunk": 1_000,
+        "prefill_rows": 200_000,
+        "latency_rate": 200.0,
+        "latency_seconds": 5.0,
+    },
+    # the issue's sizes: 20,000-job drains, 1,000,000 finished rows, 10 s of latency
+    "full": {
+        "drain_jobs": 20_000,
+        "single_jobs": 2_000,
+        "bulk_jobs": 50_000,
+        "bulk_chunk": 1_000,
+        "prefill_rows": 1_000_000,
+        "latency_rate": 200.0,
+        "latency_seconds": 10.0,
+    },
+}
+GROUPS = ("enqueue", "drain", "transactional", "tablesize", "latency")
+DRAIN_COLUMNS = (
+    ("jobs_per_s", "jobs/s", "{:,.0f}"),
+    ("vs_seed", "x seed", "{:.1f}x"),
+    ("worker_cpu_s_per_1k", "worker CPU s/1k", "{:.2f}"),
+    ("pg_cpu_s_per_1k", "PG CPU s/1k", "{:.2f}"),
+    ("commits_per_job", "commits/job", "{:.3f}"),
+    ("wal_bytes_per_job", "WAL B/job", "{:,.0f}"),
+    ("worker_rss_mb", "worker peak RSS MB", "{:.0f}"),
+)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/run.py", description="skiplock benchmark suite (issue 7)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_const", const="quick", dest="mode", help="tiny sizes (smoke test)")
+    size.add_argument("--full", action="store_const", const="full", dest="mode", help="20k drains, 1M-row table")
+    p.add_argument("--dsn", default=os.environ.get("SKIPLOCK_BENCH_DSN"), help="use this server, not a private one")
+    p.add_argument("--repeat", type=int, default=3, help="runs per case (default 3; medians reported)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes W (default 2)")
+    p.add_argument("--concurrency", type=int, default=10, help="concurrency C of each worker (default 10)")
+    p.add_argument("--big-concurrency", type=int, default=32, help="C of the RSS case (default 32)")
+    p.add_argument("--batch", type=int, default=10, help="SKIPLOCK_BATCH (default 10)")
+    p.add_argument("--poll", type=float, default=2.0, help="SKIPLOCK_POLL_SECONDS (default 2)")
+    p.add_argument("--jobs", type=int, help="override N of the drains")
+    p.add_argument("--prefill", type=int, help="override the finished rows of the table-size case")
+    p.add_argument("--only", nargs="+", choices=GROUPS, help="run only these groups")
+    p.add_argument("--no-baseline", action="store_true", help="skip the seed baseline cases")
+    p.add_argument("--json-out", type=Path, help="JSON lines file (default bench/results/bench-<time>.jsonl)")
+    p.add_argument("--keep-schemas", action="store_true", help="leave the bench_* schemas behind")
+    a = p.parse_args(argv)
+    a.mode = a.mode or "default"
+    if a.repeat < 1 or a.workers < 1 or a.concurrency < 1:
+        p.error("--repeat, --workers and --concurrency must be >= 1")
+    return a
+
+
+Case = tuple[str, str, Callable[[], dict[str, Any]]]
+
+
+def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case], Callable[[], None]]:
+    """The cases in run order (group, name, thunk), and a setup step (prefilled tables) to run first."""
+    groups = set(a.only or GROUPS)
+    seed = not a.no_baseline
+    big: dict[str, str] = {}
+    cases: list[Case] = []
+
+    def setup() -> None:
+        if "tablesize" in groups:
+            for system in ("skiplock", "seed") if seed else ("skiplock",):
+                big[system] = scenario.new_schema(cfg, f"big{system[:4]}")
+                scenario.prefill(cfg, big[system], cfg.prefill_rows)
+
+    def add(group: str, name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        if group in groups:
+            cases.append((group, name, fn))
+
+    add("enqueue", "enqueue", lambda: scenario.enqueue(cfg))
+    add("drain", "drain noop", lambda: scenario.drain(cfg, system="skiplock", handler="noop"))
+    if seed:
+        add("drain", "drain noop [seed]", lambda: scenario.drain(cfg, system="seed", handler="noop"))
+    add("drain", "drain noop async", lambda: scenario.drain(cfg, system="skiplock", handler="anoop"))
+    add(
+        "drain",
+        f"drain noop C={a.big_concurrency}",
+        lambda: scenario.drain(cfg, system="skiplock", handler="noop", concurrency=a.big_concurrency),
+    )
+    add("transactional", "drain write", lambda: scenario.drain(cfg, system="skiplock", handler="write"))
+    if seed:
+        add("transactional", "drain write [seed]", lambda: scenario.drain(cfg, system="seed", handler="write"))
+    add("transactional", "drain write async", lambda: scenario.drain(cfg, system="skiplock", handler="awrite"))
+    add(
+        "tablesize",
+        "drain noop, big table",
+        lambda: scenario.drain(cfg, system="skiplock", handler="noop", schema=big["skiplock"]),
+    )
+    if seed:
+        add(
+            "tablesize",
+            "drain noop, big table [seed]",
+            lambda: scenario.drain(cfg, system="seed", handler="noop", schema=big["seed"]),
+        )
+    add("latency", "latency NOTIFY", lambda: scenario.latency(cfg, listen=True))
+    add("latency", "latency poll", lambda: scenario.latency(cfg, listen=False))
+    return cases, setup
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = [k for k in runs[0] if all(isinstance(r.get(k), int | float) for r in runs)]
+    out: dict[str, Any] = {k: meter.median([float(r[k]) for r in runs]) for k in keys}
+    for k in runs[0]:
+        out.setdefault(k, runs[0][k])
+    out["repeats"] = len(runs)
+    return out
+
+
+def seed_of(name: str) -> str:
+    return name.replace(" async", "").replace(" C=", " @C=").split(" @C=")[0] + " [seed]"
+
+
+def add_ratios(med: dict[str, dict[str, Any]]) -> None:
+    for name, m in med.items():
+        if not name.startswith("drain") or "[seed]" in name:
+            continue
+        base = med.get(seed_of(name))
+        m["vs_seed"] = m["jobs_per_s"] / base["jobs_per_s"] if base else None
+
+
+def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
+    def get(case: str, key: str) -> float | None:
+        v = med.get(case, {}).get(key)
+        return float(v) if isinstance(v, int | float) and not math.isnan(v) else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    rows = [
+        ("drain no-op vs seed baseline (2 workers)", ">= 15x", get("drain noop", "vs_seed"), 15.0, True),
+        ("drain no-op commits per job", "<= 0.1", get("drain noop", "commits_per_job"), 0.1, False),
+        ("bulk enqueue jobs/s", ">= 30,000", get("enqueue", "bulk_jobs_per_s"), 30_000.0, True),
+        ("bulk enqueue vs single", ">= 20x", get("enqueue", "bulk_over_single"), 20.0, True),
+        ("latency p50, NOTIFY (ms)", "<= 5", get("latency NOTIFY", "p50_ms"), 5.0, False),
+        ("latency p99, NOTIFY (ms)", "<= 20", get("latency NOTIFY", "p99_ms"), 20.0, False),
+        (
+            "big table drain vs empty table",
+            ">= 0.9x",
+            ratio(get("drain noop, big table", "jobs_per_s"), get("drain noop", "jobs_per_s")),
+            0.9,
+            True,
+        ),
+        (f"worker peak RSS at C={big_c} (MB)", "<= 80", get(f"drain noop C={big_c}", "worker_rss_mb"), 80.0, False),
+    ]
+    out = []
+    for name, goal, value, bound, at_least in rows:
+        ok = None if value is None else (value >= bound if at_least else value <= bound)
+        out.append({"target": name, "goal": goal, "value": value, "met": ok})
+    return out
+
+
+def fmt(value: Any, pattern: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return pattern.format(value)
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)] if rows else []
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
+    return "\n".join([line, sep, *body])
+
+
+def render(med: dict[str, dict[str, Any]], tgt: list[dict[str, Any]]) -> str:
+    parts = []
+    drains = [(n, m) for n, m in med.items() if n.startswith("drain")]
+    if drains:
+        rows = [[n] + [fmt(m.get(k), f) for k, _, f in DRAIN_COLUMNS] for n, m in drains]
+        parts.append(table(["drain (median)"] + [h for _, h, _ in DRAIN_COLUMNS], rows))
+    if "enqueue" in med:
+        m = med["enqueue"]
+        rows = [
+            ["single (enqueue, 1 tx each)", fmt(m["single_jobs_per_s"], "{:,.0f}"), "1.0x"],
+            ["bulk (enqueue_many)", fmt(m["bulk_jobs_per_s"], "{:,.0f}"), fmt(m["bulk_over_single"], "{:.1f}x")],
+            [
+                "raw COPY (ceiling)",
+                fmt(m["copy_jobs_per_s"], "{:,.0f}"),
+                fmt(m["copy_jobs_per_s"] / m["single_jobs_per_s"], "{:.1f}x"),
+            ],
+        ]
+        parts.append(table(["enqueue (median)", "jobs/s", "x single"], rows))
+    lats = [(n, m) for n, m in med.items() if n.startswith("latency")]
+    if lats:
+        rows = [
+            [
+                n + ("" if m.get("poll_seconds") is None else f" ({m['poll_seconds']:g} s)"),
+                fmt(m["rate_per_s"], "{:.0f}/s"),
+                *(fmt(m[k], "{:.1f}") for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")),
+            ]
+            for n, m in lats
+        ]
+        parts.append(table(["latency (median)", "rate", "p50 ms", "p95 ms", "p99 ms", "max ms"], rows))
+    if tgt:
+        rows = [
+            [
+                t["target"],
+                t["goal"],
+                fmt(t["value"], "{:,.2f}"),
+                {True: "met", False: "MISSED", None: "-"}[t["met"]],
+            ]
+            for t in tgt
+        ]
+        parts.append(table(["target (issue 7)", "goal", "median", ""], rows))
+    return "\n\n".join(parts)
+
+
+@contextlib.contextmanager
+def database(dsn: str | None) -> Iterator[Server]:
+    if dsn:
+        with external_server(dsn) as srv:
+            yield srv
+    else:
+        with private_server() as srv:
+            yield srv
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    size = dict(MODES[a.mode])
+    if a.jobs:
+        size["drain_jobs"] = a.jobs
+    if a.prefill:
+        size["prefill_rows"] = a.prefill
+    started = time.monotonic()
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    out_path = a.json_out or meter.BENCH / "results" / f"bench-{stamp}.jsonl"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    lines: list[dict[str, Any]] = []
+
+    def emit(record: dict[str, Any]) -> None:
+        lines.append(record)
+        with out_path.open("a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+
+    with database(a.dsn) as srv:
+        cfg = scenario.Config(
+            server=srv,
+            workers=a.workers,
+            concurrency=a.concurrency,
+            batch=a.batch,
+            poll_seconds=a.poll,
+            drain_timeout=max(120.0, size["drain_jobs"] / 20),
+            keep_schemas=a.keep_schemas,
+            **size,
+        )
+        with scenario.connect(cfg) as conn:
+            facts = meter.machine_facts(conn, srv.private)
+        settings = {k: v for k, v in asdict(cfg).items() if k not in ("server", "schemas", "keep_schemas")}
+        settings.update(mode=a.mode, repeat=a.repeat, big_concurrency=a.big_concurrency, baseline=not a.no_baseline)
+        emit({"type": "meta", "settings": settings, "machine": facts})
+        print(f"skiplock bench ({a.mode}): {json.dumps(settings)}", file=sys.stderr)
+        cases, setup = build_cases(cfg, a)
+        runs: dict[str, list[dict[str, Any]]] = {}
+        try:
+            t = time.monotonic()
+            setup()
+            if cfg.schemas:
+                print(f"  prefilled {cfg.prefill_rows:,} rows in {time.monotonic() - t:.1f}s", file=sys.stderr)
+            for rep in range(a.repeat):
+                for group, name, fn in cases:
+                    t = time.monotonic()
+                    result = fn()
+                    runs.setdefault(name, []).append(result)
+                    emit({"type": "run", "group": group, "case": name, "rep": rep + 1, **result})
+                    brief = result.get("jobs_per_s", result.get("p50_ms", result.get("bulk_jobs_per_s")))
+                    took = time.monotonic() - t
+                    print(f"  [{rep + 1}/{a.repeat}] {name}: {brief:,.1f} ({took:.1f}s)", file=sys.stderr)
+        finally:
+            scenario.drop_schemas(cfg)
+    med = {name: medians(rs) for name, rs in runs.items()}
+    add_ratios(med)
+    tgt = targets(med, a.big_concurrency)
+    for name, m in med.items():
+        emit({"type": "median", "case": name, **m})
+    for row in tgt:
+        emit({"type": "target", **row})
+    emit({"type": "end", "seconds": time.monotonic() - started, "load_average_at_end": list(os.getloadavg())})
+    print(render(med, tgt))
+    print()
+    for record in lines:
+        print(json.dumps(record, default=str))
+    print(f"\n{len(lines)} JSON lines also in {out_path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,402 @@
+"""One run of each benchmark scenario: enqueue, drain (skiplock or the seed baseline), latency, table size.
+
+Every function runs once and returns a flat dict of figures; ``run.py`` repeats, interleaves and takes medians.
+Workers are real processes: ``python -m skiplock worker`` configured by ``SKIPLOCK_*`` (as the chart runs them),
+or ``bench/seed_baseline.py`` for the seed's loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from meter import (
+    BENCH,
+    db_counters,
+    peak_rss_mb,
+    percentile,
+    process_cpu_seconds,
+    server_cpu_seconds,
+)
+from psycopg import sql
+from seed_baseline import SEED_INDEX
+from server import Server
+
+from skiplock import Queue, Settings
+from skiplock.migrate import migrate
+
+QUEUE = "bench"
+APP = "skiplock-bench"
+WORKER_APPS = ("skiplock-worker", "seed-baseline")
+ENQUEUE_CHUNK = 5000
+
+
+@dataclass(frozen=True)
+class Config:
+    server: Server
+    drain_jobs: int
+    single_jobs: int
+    bulk_jobs: int
+    bulk_chunk: int
+    prefill_rows: int
+    latency_rate: float
+    latency_seconds: float
+    workers: int
+    concurrency: int
+    batch: int
+    poll_seconds: float
+    drain_timeout: float
+    keep_schemas: bool = False
+    schemas: list[str] = field(default_factory=list)
+
+    @property
+    def dsn(self) -> str:
+        return self.server.dsn
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------- plumbing
+def connect(cfg: Config, autocommit: bool = True) -> psycopg.Connection[Any]:
+    return psycopg.connect(cfg.dsn, autocommit=autocommit, application_name=APP)
+
+
+def new_schema(cfg: Config, tag: str) -> str:
+    """A fresh migrated schema ``bench_<tag>_<hex>`` with the effects table the ``write`` handlers fill."""
+    name = f"bench_{tag}_{uuid.uuid4().hex[:8]}"
+    with connect(cfg) as conn:
+        migrate(conn, name)
+        conn.execute(sql.SQL("CREATE TABLE {}.bench_effects (job_id bigint, attempt int)").format(sql.Identifier(name)))
+    cfg.schemas.append(name)
+    return name
+
+
+def drop_schemas(cfg: Config) -> None:
+    if cfg.keep_schemas:
+        return
+    with connect(cfg) as conn:
+        for name in cfg.schemas:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+    cfg.schemas.clear()
+
+
+def queue_for(cfg: Config, schema: str) -> Queue:
+    return Queue(settings=Settings.load(env={}, dsn=cfg.dsn, schema=schema), max_size=2)
+
+
+def prefill(cfg: Config, schema: str, rows: int) -> None:
+    """``rows`` finished jobs (9 done : 1 failed), a day old, in the benchmark's own queue; then VACUUM ANALYZE."""
+    with connect(cfg) as conn:
+        conn.execute(
+            sql.SQL(
+                """INSERT INTO {}.jobs (queue, payload, status, attempts, max_attempts, visible_at, last_error,
+                                        created_at, updated_at)
+                SELECT %(queue)s, jsonb_build_object('n', g),
+                       CASE WHEN g %% 10 = 0 THEN 'failed' ELSE 'done' END, 1, 5, now() - interval '1 day',
+                       CASE WHEN g %% 10 = 0 THEN 'RuntimeError: boom' END,
+                       now() - interval '1 day', now() - interval '1 day'
+                FROM generate_series(1, %(rows)s) AS g"""
+            ).format(sql.Identifier(schema)),
+            {"queue": QUEUE, "rows": rows},
+        )
+        conn.execute(sql.SQL("VACUUM ANALYZE {}.jobs").format(sql.Identifier(schema)))
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[bytes]
+    log: Path
+    ready_marker: str
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH), env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def start_skiplock(
+    cfg: Config, schema: str, handler: str, logdir: Path, *, concurrency: int, listen: bool = True, **env: str
+) -> list[Proc]:
+    settings = {
+        "SKIPLOCK_DSN": cfg.dsn,
+        "SKIPLOCK_SCHEMA": schema,
+        "SKIPLOCK_QUEUE": QUEUE,
+        "SKIPLOCK_HANDLER": f"handlers:{handler}",
+        "SKIPLOCK_CONCURRENCY": str(concurrency),
+        "SKIPLOCK_BATCH": str(cfg.batch),
+        "SKIPLOCK_POLL_SECONDS": str(cfg.poll_seconds),
+        "SKIPLOCK_LISTEN": "true" if listen else "false",
+        "SKIPLOCK_LOG_LEVEL": "INFO",
+    }
+    procs = []
+    for i in range(cfg.workers):
+        log = logdir / f"worker-{i}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "skiplock", "worker"],
+                env=_env({**settings, **env}),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        procs.append(Proc(popen, log, "listener connected" if listen else "worker started"))
+    return procs
+
+
+def start_seed(cfg: Config, schema: str, handler: str, logdir: Path) -> list[Proc]:
+    seed_args = ["--queue", QUEUE, "--handler", handler]
+    procs = []
+    for i in range(cfg.workers):
+        log = logdir / f"seed-{i}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, str(BENCH / "seed_baseline.py"), "--dsn", cfg.dsn, "--schema", schema, *seed_args],
+                env=_env({}),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        procs.append(Proc(popen, log, "ready"))
+    return procs
+
+
+def wait_ready(procs: list[Proc], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.ready_marker in p.output() for p in procs):
+        for p in procs:
+            if p.popen.poll() is not None:
+                raise BenchError(f"worker exited with {p.popen.returncode}:\n{p.output()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise BenchError("workers not ready in time:\n" + "\n".join(p.output()[-1500:] for p in procs))
+        time.sleep(0.02)
+
+
+def stop(procs: list[Proc]) -> None:
+    for p in procs:
+        if p.popen.poll() is None:
+            p.popen.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.popen.kill()
+            p.popen.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running(procs: list[Proc]) -> Iterator[list[Proc]]:
+    try:
+        yield procs
+    finally:
+        stop(procs)
+
+
+def wait_backends_gone(mon: psycopg.Connection[Any], timeout: float = 15.0) -> int:
+    """Wait until the workers' backends have exited (they flush their statistics then). Returns queries run."""
+    deadline, n = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        n += 1
+        row = mon.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY(%s)", (list(WORKER_APPS),)
+        ).fetchone()
+        if row and row[0] == 0:
+            break
+        time.sleep(0.05)
+    return n
+
+
+def wait_drained(mon: psycopg.Connection[Any], schema: str, timeout: float) -> int:
+    """Poll (every 50 ms, two index probes) until no job of the queue is pending or processing."""
+    ident = sql.Identifier(schema)
+    query = sql.SQL(
+        "SELECT EXISTS (SELECT 1 FROM {s}.jobs WHERE queue = %(q)s AND status = 'pending') "
+        "OR EXISTS (SELECT 1 FROM {s}.jobs WHERE queue = %(q)s AND status = 'processing')"
+    ).format(s=ident)
+    deadline, n = time.monotonic() + timeout, 0
+    while True:
+        n += 1
+        row = mon.execute(query, {"q": QUEUE}).fetchone()
+        if row and not row[0]:
+            return n
+        if time.monotonic() > deadline:
+            raise BenchError(f"queue not drained within {timeout:.0f}s")
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------------------------- enqueue
+def enqueue(cfg: Config) -> dict[str, Any]:
+    """Single jobs (one transaction each) versus ``enqueue_many`` in chunks, and raw COPY as the ceiling."""
+    out: dict[str, Any] = {}
+    schema = new_schema(cfg, "enq")
+    with queue_for(cfg, schema) as q:
+        q.enqueue(QUEUE, {"warm": True})
+        t = time.perf_counter()
+        for i in range(cfg.single_jobs):
+            q.enqueue(QUEUE, {"n": i})
+        out["single_jobs_per_s"] = cfg.single_jobs / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for start in range(0, cfg.bulk_jobs, cfg.bulk_chunk):
+            q.enqueue_many(QUEUE, [{"n": i} for i in range(start, min(cfg.bulk_jobs, start + cfg.bulk_chunk))])
+        out["bulk_jobs_per_s"] = cfg.bulk_jobs / (time.perf_counter() - t)
+    with connect(cfg, autocommit=False) as conn:
+        t = time.perf_counter()
+        copy_sql = sql.SQL("COPY {}.jobs (queue, payload) FROM STDIN").format(sql.Identifier(schema))
+        with conn.cursor() as cur, cur.copy(copy_sql) as copy:
+            for i in range(cfg.bulk_jobs):
+                copy.write_row((QUEUE, f'{{"n":{i}}}'))
+        conn.commit()
+        out["copy_jobs_per_s"] = cfg.bulk_jobs / (time.perf_counter() - t)
+    with connect(cfg) as conn:
+        row = conn.execute(sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(schema))).fetchone()
+    expected = 1 + cfg.single_jobs + 2 * cfg.bulk_jobs
+    if not row or row[0] != expected:
+        raise BenchError(f"enqueue: {row and row[0]} rows, expected {expected}")
+    out["bulk_over_single"] = out["bulk_jobs_per_s"] / out["single_jobs_per_s"]
+    out["jobs"] = expected
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- drain
+def drain(
+    cfg: Config,
+    *,
+    system: str,
+    handler: str,
+    concurrency: int | None = None,
+    schema: str | None = None,
+) -> dict[str, Any]:
+    """Start W idle workers, commit N jobs in one transaction, time the drain and read the counters.
+
+    Throughput runs from the enqueue commit (skiplock wakes by NOTIFY) or from the first claim (the seed polls
+    every second; its nap is not charged) to the last completion, both read from the jobs' timestamps.
+    """
+    n = cfg.drain_jobs
+    concurrency = concurrency or cfg.concurrency
+    schema = schema or new_schema(cfg, "drain")
+    ident = sql.Identifier(schema)
+    logdir = Path(tempfile.mkdtemp(prefix="bench-drain-"))
+    with connect(cfg) as conn:
+        if system == "seed":
+            conn.execute(SEED_INDEX.format(schema=ident.as_string(conn)))
+        conn.execute("CHECKPOINT")  # every run starts with the same full-page-image debt
+    if system == "skiplock":
+        procs = start_skiplock(cfg, schema, handler, logdir, concurrency=concurrency)
+    else:
+        procs = start_seed(cfg, schema, handler, logdir)
+    with running(procs), connect(cfg) as mon, queue_for(cfg, schema) as q:
+        wait_ready(procs)
+        time.sleep(0.3)  # let startup chatter settle
+        ours = 0  # transactions of this harness between the two counter reads
+        before = db_counters(mon)
+        ours += 1
+        with connect(cfg, autocommit=False) as conn:
+            first_id: int | None = None
+            for start in range(0, n, ENQUEUE_CHUNK):
+                ids = q.enqueue_many(QUEUE, [{"n": i} for i in range(start, min(n, start + ENQUEUE_CHUNK))], conn=conn)
+                first_id = ids[0] if first_id is None else first_id
+            row = conn.execute("SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint").fetchone()
+            assert row is not None
+            enqueue_wal = int(row[0]) - before.wal_bytes
+            conn.commit()
+            ours += 1
+        t_commit_row = mon.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        ours += 1
+        pg_cpu0 = server_cpu_seconds(cfg.server.postmaster_pid)
+        cpu0 = {p.popen.pid: process_cpu_seconds(p.popen.pid) for p in procs}
+        ours += wait_drained(mon, schema, cfg.drain_timeout)
+        pg_cpu1 = server_cpu_seconds(cfg.server.postmaster_pid)
+        worker_cpu = sum(process_cpu_seconds(pid) - c for pid, c in cpu0.items())
+        rss = max(peak_rss_mb(p.popen.pid) for p in procs)
+        stop(procs)
+        ours += wait_backends_gone(mon)
+        after = db_counters(mon)
+        row = mon.execute(
+            sql.SQL(
+                "SELECT extract(epoch FROM min(locked_at))::float8, extract(epoch FROM max(updated_at))::float8, "
+                "count(*) FILTER (WHERE status = 'done'), count(*), max(attempts) "
+                "FROM {}.jobs WHERE queue = %(q)s AND id >= %(first)s"
+            ).format(ident),
+            {"q": QUEUE, "first": first_id},
+        ).fetchone()
+    assert row is not None and t_commit_row is not None
+    first_claim, last_done, done, total, max_attempts = row
+    if done != n or total != n:
+        raise BenchError(f"drain: {done} of {total} jobs done, expected {n}")
+    started = float(first_claim) if system == "seed" else float(t_commit_row[0])
+    seconds = float(last_done) - started
+    commits = after.commits - before.commits - ours
+    shutil.rmtree(logdir, ignore_errors=True)
+    return {
+        "jobs": n,
+        "seconds": seconds,
+        "jobs_per_s": n / seconds,
+        "worker_cpu_s_per_1k": worker_cpu / n * 1000,
+        "pg_cpu_s_per_1k": (pg_cpu1 - pg_cpu0) / n * 1000 if pg_cpu0 is not None and pg_cpu1 is not None else None,
+        "commits_per_job": commits / n,
+        "wal_bytes_per_job": (after.wal_bytes - before.wal_bytes - enqueue_wal) / n,
+        "worker_rss_mb": rss,
+        "max_attempts_seen": max_attempts,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- latency
+def latency(cfg: Config, *, listen: bool) -> dict[str, Any]:
+    """Idle workers; a producer enqueues single jobs at a fixed rate; enqueue call to handler start, per job."""
+    schema = new_schema(cfg, "lat")
+    logdir = Path(tempfile.mkdtemp(prefix="bench-latency-"))
+    starts = logdir / "starts"
+    starts.mkdir()
+    n = max(1, round(cfg.latency_rate * cfg.latency_seconds))
+    procs = start_skiplock(
+        cfg, schema, "record_start", logdir, concurrency=cfg.concurrency, listen=listen, BENCH_LATENCY_DIR=str(starts)
+    )
+    with running(procs), connect(cfg) as mon, queue_for(cfg, schema) as q:
+        wait_ready(procs)
+        time.sleep(0.5)
+        warm = q.enqueue(QUEUE, {"t": time.time(), "warm": True}).id  # warm the producer's connection
+        wait_drained(mon, schema, cfg.poll_seconds + 30)
+        t0 = time.perf_counter()
+        for i in range(n):
+            delay = t0 + i / cfg.latency_rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            q.enqueue(QUEUE, {"t": time.time()})
+        produced = n / (time.perf_counter() - t0)
+        wait_drained(mon, schema, cfg.poll_seconds + 30)
+        stop(procs)
+    lat_ms: list[float] = []
+    for path in starts.glob("starts-*.txt"):
+        for line in path.read_text().splitlines():
+            job, enqueued, started = line.split()
+            if int(job) != warm:
+                lat_ms.append((float(started) - float(enqueued)) * 1000)
+    shutil.rmtree(logdir, ignore_errors=True)
+    lat_ms.sort()
+    if len(lat_ms) != n:
+        raise BenchError(f"latency: {len(lat_ms)} handler starts recorded, expected {n}")
+    return {
+        "jobs": n,
+        "rate_per_s": produced,
+        "p50_ms": percentile(lat_ms, 50),
+        "p95_ms": percentile(lat_ms, 95),
+        "p99_ms": percentile(lat_ms, 99),
+        "max_ms": lat_ms[-1],
+        "poll_seconds": None if listen else cfg.poll_seconds,
+    }

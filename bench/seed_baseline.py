@@ -1,0 +1,88 @@
+"""The seed's literal worker loop (its PHP ``Worker::run``), in Python, as the benchmark's baseline.
+
+Claim up to 10 jobs with the seed's claim statement, run each, mark each done with its own UPDATE (autocommit,
+as PDO does), and sleep 1 s when nothing was claimed. Runs until SIGTERM; prints ``ready`` once connected.
+
+    python bench/seed_baseline.py --dsn ... --schema bench_x --queue bench [--handler noop|write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import psycopg
+
+SEED_CLAIM = """
+WITH picked AS (
+    SELECT id FROM {schema}.jobs
+    WHERE queue = %(queue)s
+      AND status = 'pending'
+      AND visible_at <= now()
+    ORDER BY visible_at, id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs j
+SET status = 'processing',
+    attempts = j.attempts + 1,
+    locked_by = %(name)s,
+    locked_at = now(),
+    updated_at = now()
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.payload, j.attempts, j.max_attempts
+"""
+SEED_FINISH = "UPDATE {schema}.jobs SET status = %(s)s, updated_at = now() WHERE id = %(id)s AND status = 'processing'"
+EFFECT = "INSERT INTO {schema}.bench_effects (job_id, attempt) VALUES (%(id)s, %(attempts)s)"
+
+# The seed's index, plus ``id`` so its ORDER BY (visible_at, id) is served without sorting every pending row.
+SEED_INDEX = (
+    "CREATE INDEX IF NOT EXISTS jobs_seed_claim_idx ON {schema}.jobs (queue, visible_at, id) WHERE status = 'pending'"
+)
+
+
+def run(dsn: str, schema: str, queue: str, handler: str, batch: int, poll_seconds: float) -> None:
+    stop = False
+
+    def on_term(signum: int, frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    quoted = '"' + schema + '"'
+    claim, finish, effect = (q.format(schema=quoted) for q in (SEED_CLAIM, SEED_FINISH, EFFECT))
+    name = f"{socket.gethostname()}:{os.getpid()}"
+    with psycopg.connect(dsn, autocommit=True, application_name="seed-baseline") as conn:
+        print("ready", flush=True)
+        while not stop:
+            jobs = conn.execute(claim, {"queue": queue, "batch": batch, "name": name}).fetchall()
+            if not jobs:
+                time.sleep(poll_seconds)
+                continue
+            for job_id, _payload, attempts, _max_attempts in jobs:
+                if handler == "write":  # the seed calls the handler outside any transaction
+                    conn.execute(effect, {"id": job_id, "attempts": attempts})
+                conn.execute(finish, {"s": "done", "id": job_id})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dsn", required=True)
+    p.add_argument("--schema", required=True)
+    p.add_argument("--queue", default="bench")
+    p.add_argument("--handler", choices=["noop", "write"], default="noop")
+    p.add_argument("--batch", type=int, default=10)
+    p.add_argument("--poll", type=float, default=1.0)
+    a = p.parse_args(argv)
+    run(a.dsn, a.schema, a.queue, a.handler, a.batch, a.poll)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
