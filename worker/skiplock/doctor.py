@@ -367,7 +367,17 @@ def _listen(conn: psycopg.Connection[Any], settings: Settings, timeout: float) -
     with conn.cursor(row_factory=dict_row) as cur:
         pids = [int(_one(cur.execute(q.doctor_backend_pid).fetchone())["pid"]) for _ in range(3)]
     listen_sql = sql.SQL("LISTEN {}").format(sql.Identifier(channel))  # identifiers cannot be parameters
-    conn.execute(listen_sql)
+    try:
+        conn.execute(listen_sql)
+    except psycopg.Error as exc:  # a hot standby, or a pooler that rejects LISTEN outright
+        why = redact(str(exc).strip(), settings.dsn)
+        return Check(
+            "listen",
+            False,
+            "warning",
+            f"LISTEN failed on this connection: {why}",
+            "point workers at the primary directly, or run them with --no-listen (SKIPLOCK_LISTEN=false)",
+        )
     received = False
     try:
         try:
