@@ -72,7 +72,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
     async def delete_jobqueue(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await reconcile.finalize(memo.runtime, body)
 
-    @kopf.daemon(*resource, registry=registry, cancellation_timeout=5.0)
+    @kopf.daemon(*resource, registry=registry, cancellation_backoff=1.0, cancellation_timeout=5.0)
     async def autoscale(
         body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
     ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -215,6 +216,7 @@ class Autoscaler:
     passes or the kick event is set (NOTIFY while at zero, a spec change)."""
 
     IDLE_SECONDS = 5.0
+    MIN_POLL_GAP_SECONDS = 0.1
 
     def __init__(self, rt: Runtime, body: kopf.Body, logger: logging.Logger | Any) -> None:
         self.rt, self.body, self.logger = rt, body, logger
@@ -224,9 +226,14 @@ class Autoscaler:
 
     async def run(self, stopped: Any) -> None:
         kick = self.rt.kick(self.key)
+        last_poll = -math.inf
         try:
             while not stopped:
+                pause = self.MIN_POLL_GAP_SECONDS - (time.monotonic() - last_poll)
+                if pause > 0:  # a stream of NOTIFYs (below the activation threshold) must not become a query storm
+                    await asyncio.sleep(pause)
                 kick.clear()
+                last_poll = time.monotonic()
                 try:
                     delay = await self.step(kick)
                 except (KubeApiError, OSError) as exc:
@@ -249,7 +256,11 @@ class Autoscaler:
         interval = spec.scaling.polling_interval_seconds
         deployment = await rt.kube.get_deployment(namespace, resources.deployment_name(name))
         if deployment is None:
-            return interval  # not created yet (the reconcile handler is waiting for the database)
+            conditions = (self.body.get("status") or {}).get("conditions")
+            if status.is_true(conditions, status.SCHEMA_READY):  # reconciled once, then deleted by hand
+                self.logger.warning("worker Deployment is missing: creating it again")
+                await ensure_deployment(rt, self.body, spec)
+            return interval  # else not created yet: the reconcile handler waits for the database
         current = int((deployment.get("spec") or {}).get("replicas", 1))
         rt.metrics.current_replicas.labels(namespace, name).set(current)
         if spec.paused:
@@ -278,6 +289,7 @@ class Autoscaler:
             return rt.backoff(self.failures, interval)
         started = time.monotonic()
         try:
+            await rt.databases.ensure_schema(self.key, dsn, spec.schema)  # a no-op once per pool; new DSN: migrate
             stats = await rt.databases.stats(self.key, dsn, spec.schema, spec.queue, lease_seconds=spec.lease_seconds)
         except DatabaseUnavailableError as exc:
             return await self.unreachable(str(exc), interval)

@@ -30,7 +30,7 @@ def is_status(cluster: Cluster, name: str, type_: str, status: str, reason: str 
 
 
 async def test_invalid_spec_sets_ready_false_without_retrying(
-    cluster: Cluster, operator: object, pg_dsn: str, schema: str
+    pg_dsn: str, schema: str, cluster: Cluster, operator: object
 ) -> None:
     await cluster.apply_secret("db", pg_dsn)
     await cluster.create_jobqueue("bad", jobqueue_spec("bad", schema, minReplicas=4, maxReplicas=2))
@@ -47,7 +47,7 @@ async def test_invalid_spec_sets_ready_false_without_retrying(
 
 
 async def test_database_unreachable_keeps_replicas_and_masks_the_password(
-    cluster: Cluster, operator: object, pg_dsn: str, schema: str, aqueue: AsyncQueue
+    pg_dsn: str, schema: str, aqueue: AsyncQueue, cluster: Cluster, operator: object
 ) -> None:
     await cluster.apply_secret("db", pg_dsn)
     await cluster.create_jobqueue("pdf", jobqueue_spec("pdf", schema))
@@ -69,7 +69,7 @@ async def test_database_unreachable_keeps_replicas_and_masks_the_password(
 
 
 async def test_unreachable_at_creation_waits_for_the_schema(
-    cluster: Cluster, operator: object, pg_dsn: str, fresh_schema: str
+    pg_dsn: str, fresh_schema: str, cluster: Cluster, operator: object
 ) -> None:
     await cluster.apply_secret("db", closed_port_dsn())
     await cluster.create_jobqueue("late", jobqueue_spec("late", fresh_schema))
@@ -82,13 +82,13 @@ async def test_unreachable_at_creation_waits_for_the_schema(
     await await_for(lambda: cluster.deployment("late"), what="Deployment after the migration")
 
 
-async def test_missing_secret_is_reported(cluster: Cluster, operator: object, schema: str) -> None:
+async def test_missing_secret_is_reported(schema: str, cluster: Cluster, operator: object) -> None:
     await cluster.create_jobqueue("orphan", jobqueue_spec("orphan", schema))
     await await_for(lambda: is_status(cluster, "orphan", "Ready", "False", "SecretNotFound"), what="SecretNotFound")
 
 
 async def test_paused_and_manual_replicas_are_left_to_the_user(
-    cluster: Cluster, operator: object, pg_dsn: str, schema: str, aqueue: AsyncQueue
+    pg_dsn: str, schema: str, aqueue: AsyncQueue, cluster: Cluster, operator: object
 ) -> None:
     await cluster.apply_secret("db", pg_dsn)
     await cluster.create_jobqueue("rep", {**jobqueue_spec("rep", schema), "paused": True})

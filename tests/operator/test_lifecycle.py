@@ -27,7 +27,7 @@ def backlog_of(cluster: Cluster, name: str) -> int | None:
 
 
 async def test_create_migrates_and_builds_an_owned_deployment(
-    cluster: Cluster, operator: object, pg_dsn: str, fresh_schema: str
+    pg_dsn: str, fresh_schema: str, cluster: Cluster, operator: object
 ) -> None:
     await cluster.apply_secret("db", pg_dsn)
     await cluster.create_jobqueue("mail", jobqueue_spec("mail", fresh_schema, minReplicas=1))
@@ -51,7 +51,7 @@ async def test_create_migrates_and_builds_an_owned_deployment(
 
 
 async def test_backlog_scales_up_then_down_after_the_window_then_delete(
-    cluster: Cluster, operator: object, pg_dsn: str, schema: str, aqueue: AsyncQueue
+    pg_dsn: str, schema: str, aqueue: AsyncQueue, cluster: Cluster, operator: object
 ) -> None:
     await cluster.apply_secret("db", pg_dsn)
     await cluster.create_jobqueue("img", jobqueue_spec("img", schema, scaleDownStabilizationSeconds=1.5))
@@ -122,3 +122,17 @@ async def test_status_fills_every_printer_column_and_spec_changes_roll_out(
         ),  # type: ignore[index]
         what="observedGeneration follows the spec",
     )
+
+
+async def test_a_deployment_deleted_by_hand_comes_back(
+    pg_dsn: str, schema: str, cluster: Cluster, operator: object
+) -> None:
+    await cluster.apply_secret("db", pg_dsn)
+    await cluster.create_jobqueue("back", jobqueue_spec("back", schema, minReplicas=1))
+    first = await await_for(lambda: cluster.deployment("back"), what="Deployment")
+    await cluster.emu.delete(f"/apis/apps/v1/namespaces/default/deployments/{first['metadata']['name']}")
+    again = await await_for(
+        lambda: (d := cluster.deployment("back")) and d["metadata"]["uid"] != first["metadata"]["uid"] and d,
+        what="Deployment recreated",
+    )
+    assert again["spec"]["replicas"] == 1

@@ -11,7 +11,7 @@ from .conftest import Cluster, jobqueue_spec
 
 
 async def test_first_enqueue_at_zero_scales_to_one_within_a_second(
-    cluster: Cluster, operator: object, pg_dsn: str, schema: str, aqueue: AsyncQueue
+    pg_dsn: str, schema: str, aqueue: AsyncQueue, cluster: Cluster, operator: object
 ) -> None:
     await cluster.apply_secret("db", pg_dsn)
     await cluster.create_jobqueue("idle", jobqueue_spec("idle", schema, pollingIntervalSeconds=60))
