@@ -162,7 +162,12 @@ async def reconcile(rt: Runtime, body: Mapping[str, Any], retry: int, logger: lo
         raise kopf.TemporaryError(str(exc), delay=rt.backoff(retry)) from None
     if migrated:
         logger.info(f"schema {spec.schema!r} is migrated")
-    await ensure_deployment(rt, body, spec)
+    try:
+        await ensure_deployment(rt, body, spec)
+    except KubeApiError as exc:
+        rt.metrics.reconciles.labels("error").inc()
+        rt.metrics.errors.labels("kubernetes").inc()
+        raise kopf.TemporaryError(str(exc), delay=rt.backoff(retry)) from None
     await write_status(
         rt,
         key,
@@ -192,8 +197,15 @@ async def ensure_deployment(rt: Runtime, body: Mapping[str, Any], spec: JobQueue
     if actual is None:
         replicas = initial_replicas(spec, (body.get("status") or {}).get("desiredReplicas"))
         desired = resources.build_deployment(body, spec, replicas=replicas, version=__version__)
-        await rt.kube.create_deployment(namespace, desired)
-        return
+        try:
+            await rt.kube.create_deployment(namespace, desired)
+            return
+        except KubeApiError as exc:
+            if exc.status != 409:
+                raise
+        actual = await rt.kube.get_deployment(namespace, dname)  # created meanwhile: patch it like any other
+        if actual is None:
+            raise KubeApiError(409, f"Deployment {dname!r} conflicts but cannot be read")
     desired = resources.build_deployment(body, spec, replicas=None, version=__version__)
     patch = resources.drift_patch(desired, actual) or {}
     manual = spec.replicas if not spec.scaling.enabled and not spec.paused else None
