@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from observability.promsupport import require_binary
 from skiplock import Queue, Settings
-from skiplock.metrics import QueueCollector, WorkerMetrics
+from skiplock.metrics import QueueCollector, StatsFetcher, WorkerMetrics
 from skiplock_operator.metrics import OperatorMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,7 +132,7 @@ def scrape(settings: Settings) -> Iterator[str]:
         metrics.database_up.set(1)
         metrics.listener_connected.set(1)
         metrics.last_notification.set(1_700_000_000)
-        registry.register(QueueCollector(queue.stats, ttl=0))
+        registry.register(QueueCollector(StatsFetcher(queue.settings), ttl=0))
         yield generate_latest(registry).decode()
 
 

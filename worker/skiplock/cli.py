@@ -374,7 +374,7 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     check_connect(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         checks = doctor.run_checks(conn, settings)
-    print(doctor.render_json(checks) if args.json else doctor.render_text(checks))
+    print(doctor.render_json(checks) if args.json else doctor.render_text(checks), end="")
     return doctor.exit_code(checks)
 
 

@@ -33,8 +33,10 @@ class Listener:
         on_state: Callable[[bool], None] = lambda up: None,
         on_notify: Callable[[], None] = lambda: None,
         application_name: str = "skiplock",
+        on_unsupported: Callable[[], None] = lambda: None,
     ) -> None:
         self._application_name = application_name
+        self._on_unsupported = on_unsupported
         self._dsn = dsn
         self._channel = channel
         self._queue = queue
@@ -56,6 +58,7 @@ class Listener:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                     if not await self._probe(conn):
                         self.unsupported = True
+                        self._on_unsupported()
                         log.warning(
                             "LISTEN does not deliver notifications on this connection (PgBouncer in transaction "
                             "mode?): polling only",

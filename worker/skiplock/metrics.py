@@ -6,16 +6,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import prometheus_client
+import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from psycopg.rows import dict_row
 
 from skiplock.job import QueueStats
+from skiplock.queue import stats_from_row
+from skiplock.settings import Settings
+from skiplock.sql import queries_for
 
 log = logging.getLogger(__name__)
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -24,6 +30,7 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 OUTCOMES = ("done", "retried", "failed", "lease_lost")
 FAILURE_REASONS = ("non_retryable", "exhausted")
+DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release")
 
 
 class WorkerMetrics:
@@ -93,6 +100,11 @@ class WorkerMetrics:
         self.database_up = Gauge(
             "skiplock_worker_database_up", "1 when the last database call of the worker succeeded.", registry=registry
         )
+        self.listener_enabled = Gauge(
+            "skiplock_listener_enabled",
+            "1 when this worker uses LISTEN/NOTIFY (0: --no-listen, or LISTEN found not to work, e.g. PgBouncer).",
+            registry=registry,
+        )
         self.listener_connected = Gauge(
             "skiplock_listener_connected", "1 while the LISTEN connection is up (0: polling only).", registry=registry
         )
@@ -109,6 +121,8 @@ class WorkerMetrics:
         self.concurrency.labels(queue).set(concurrency)
         for source in ("notify", "poll", "busy"):
             self.wakeups.labels(source)
+        for operation in DB_OPERATIONS:
+            self.db_errors.labels(operation)
         self.database_up.set(0)
         return BoundMetrics(self, queue)
 
@@ -127,21 +141,36 @@ class BoundMetrics:
         self.in_flight = m.in_flight.labels(queue)
 
 
+@dataclass(frozen=True)
+class TableHealth:
+    schema: str
+    live: float
+    dead: float
+    size_bytes: float
+    last_vacuum: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    queues: list[QueueStats]
+    table: TableHealth | None
+
+
 class QueueCollector(Collector):
     """Queue-wide gauges computed at scrape from one cheap query, cached for ``ttl`` seconds.
 
     Every replica exports the same series: aggregate with ``max by (queue)``, never ``sum``.
     """
 
-    def __init__(self, fetch: Callable[[], list[QueueStats]], ttl: float) -> None:
+    def __init__(self, fetch: Callable[[], Snapshot], ttl: float) -> None:
         self._fetch = fetch
         self._ttl = ttl
         self._lock = threading.Lock()
-        self._cached: list[QueueStats] | None = None
+        self._cached: Snapshot | None = None
         self._at = 0.0
         self._ok = 0.0
 
-    def _stats(self) -> list[QueueStats] | None:
+    def _snapshot(self) -> Snapshot:
         with self._lock:
             if self._cached is None or time.monotonic() - self._at >= self._ttl:
                 try:
@@ -150,12 +179,13 @@ class QueueCollector(Collector):
                 except Exception as exc:  # a scrape must not fail: report the error through up=0
                     log.warning("queue stats failed: %s", exc, extra={"action": "stats_failed"})
                     self._ok = 0.0
-                    self._cached = self._cached if self._cached is not None else []
+                    self._cached = self._cached if self._cached is not None else Snapshot([], None)
                 self._at = time.monotonic()
             return self._cached
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        stats = self._stats() or []
+        snap = self._snapshot()
+        stats = snap.queues
         jobs = GaugeMetricFamily(
             "skiplock_queue_jobs", "Jobs of the queue by state (queue-wide).", labels=["queue", "state"]
         )
@@ -171,6 +201,21 @@ class QueueCollector(Collector):
         yield jobs
         yield oldest
         yield up
+        if snap.table is not None:
+            t = snap.table
+            for name, doc, value in (
+                ("skiplock_table_live_tuples", "Live tuples of the jobs table (statistics).", t.live),
+                ("skiplock_table_dead_tuples", "Dead tuples of the jobs table awaiting vacuum (statistics).", t.dead),
+                ("skiplock_table_size_bytes", "Size of the jobs table with its indexes and TOAST.", t.size_bytes),
+                (
+                    "skiplock_table_last_autovacuum_timestamp_seconds",
+                    "Unix time of the last (auto)vacuum of the jobs table (0: never).",
+                    t.last_vacuum,
+                ),
+            ):
+                family = GaugeMetricFamily(name, doc, labels=["schema"])
+                family.add_metric([t.schema], value)
+                yield family
 
     def describe(self) -> Iterable[Any]:
         return []
@@ -218,3 +263,43 @@ class Exporter:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class StatsFetcher:
+    """Queue-wide stats and table health for the collector, on its own lazily opened connection (scrapes run in a
+    thread). All queues of the schema are read, so a queue without workers still has series."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __call__(self) -> Snapshot:
+        s = self._settings
+        q = queries_for(s.schema)
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = psycopg.connect(
+                s.require_dsn(), autocommit=True, connect_timeout=5, application_name="skiplock-worker"
+            )
+        try:
+            with self._conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(q.queue_stats, {"queue": None, "lease_seconds": s.lease_seconds, "now": None})
+                rows = [stats_from_row(r) for r in cur.fetchall()]
+                cur.execute(q.doctor_table_stats, {"table": f'"{s.schema}".jobs'})
+                t = cur.fetchone()
+        except psycopg.Error:
+            self._conn.close()
+            self._conn = None
+            raise
+        if not any(r.queue == s.queue for r in rows):  # an empty queue still has series (zeros)
+            rows.append(QueueStats(s.queue, 0, 0, 0, 0, 0, 0.0))
+        table = None
+        if t is not None:
+            last = max((v for v in (t["last_autovacuum"], t["last_vacuum"]) if v is not None), default=None)
+            table = TableHealth(
+                s.schema,
+                float(t["live"] or 0),
+                float(t["dead"] or 0),
+                float(t["total_bytes"] or 0),
+                last.timestamp() if last else 0.0,
+            )
+        return Snapshot(rows, table)

@@ -24,18 +24,16 @@ from typing import Any, TypeVar
 import psycopg
 from prometheus_client import CollectorRegistry
 from psycopg.pq import TransactionStatus
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from skiplock import __version__
 from skiplock.backoff import backoff_seconds
 from skiplock.handlers import Handler
-from skiplock.job import Job, QueueStats
+from skiplock.job import Job
 from skiplock.listener import Listener
-from skiplock.metrics import Exporter, QueueCollector, WorkerMetrics
-from skiplock.queue import AsyncQueue, Failure, Queue, check_connect, stats_from_row
+from skiplock.metrics import Exporter, QueueCollector, StatsFetcher, WorkerMetrics
+from skiplock.queue import AsyncQueue, Failure, Queue, check_connect
 from skiplock.settings import Settings, redact
-from skiplock.sql import queries_for
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -141,6 +139,7 @@ class Worker:
             asyncio.create_task(self._heartbeats(), name="heartbeat"),
             asyncio.create_task(self._recoverer(), name="recoverer"),
         ]
+        self.metrics.listener_enabled.set(1 if s.listen else 0)
         if s.listen:
             self.listener = Listener(
                 dsn,
@@ -150,6 +149,7 @@ class Worker:
                 application_name=APPLICATION_NAME,
                 on_state=lambda up: self.metrics.listener_connected.set(1 if up else 0),
                 on_notify=lambda: self.metrics.last_notification.set(time.time()),
+                on_unsupported=lambda: self.metrics.listener_enabled.set(0),
             )
             tasks.append(asyncio.create_task(self.listener.run(), name="listener"))
         try:
@@ -532,7 +532,7 @@ class Worker:
 
     def _start_exporter(self) -> None:
         s = self.settings
-        fetch = _StatsFetcher(s)
+        fetch = StatsFetcher(s)
         self.registry.register(QueueCollector(fetch, ttl=max(s.poll_seconds, 5.0)))
         self._exporter = Exporter(self.registry, s.metrics_host, s.metrics_port, self._healthy, self._ready)
         self._exporter.start()
@@ -546,31 +546,3 @@ class Worker:
         if self._stopping.is_set():
             return False, "draining"
         return (self._db_ok, "database reachable" if self._db_ok else "database unreachable")
-
-
-class _StatsFetcher:
-    """Queue-wide stats for the collector, on its own lazily opened connection (scrapes run in a thread)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._conn: psycopg.Connection[Any] | None = None
-
-    def __call__(self) -> list[Any]:
-        s = self._settings
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(
-                s.require_dsn(), autocommit=True, connect_timeout=5, application_name=APPLICATION_NAME
-            )
-        try:
-            with self._conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(
-                    queries_for(s.schema).queue_stats, {"queue": s.queue, "lease_seconds": s.lease_seconds, "now": None}
-                )
-                rows = [stats_from_row(r) for r in cur.fetchall()]
-        except psycopg.Error:
-            self._conn.close()
-            self._conn = None
-            raise
-        if not rows:  # an empty queue still has series (zeros), so alerts and panels see it
-            rows = [QueueStats(s.queue, 0, 0, 0, 0, 0, 0.0)]
-        return rows
