@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 from skiplock import AsyncQueue
@@ -60,6 +61,7 @@ async def test_database_unreachable_keeps_replicas_and_masks_the_password(
     )
     message = cluster.condition("pdf", "DatabaseReachable")["message"]  # type: ignore[index]
     assert "s3cret-pw" not in message and "database unavailable" in message
+    assert "s3cret-pw" not in json.dumps([cluster.jobqueue("pdf"), cluster.events()])
     assert is_status(cluster, "pdf", "ScalingActive", "False")
     assert cluster.replicas("pdf") == 3, "replicas must be kept while the database is unreachable"
 

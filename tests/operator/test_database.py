@@ -1,0 +1,76 @@
+"""The operator's database side against a real PostgreSQL: pooling, migration, errors, the LISTEN hub."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import psycopg
+import pytest
+
+from skiplock import AsyncQueue
+from skiplock.errors import DatabaseUnavailableError
+from skiplock.migrate import acurrent_version, latest_version
+from skiplock_operator.database import Databases
+from skiplock_operator.wakeup import Wakeups
+from support.pg import await_for
+
+from .test_conditions import closed_port_dsn
+
+
+async def test_pools_are_shared_per_dsn_and_schema_and_closed_with_their_last_user(
+    pg_dsn: str, schema: str, aqueue: AsyncQueue
+) -> None:
+    dbs = Databases(timeout=2)
+    try:
+        await aqueue.enqueue_many("q", [{}, {}, {}])
+        first = await dbs.stats("a", pg_dsn, schema, "q", lease_seconds=60)
+        assert (first.ready, first.processing) == (3, 0)
+        await dbs.stats("b", pg_dsn, schema, "q", lease_seconds=60)
+        assert len(dbs) == 1, "two JobQueues on one (DSN, schema) share one pool"
+        empty = await dbs.stats("b", pg_dsn, schema, "other", lease_seconds=60)
+        assert empty.ready == 0 and empty.queue == "other"
+        await dbs.release("a")
+        assert len(dbs) == 1
+        await dbs.release("b")
+        assert len(dbs) == 0
+    finally:
+        await dbs.close()
+
+
+async def test_ensure_schema_migrates_once(pg_dsn: str, fresh_schema: str) -> None:
+    dbs = Databases(timeout=2)
+    try:
+        assert await dbs.ensure_schema("a", pg_dsn, fresh_schema) is True
+        assert await dbs.ensure_schema("a", pg_dsn, fresh_schema) is False
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+            assert await acurrent_version(conn, fresh_schema) == latest_version()
+    finally:
+        await dbs.close()
+
+
+async def test_unreachable_database_is_one_masked_error_and_no_pool() -> None:
+    dbs = Databases(timeout=1)
+    with pytest.raises(DatabaseUnavailableError) as info:
+        await dbs.stats("a", closed_port_dsn(), "skiplock", "q", lease_seconds=60)
+    assert "s3cret-pw" not in str(info.value) and len(dbs) == 0
+    await dbs.close()
+
+
+async def test_listen_hub_sets_the_event_for_its_queue_only(pg_dsn: str, schema: str, aqueue: AsyncQueue) -> None:
+    hub = Wakeups()
+    mine, other = asyncio.Event(), asyncio.Event()
+    try:
+        await hub.subscribe("a", pg_dsn, schema, "mine", mine)
+        await hub.subscribe("b", pg_dsn, schema, "other", other)
+        await await_for(lambda: hub.listening("a"), what="LISTEN established")
+        mine.clear()
+        other.clear()
+        await aqueue.enqueue("mine", {"id": uuid.uuid4().hex})
+        await asyncio.wait_for(mine.wait(), timeout=5)
+        assert not other.is_set()
+        await hub.unsubscribe("a")
+        await hub.unsubscribe("b")
+        assert not hub.subscribed("a") and not hub.listening("b")
+    finally:
+        await hub.close()
