@@ -30,7 +30,7 @@ from skiplock_operator.metrics import OperatorMetrics
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "charts/skiplock/files/alerts.yaml"
 DASHBOARD = ROOT / "charts/skiplock/files/dashboard.json"
-DOCS = ROOT / "docs/readme-observability.md"
+DOCS = ROOT / "README.md"
 UNIT_TESTS = sorted(Path(__file__).parent.glob("*.test.yaml"))
 RUNBOOK_BASE = "https://github.com/skiplock/skiplock#runbook-"
 METRIC = re.compile(r"\bskiplock_[a-z0-9_]+")
