@@ -38,8 +38,6 @@ async def serve(
     registry = kopf.OperatorRegistry()
     settings = kopf.OperatorSettings()
     configure(settings, peering=peering, standalone=standalone)
-    if not all_namespaces:
-        settings.scanning.disabled = True  # namespaces are given: no namespace listing (and no RBAC for it)
     register(registry, config, metrics or _process_metrics(config.metrics_port))
     await kopf.operator(
         registry=registry,

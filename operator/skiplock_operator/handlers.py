@@ -31,6 +31,9 @@ def configure(settings: kopf.OperatorSettings, *, peering: str | None, standalon
         settings.peering.name = peering
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
+    # No namespace or CRD watching: the namespaces are named (or all), so the RBAC needs neither
+    # namespaces nor customresourcedefinitions; a CRD installed later needs an operator restart.
+    settings.scanning.disabled = True
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: OperatorMetrics) -> None:
@@ -62,17 +65,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
             await runtime.close()
         logger.info("skiplock operator stopped")
 
-    @kopf.on.resume(*resource, registry=registry)
-    @kopf.on.create(*resource, registry=registry)
-    @kopf.on.update(*resource, registry=registry)
+    @kopf.on.resume(*resource, registry=registry, id="reconcile")
+    @kopf.on.create(*resource, registry=registry, id="reconcile")
+    @kopf.on.update(*resource, registry=registry, id="reconcile")
     async def reconcile_jobqueue(body: kopf.Body, memo: kopf.Memo, retry: int, logger: kopf.Logger, **_: Any) -> None:
         await reconcile.reconcile(memo.runtime, body, retry, logger)
 
-    @kopf.on.delete(*resource, registry=registry)
+    @kopf.on.delete(*resource, registry=registry, id="delete")
     async def delete_jobqueue(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await reconcile.finalize(memo.runtime, body)
 
-    @kopf.daemon(*resource, registry=registry, cancellation_backoff=1.0, cancellation_timeout=5.0)
+    @kopf.daemon(*resource, registry=registry, id="autoscale", cancellation_backoff=1.0, cancellation_timeout=5.0)
     async def autoscale(
         body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
     ) -> None:

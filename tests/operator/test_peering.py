@@ -1,4 +1,4 @@
-"""HA: with kopf peering, the operator heartbeats into the peering object and still reconciles."""
+"""Operator modes: HA with kopf peering (heartbeats in the peering object), and watching all namespaces."""
 
 from __future__ import annotations
 
@@ -22,3 +22,10 @@ async def test_peered_operator_heartbeats_and_reconciles(pg_dsn: str, schema: st
         await await_for(lambda: cluster.replicas("ha") == 1, timeout=15, what="Deployment from the peered operator")
         peers: dict[str, Any] = (cluster.get(PEERINGS, "skiplock") or {}).get("status") or {}
         assert peers, "the operator wrote no heartbeat into the peering object"
+
+
+async def test_all_namespaces_mode_reconciles(pg_dsn: str, schema: str, cluster: Cluster) -> None:
+    async with running_operator(cluster, namespaces=[], all_namespaces=True):
+        await cluster.apply_secret("db", pg_dsn)
+        await cluster.create_jobqueue("wide", jobqueue_spec("wide", schema, minReplicas=1))
+        await await_for(lambda: cluster.replicas("wide") == 1, timeout=15, what="Deployment, cluster-wide operator")
