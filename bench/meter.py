@@ -120,6 +120,8 @@ def machine_facts(conn: psycopg.Connection[Any], server_private: bool) -> dict[s
     commit = _git("rev-parse", "--short", "HEAD")
     dirty = bool(_git("status", "--porcelain", "--", "worker"))
     return {
+        "skiplock_source": str(Path(skiplock.__file__).parent),
+        "skiplock_ref": os.environ.get("BENCH_REF", "working tree"),
         "cores": os.cpu_count(),
         "cpu_model": _cpu_model(),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),

@@ -16,7 +16,9 @@ import contextlib
 import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
@@ -41,7 +43,7 @@ MODES: dict[str, dict[str, Any]] = {
     },
     # make bench: a few minutes on a 2-core machine
     "default": {
-        "drain_jobs": 10_000,
+        "drain_jobs": 5_000,
         "single_jobs": 1_000,
         "bulk_jobs": 20_000,
         "bulk_chunk": 1_000,
@@ -90,6 +92,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-baseline", action="store_true", help="skip the seed baseline cases")
     p.add_argument("--json-out", type=Path, help="JSON lines file (default bench/results/bench-<time>.jsonl)")
     p.add_argument("--keep-schemas", action="store_true", help="leave the bench_* schemas behind")
+    p.add_argument(
+        "--ref",
+        help="benchmark the worker/ of this git commit (exported to a temp dir), not the working tree: "
+        "compare two commits, or measure HEAD while the tree is being edited",
+    )
     a = p.parse_args(argv)
     a.mode = a.mode or "default"
     if a.repeat < 1 or a.workers < 1 or a.concurrency < 1:
@@ -266,8 +273,22 @@ def database(dsn: str | None) -> Iterator[Server]:
             yield srv
 
 
+def use_ref(ref: str, argv: list[str]) -> None:
+    """Re-run this script with ``git archive <ref> worker`` first on PYTHONPATH (harness and workers alike)."""
+    target = Path(tempfile.mkdtemp(prefix="bench-ref-"))
+    archive = subprocess.run(["git", "archive", ref, "worker"], cwd=meter.REPO, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    src = str(target / "worker")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
+    os.environ["BENCH_REF"] = ref
+    os.execv(sys.executable, [sys.executable, __file__, *argv])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
+    if a.ref and os.environ.get("BENCH_REF") != a.ref:
+        use_ref(a.ref, argv)
     size = dict(MODES[a.mode])
     if a.jobs:
         size["drain_jobs"] = a.jobs
