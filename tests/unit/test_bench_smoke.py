@@ -1,0 +1,97 @@
+"""Smoke test of the benchmark suite: every scenario once at tiny size, against the tests' PostgreSQL.
+
+It checks that each case ran and produced sane figures (all jobs drained, positive rates, percentiles in order),
+never how fast anything was: timings on a shared machine prove nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = REPO / "bench" / "run.py"
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+@pytest.fixture(scope="module")
+def bench_lines(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench") / "bench.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
+    proc = subprocess.run(
+        [sys.executable, str(RUN), "--quick", "--repeat", "1", "--dsn", pg_dsn, "--json-out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| drain (median)" in proc.stdout and "| target (issue 7)" in proc.stdout
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def _by(lines: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {line["case"]: line for line in lines if line["type"] == kind}
+
+
+def test_meta_names_settings_versions_and_machine(bench_lines: list[dict[str, Any]]) -> None:
+    meta = bench_lines[0]
+    assert meta["type"] == "meta"
+    assert meta["settings"]["mode"] == "quick" and meta["settings"]["workers"] >= 1
+    machine = meta["machine"]
+    assert machine["cores"] >= 1 and machine["skiplock"] and machine["psycopg"]
+    assert "PostgreSQL" in machine["postgres"] or machine["postgres"][0].isdigit()
+    assert bench_lines[-1]["type"] == "end"
+
+
+def test_every_case_ran_once(bench_lines: list[dict[str, Any]]) -> None:
+    runs = [line for line in bench_lines if line["type"] == "run"]
+    cases = {line["case"] for line in runs}
+    assert {"enqueue", "drain noop", "drain noop [seed]", "drain write", "drain write [seed]"} <= cases
+    assert {"drain noop, big table", "drain noop, big table [seed]", "latency NOTIFY", "latency poll"} <= cases
+    assert all(line["rep"] == 1 for line in runs)
+    assert set(_by(bench_lines, "median")) == cases
+
+
+def test_enqueue_figures_are_sane(bench_lines: list[dict[str, Any]]) -> None:
+    m = _by(bench_lines, "median")["enqueue"]
+    for key in ("single_jobs_per_s", "bulk_jobs_per_s", "copy_jobs_per_s", "bulk_over_single"):
+        assert _positive(m[key]), key
+
+
+def test_drains_finish_every_job_once_with_sane_counters(bench_lines: list[dict[str, Any]]) -> None:
+    drains = {k: v for k, v in _by(bench_lines, "median").items() if k.startswith("drain")}
+    assert len(drains) >= 8
+    for name, m in drains.items():
+        assert m["jobs"] > 0 and m["max_attempts_seen"] == 1, name  # every job done on its first attempt
+        for key in ("seconds", "jobs_per_s", "worker_cpu_s_per_1k", "wal_bytes_per_job", "worker_rss_mb"):
+            assert _positive(m[key]), (name, key)
+        assert m["commits_per_job"] > 0, name  # the workers committed something per job (not negative noise)
+        if "[seed]" not in name:
+            assert _positive(m["vs_seed"]) or m["vs_seed"] is None, name
+    assert drains["drain noop [seed]"]["commits_per_job"] >= 1  # the seed commits each completion alone
+
+
+def test_latency_percentiles_are_ordered(bench_lines: list[dict[str, Any]]) -> None:
+    for name in ("latency NOTIFY", "latency poll"):
+        m = _by(bench_lines, "median")[name]
+        assert m["jobs"] > 0 and _positive(m["rate_per_s"])
+        assert 0 <= m["p50_ms"] <= m["p95_ms"] <= m["p99_ms"] <= m["max_ms"], name
+
+
+def test_targets_are_reported(bench_lines: list[dict[str, Any]]) -> None:
+    targets = [line for line in bench_lines if line["type"] == "target"]
+    assert len(targets) == 8
+    assert all(t["value"] is not None and t["met"] in (True, False) for t in targets)
