@@ -44,7 +44,7 @@ class OperatorMetrics:
         )
         self.errors = Counter(
             "skiplock_operator_errors",
-            "Errors by kind (database, kubernetes, secret).",
+            "Errors by kind (database, kubernetes, secret, unexpected).",
             ["kind"],
             registry=registry,
         )

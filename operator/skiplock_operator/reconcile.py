@@ -253,6 +253,11 @@ class Autoscaler:
                     self.logger.warning(f"autoscaler step failed: {exc}")
                     delay = self.rt.backoff(self.failures)
                     self.failures += 1
+                except Exception:  # never let one bad poll end the loop (CancelledError still passes)
+                    self.rt.metrics.errors.labels("unexpected").inc()
+                    self.logger.exception("autoscaler step failed unexpectedly")
+                    delay = self.rt.backoff(self.failures)
+                    self.failures += 1
                 source = await wait(kick, stopped, delay)
                 self.rt.metrics.wakeups.labels(source).inc()
         finally:

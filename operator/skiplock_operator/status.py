@@ -66,6 +66,8 @@ def set_condition(
         }
         if observed_generation is not None:
             new["observedGeneration"] = observed_generation
+        elif "observedGeneration" in cond:
+            new["observedGeneration"] = cond["observedGeneration"]
         out.append(new)
     if not found:
         new = {

@@ -45,3 +45,9 @@ def test_other_conditions_are_kept_in_order_and_messages_bounded() -> None:
 def test_types_and_reasons_are_camel_case() -> None:
     words = [v for k, v in vars(status).items() if k.isupper() and isinstance(v, str)]
     assert words and all(w[0].isupper() and w.isalpha() for w in words)
+
+
+def test_observed_generation_is_kept_when_not_given() -> None:
+    conds = status.set_condition([], status.READY, True, status.RECONCILED, "a", now=T0, observed_generation=4)
+    conds = status.set_condition(conds, status.READY, True, status.RECONCILED, "b", now=T1)
+    assert conds[0]["observedGeneration"] == 4
