@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 from skiplock_operator import resources
@@ -102,3 +103,15 @@ def test_drift_patch_is_none_when_in_step_and_never_touches_replicas() -> None:
     patch = resources.drift_patch(changed, actual)
     assert patch is not None and "replicas" not in patch["spec"]
     assert patch["spec"]["template"]["spec"]["containers"][0]["image"] == "example.com/app:1.3"
+
+
+def test_deployments_of_the_examples_pass_the_kubernetes_schema() -> None:
+    import kubernetes_validate
+    import yaml
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    for path in sorted(root.glob("jobqueue*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        doc["metadata"].update(namespace="jobs", uid=OWNER["metadata"]["uid"])
+        dep = resources.build_deployment(doc, parse_spec(doc["spec"]), replicas=0, version="0.1.0")
+        kubernetes_validate.validate(dep, "1.35.0", strict=True)
