@@ -26,6 +26,9 @@ class OperatorConfig:
     retry_cap_seconds: float = 60.0
     """Upper bound of the back-off between attempts while a database or Secret is missing (default 60 s)."""
 
+    secret_ttl_seconds: float = 30.0
+    """How long the autoscaler reuses a DSN read from its Secret (default 30 s; a failure re-reads at once)."""
+
     metrics_port: int | None = 9465
     """Port of the operator's own /metrics (default 9465; None turns it off)."""
 

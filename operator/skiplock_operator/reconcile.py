@@ -36,6 +36,7 @@ class Runtime:
         self.metrics = metrics
         self.databases = Databases(timeout=config.database_timeout_seconds)
         self.wakeups = Wakeups(retry_cap=config.retry_cap_seconds)
+        self.secrets: dict[tuple[str, str, str], tuple[float, str]] = {}
         self._kicks: dict[Key, asyncio.Event] = {}
         self._locks: dict[Key, asyncio.Lock] = {}
 
@@ -73,28 +74,51 @@ async def write_status(
     fields: Mapping[str, Any] | None = None,
     conditions: tuple[Condition, ...] = (),
     generation: int | None = None,
+    seen: Mapping[str, Any] | None = None,
 ) -> None:
     """Read-modify-write of ``.status`` under a per-JobQueue lock (the handler and the autoscaler both write
-    conditions, and a merge patch replaces the whole list). Nothing is sent when nothing changed."""
+    conditions, and a merge patch replaces the whole list). Nothing is sent when nothing changed; ``seen``
+    (the status kopf last saw) saves the read when it already shows every value."""
+    if seen is not None and not status_changes(seen, fields, conditions, generation):
+        return
     namespace, name = key
     async with rt.lock(key):
         current = await rt.kube.get_jobqueue(namespace, name)
         if current is None:
             return
-        old = current.get("status") or {}
-        conds = old.get("conditions") or []
-        for type_, ok, reason, message in conditions:
-            conds = status.set_condition(conds, type_, ok, reason, message, observed_generation=generation)
-        new = dict(fields or {})
-        if conditions:
-            new["conditions"] = conds
-        changes = {k: v for k, v in new.items() if old.get(k) != v}
+        changes = status_changes(current.get("status") or {}, fields, conditions, generation)
         if changes:
             await rt.kube.patch_jobqueue_status(namespace, name, changes)
 
 
-async def read_dsn(rt: Runtime, namespace: str, spec: JobQueueSpec) -> str | None:
-    return await rt.kube.read_secret_key(namespace, spec.dsn_secret_name, spec.dsn_secret_key)
+def status_changes(
+    old: Mapping[str, Any],
+    fields: Mapping[str, Any] | None,
+    conditions: tuple[Condition, ...],
+    generation: int | None,
+) -> dict[str, Any]:
+    """The status fields that differ from ``old`` once ``fields`` and ``conditions`` are applied (pure)."""
+    new = dict(fields or {})
+    if conditions:
+        conds = old.get("conditions") or []
+        for type_, ok, reason, message in conditions:
+            conds = status.set_condition(conds, type_, ok, reason, message, observed_generation=generation)
+        new["conditions"] = conds
+    return {k: v for k, v in new.items() if old.get(k) != v}
+
+
+async def read_dsn(rt: Runtime, namespace: str, spec: JobQueueSpec, *, fresh: bool = False) -> str | None:
+    """The DSN from the JobQueue's Secret, re-read at most every ``secret_ttl_seconds`` (or when ``fresh``)."""
+    key = (namespace, spec.dsn_secret_name, spec.dsn_secret_key)
+    cached = rt.secrets.get(key)
+    if cached is not None and not fresh and time.monotonic() - cached[0] < rt.config.secret_ttl_seconds:
+        return cached[1]
+    value = await rt.kube.read_secret_key(*key)
+    if value is None:
+        rt.secrets.pop(key, None)
+    else:
+        rt.secrets[key] = (time.monotonic(), value)
+    return value
 
 
 def secret_missing(spec: JobQueueSpec) -> str:
@@ -128,7 +152,7 @@ async def reconcile(rt: Runtime, body: Mapping[str, Any], retry: int, logger: lo
             conditions=((status.READY, False, status.INVALID_SPEC, str(exc)),),
         )
         raise kopf.PermanentError(f"invalid spec: {exc}") from None
-    dsn = await read_dsn(rt, key[0], spec)
+    dsn = await read_dsn(rt, key[0], spec, fresh=True)
     if dsn is None:
         rt.metrics.reconciles.labels("retry").inc()
         rt.metrics.errors.labels("secret").inc()
@@ -296,7 +320,7 @@ class Autoscaler:
                 ),
             )
             return interval
-        dsn = await read_dsn(rt, namespace, spec)
+        dsn = await read_dsn(rt, namespace, spec, fresh=self.failures > 0)
         if dsn is None:
             await write_status(
                 rt,
@@ -427,7 +451,8 @@ class Autoscaler:
         if scaled_at:
             fields["lastScaleTime"] = scaled_at
         self.rt.metrics.desired_replicas.labels(namespace, name).set(fields["desiredReplicas"])
-        await write_status(self.rt, self.key, fields=fields, conditions=conditions)
+        seen = self.body.get("status") or {}
+        await write_status(self.rt, self.key, fields=fields, conditions=conditions, seen=seen)
 
 
 async def wait(kick: asyncio.Event, stopped: Any, timeout: float) -> str:

@@ -111,6 +111,7 @@ async def running_operator(cluster: Cluster, **options: Any) -> AsyncIterator[Op
         metrics_port=None,
         database_timeout_seconds=2.0,
         retry_cap_seconds=1.0,
+        secret_ttl_seconds=0.0,  # tests swap the DSN in the Secret and expect the next poll to see it
     )
     metrics = OperatorMetrics(CollectorRegistry())
     failures: list[BaseException] = []

@@ -51,3 +51,13 @@ def test_observed_generation_is_kept_when_not_given() -> None:
     conds = status.set_condition([], status.READY, True, status.RECONCILED, "a", now=T0, observed_generation=4)
     conds = status.set_condition(conds, status.READY, True, status.RECONCILED, "b", now=T1)
     assert conds[0]["observedGeneration"] == 4
+
+
+def test_status_changes_sends_only_what_differs() -> None:
+    from skiplock_operator.reconcile import status_changes
+
+    ready = (status.READY, True, status.RECONCILED, "ok")
+    old = {"desiredReplicas": 2, "conditions": status.set_condition([], *ready)}
+    assert status_changes(old, {"desiredReplicas": 2}, (ready,), None) == {}
+    changed = status_changes(old, {"desiredReplicas": 3}, ((status.READY, False, status.INVALID_SPEC, "bad"),), None)
+    assert changed["desiredReplicas"] == 3 and changed["conditions"][0]["status"] == "False"
