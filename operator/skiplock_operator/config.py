@@ -40,6 +40,8 @@ class OperatorConfig:
             values["server"] = env["SKIPLOCK_OPERATOR_SERVER"]
         if env.get("SKIPLOCK_OPERATOR_DATABASE_TIMEOUT_SECONDS"):
             values["database_timeout_seconds"] = float(env["SKIPLOCK_OPERATOR_DATABASE_TIMEOUT_SECONDS"])
+        if env.get("SKIPLOCK_OPERATOR_SECRET_TTL_SECONDS"):
+            values["secret_ttl_seconds"] = float(env["SKIPLOCK_OPERATOR_SECRET_TTL_SECONDS"])
         if env.get("SKIPLOCK_OPERATOR_METRICS_PORT"):
             port = int(env["SKIPLOCK_OPERATOR_METRICS_PORT"])
             values["metrics_port"] = port or None

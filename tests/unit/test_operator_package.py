@@ -45,3 +45,13 @@ def test_metric_names() -> None:
         assert name in text
     metrics.forget("ns", "jq")
     assert 'jobqueue="jq"' not in generate_latest(registry).decode().split("skiplock_operator_desired_replicas")[-1]
+
+
+def test_operator_config_from_env() -> None:
+    from skiplock_operator.config import OperatorConfig
+
+    config = OperatorConfig.from_env(
+        {"SKIPLOCK_OPERATOR_SECRET_TTL_SECONDS": "0", "SKIPLOCK_OPERATOR_METRICS_PORT": "0"}, server="http://x"
+    )
+    assert (config.secret_ttl_seconds, config.metrics_port, config.server) == (0.0, None, "http://x")
+    assert OperatorConfig.from_env({}).metrics_port == 9465
