@@ -412,6 +412,7 @@ class Autoscaler:
                     status.CONNECT_FAILED,
                     "replicas are kept until the database answers",
                 ),
+                (status.READY, False, status.CONNECT_FAILED, message),
             ),
         )
         return self.rt.backoff(self.failures, interval)

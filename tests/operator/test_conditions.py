@@ -63,10 +63,12 @@ async def test_database_unreachable_keeps_replicas_and_masks_the_password(
     assert "s3cret-pw" not in message and "database unavailable" in message
     assert "s3cret-pw" not in json.dumps([cluster.jobqueue("pdf"), cluster.events()])
     assert is_status(cluster, "pdf", "ScalingActive", "False")
+    assert is_status(cluster, "pdf", "Ready", "False", "ConnectFailed")
     assert cluster.replicas("pdf") == 3, "replicas must be kept while the database is unreachable"
 
     await cluster.apply_secret("db", pg_dsn)
     await await_for(lambda: is_status(cluster, "pdf", "DatabaseReachable", "True"), what="reachable again")
+    await await_for(lambda: is_status(cluster, "pdf", "Ready", "True"), what="Ready again")
     assert cluster.replicas("pdf") == 3
 
 
