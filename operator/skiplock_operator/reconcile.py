@@ -373,7 +373,7 @@ class Autoscaler:
             self.logger.info(decision.message)
             scaled_at = status.now_iso()
         if decision.replicas == 0 and spec.listen:
-            await rt.wakeups.subscribe(self.key, dsn, spec.schema, spec.queue, kick)
+            await rt.wakeups.subscribe(self.key, dsn, spec.worker_settings().channel, spec.queue, kick)
         else:
             await rt.wakeups.unsubscribe(self.key)
         scaling_condition: Condition = (

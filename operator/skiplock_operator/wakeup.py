@@ -21,11 +21,11 @@ log = logging.getLogger(__name__)
 
 
 class _Channel:
-    def __init__(self, dsn: str, schema: str, *, retry_cap: float) -> None:
-        self.dsn, self.schema, self.retry_cap = dsn, schema, retry_cap
+    def __init__(self, dsn: str, channel: str, *, retry_cap: float) -> None:
+        self.dsn, self.channel, self.retry_cap = dsn, channel, retry_cap
         self.subscribers: dict[Hashable, tuple[str, asyncio.Event]] = {}
         self.listening = asyncio.Event()
-        self.task = asyncio.create_task(self._run(), name=f"skiplock-listen-{schema}")
+        self.task = asyncio.create_task(self._run(), name=f"skiplock-listen-{channel}")
 
     def wake_all(self) -> None:
         for _, event in self.subscribers.values():
@@ -33,7 +33,6 @@ class _Channel:
 
     async def _run(self) -> None:
         delay = 0.5
-        channel = f"{self.schema}_wakeup"
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
@@ -43,7 +42,7 @@ class _Channel:
                     application_name="skiplock-operator-listen",
                 )
                 async with conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
                     self.listening.set()
                     self.wake_all()
                     delay = 0.5
@@ -56,7 +55,7 @@ class _Channel:
                 log.warning(
                     "LISTEN connection lost, polling only until it is back: %s",
                     redact(str(exc), self.dsn),
-                    extra={"action": "listen_lost", "schema": self.schema},
+                    extra={"action": "listen_lost", "channel": self.channel},
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_cap)
@@ -82,18 +81,19 @@ class Wakeups:
         key = self._users.get(user)
         return key is not None and self._channels[key].listening.is_set()
 
-    async def subscribe(self, user: Hashable, dsn: str, schema: str, queue: str, event: asyncio.Event) -> None:
-        key = (dsn, schema)
+    async def subscribe(self, user: Hashable, dsn: str, channel: str, queue: str, event: asyncio.Event) -> None:
+        """Set ``event`` when ``queue`` is notified on ``channel`` (``Settings.channel`` of the queue's schema)."""
+        key = (dsn, channel)
         if self._users.get(user) == key:
             self._channels[key].subscribers[user] = (queue, event)
             return
         await self.unsubscribe(user)
-        channel = self._channels.get(key)
-        if channel is None:
-            channel = self._channels[key] = _Channel(dsn, schema, retry_cap=self._retry_cap)
-        elif channel.listening.is_set():
+        listener = self._channels.get(key)
+        if listener is None:
+            listener = self._channels[key] = _Channel(dsn, channel, retry_cap=self._retry_cap)
+        elif listener.listening.is_set():
             event.set()  # a job may have arrived between the last poll and now: look once more
-        channel.subscribers[user] = (queue, event)
+        listener.subscribers[user] = (queue, event)
         self._users[user] = key
 
     async def unsubscribe(self, user: Hashable) -> None:

@@ -61,8 +61,8 @@ async def test_listen_hub_sets_the_event_for_its_queue_only(pg_dsn: str, schema:
     hub = Wakeups()
     mine, other = asyncio.Event(), asyncio.Event()
     try:
-        await hub.subscribe("a", pg_dsn, schema, "mine", mine)
-        await hub.subscribe("b", pg_dsn, schema, "other", other)
+        await hub.subscribe("a", pg_dsn, aqueue.settings.channel, "mine", mine)
+        await hub.subscribe("b", pg_dsn, aqueue.settings.channel, "other", other)
         await await_for(lambda: hub.listening("a"), what="LISTEN established")
         mine.clear()
         other.clear()
