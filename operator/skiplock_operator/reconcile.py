@@ -354,12 +354,15 @@ class Autoscaler:
             )
             return interval
         obs = scaling.Observation(stats.ready, stats.processing, stats.oldest_ready_age_seconds)
+        now = time.monotonic()
+        if not self.history:  # a fresh loop (operator restart): today's replicas count as a recommendation,
+            self.history = (scaling.Recommendation(now, current),)  # so no scale-down before a full window
         decision = scaling.decide(
             obs,
             current,
             spec.scaling,
             concurrency=spec.concurrency,
-            now=time.monotonic(),
+            now=now,
             history=self.history,
         )
         self.history = decision.history

@@ -1,7 +1,8 @@
-"""Operator modes: HA with kopf peering (heartbeats in the peering object), and watching all namespaces."""
+"""Operator modes and restarts: HA with kopf peering, all namespaces, and a restart keeping the window."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import kmock
@@ -29,3 +30,17 @@ async def test_all_namespaces_mode_reconciles(pg_dsn: str, schema: str, cluster:
         await cluster.apply_secret("db", pg_dsn)
         await cluster.create_jobqueue("wide", jobqueue_spec("wide", schema, minReplicas=1))
         await await_for(lambda: cluster.replicas("wide") == 1, timeout=15, what="Deployment, cluster-wide operator")
+
+
+async def test_a_restarted_operator_waits_a_full_window_before_scaling_down(
+    pg_dsn: str, schema: str, cluster: Cluster
+) -> None:
+    await cluster.apply_secret("db", pg_dsn)
+    async with running_operator(cluster):
+        await cluster.create_jobqueue("rs", jobqueue_spec("rs", schema, scaleDownStabilizationSeconds=2))
+        await await_for(lambda: cluster.replicas("rs") == 0, what="Deployment at zero")
+    await cluster.patch_deployment("rs-worker", {"spec": {"replicas": 3}})  # while no operator runs
+    async with running_operator(cluster):
+        started = time.monotonic()
+        await await_for(lambda: cluster.replicas("rs") == 0, timeout=10, what="scale-down after the window")
+        assert time.monotonic() - started >= 1.5, "a restarted operator scaled down before a full window"
