@@ -16,7 +16,9 @@ from skiplock.migrate import current_version, latest_version, migrate
 from support.pg import drop_schema
 
 
-def run(*args: str, dsn: str | None = None, schema: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def run(
+    *args: str, dsn: str | None = None, schema: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_") and k != "DATABASE_URL"}
     if dsn:
         env["SKIPLOCK_DSN"] = dsn
