@@ -94,8 +94,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep-schemas", action="store_true", help="leave the bench_* schemas behind")
     p.add_argument(
         "--ref",
-        help="benchmark the worker/ of this git commit (exported to a temp dir), not the working tree: "
-        "compare two commits, or measure HEAD while the tree is being edited",
+        help="benchmark the worker/ of this git commit (exported to a temp dir), or of a directory holding "
+        "skiplock/ (a scratch copy), instead of the working tree: compare commits, or prototypes",
     )
     a = p.parse_args(argv)
     a.mode = a.mode or "default"
@@ -275,10 +275,13 @@ def database(dsn: str | None) -> Iterator[Server]:
 
 def use_ref(ref: str, argv: list[str]) -> None:
     """Re-run this script with ``git archive <ref> worker`` first on PYTHONPATH (harness and workers alike)."""
-    target = Path(tempfile.mkdtemp(prefix="bench-ref-"))
-    archive = subprocess.run(["git", "archive", ref, "worker"], cwd=meter.REPO, capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-    src = str(target / "worker")
+    if (Path(ref) / "skiplock" / "__init__.py").is_file():  # a scratch copy of worker/
+        src = str(Path(ref).resolve())
+    else:
+        target = Path(tempfile.mkdtemp(prefix="bench-ref-"))
+        archive = subprocess.run(["git", "archive", ref, "worker"], cwd=meter.REPO, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+        src = str(target / "worker")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     os.environ["BENCH_REF"] = ref
     os.execv(sys.executable, [sys.executable, __file__, *argv])

@@ -1,6 +1,6 @@
 """Profile skiplock workers while they drain, with py-spy (``pip install py-spy``).
 
-    .venv/bin/python bench/profile.py [--jobs 20000] [--handler noop] [--concurrency 10] [--dsn ...]
+    .venv/bin/python bench/sampler.py [--jobs 20000] [--handler noop] [--concurrency 10] [--dsn ...]
 
 Two workers drain N jobs (as in ``run.py``); py-spy samples worker 0 on CPU only and worker 1 with idle frames
 too (wall time: where a job waits), each with thread names. Writes the collapsed stacks (``*.txt``, feed them to
@@ -25,10 +25,40 @@ import scenario
 from psycopg import sql
 from run import database
 
+# Where a sample goes: the first bucket whose marker is in its stack (most specific first).
+BUCKETS = (
+    ("claim (AsyncQueue.claim: BEGIN, claim, COMMIT)", ("AsyncQueue.claim",)),
+    ("complete (batched flush: BEGIN, UPDATE, COMMIT)", ("AsyncQueue.complete", "Worker._flush")),
+    ("heartbeat / recovery", ("AsyncQueue.heartbeat", "AsyncQueue.recover_expired")),
+    ("listener", ("Listener.run",)),
+    ("handler thread: pool checkout, handler, fenced unit", ("Worker._run_sync",)),
+    (
+        "thread hop: executor submit / worker loop / wake-ups",
+        ("concurrent/futures/thread.py", "call_soon_threadsafe", "run_in_executor"),
+    ),
+    ("async handler unit: pool checkout, handler", ("Worker._run_async",)),
+    ("per-job bookkeeping: tasks, metrics, dataclasses", ("Worker._run_job", "Worker._start", "Worker._record")),
+    ("pool maintenance", ("psycopg_pool",)),
+    ("event loop: select / scheduling", ("EpollSelector.select", "BaseEventLoop._run_once")),
+)
+
+
+def bucket_of(frames: list[str]) -> str:
+    text = ";".join(frames)
+    for name, markers in BUCKETS:
+        if any(m in text for m in markers):
+            return name
+    return "other"
+
+
+def thread_of(frame: str) -> str:
+    name = frame.split(": ", 1)[-1]
+    return "skiplock-handler_*" if name.startswith("skiplock-handler") else name
+
 
 def collapse(path: Path) -> tuple[int, collections.Counter[str], collections.Counter[str], collections.Counter[str]]:
-    """Total samples, self samples per frame, inclusive samples per frame, samples per thread."""
-    total, own, incl, threads = 0, collections.Counter[str](), collections.Counter[str](), collections.Counter[str]()
+    """Total samples, self samples per frame, inclusive samples per frame, samples per thread and per bucket."""
+    total, own, incl, groups = 0, collections.Counter[str](), collections.Counter[str](), collections.Counter[str]()
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
@@ -36,11 +66,14 @@ def collapse(path: Path) -> tuple[int, collections.Counter[str], collections.Cou
         n = int(count)
         frames = stack.split(";")
         total += n
-        threads[frames[0].split(" ")[0] if frames else "?"] += n
+        groups["thread " + thread_of(frames[0])] += n
+        groups["bucket " + bucket_of(frames)] += n
         own[_short(frames[-1])] += n
         for frame in {_short(f) for f in frames[1:]}:
             incl[frame] += n
-    return total, own, incl, threads
+        if any("_exec_command" in f for f in frames):
+            groups["any BEGIN/COMMIT/ROLLBACK command (_exec_command)"] += n
+    return total, own, incl, groups
 
 
 def _short(frame: str) -> str:
@@ -51,13 +84,11 @@ def _short(frame: str) -> str:
 
 
 def report(label: str, path: Path, top: int) -> str:
-    total, own, incl, threads = collapse(path)
+    total, own, incl, groups = collapse(path)
     if not total:
         return f"{label}: no samples"
-    lines = [
-        f"== {label}: {total} samples ({path.name})",
-        "threads: " + ", ".join(f"{t} {n / total:.0%}" for t, n in threads.most_common(6)),
-    ]
+    lines = [f"== {label}: {total} samples ({path.name})"]
+    lines += [f"{n / total:6.1%}  {g}" for g, n in sorted(groups.items(), key=lambda kv: (kv[0][:6], -kv[1]))]
     lines.append(f"-- top {top} by self samples")
     lines += [f"{n / total:6.1%}  {f}" for f, n in own.most_common(top)]
     lines.append(f"-- top {top} by inclusive samples")

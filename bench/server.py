@@ -37,17 +37,17 @@ def _free_port() -> int:
 
 def _postmaster_of(dsn: str) -> int | None:
     """The postmaster's pid when the server runs on this machine and its /proc is readable."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True) as conn:  # the backend must live while we look at it
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    try:
-        parent = psutil.Process(int(row[0])).parent()
-        if parent is None:
+        assert row is not None
+        try:
+            parent = psutil.Process(int(row[0])).parent()
+            if parent is None:
+                return None
+            parent.cpu_times()
+            return int(parent.pid)
+        except (psutil.Error, OSError):
             return None
-        parent.cpu_times()
-        return int(parent.pid)
-    except (psutil.Error, OSError):
-        return None
 
 
 @contextlib.contextmanager
