@@ -353,14 +353,20 @@ class Worker:
         ok = True
         while ok and self._done_buf:
             batch, self._done_buf = self._done_buf[:FLUSH_MAX], self._done_buf[FLUSH_MAX:]
-            ok = await self._flush_done(batch)
-            if not ok:
-                self._done_buf[:0] = batch
+            ok = False
+            try:
+                ok = await self._flush_done(batch)
+            finally:  # on failure or cancellation (shutdown) keep the results for the next or final flush
+                if not ok:
+                    self._done_buf[:0] = batch
         while ok and self._fail_buf:
             fails, self._fail_buf = self._fail_buf[:FLUSH_MAX], self._fail_buf[FLUSH_MAX:]
-            ok = await self._flush_failed(fails)
-            if not ok:
-                self._fail_buf[:0] = fails
+            ok = False
+            try:
+                ok = await self._flush_failed(fails)
+            finally:
+                if not ok:
+                    self._fail_buf[:0] = fails
         if not ok and final:
             log.warning(
                 "could not record %d result(s) before exit; their leases will expire and they will rerun",
