@@ -1,7 +1,7 @@
 """The Dockerfile, read as text (no Docker daemon here): stages, user, entrypoint, labels and install hygiene.
 
-What this cannot prove (a real `docker build` and a container run) is listed in README.md ("What was and was not exercised"); the
-install steps themselves run in a fresh virtualenv in tests/chart/test_image_install.py.
+What this cannot prove (a real `docker build` and a container run) is listed in README.md ("What was and was
+not exercised"); the install steps themselves run in a fresh virtualenv in tests/chart/test_image_install.py.
 """
 
 from __future__ import annotations
