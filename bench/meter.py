@@ -21,17 +21,20 @@ REPO = BENCH.parent
 class DbCounters:
     commits: int
     wal_bytes: int
+    next_xid: int  # write transactions started since = the delta (reading it assigns none)
 
 
 def db_counters(conn: psycopg.Connection[Any]) -> DbCounters:
-    """``xact_commit`` of this database and the WAL insert position (one statement, so one commit of ours)."""
+    """``xact_commit`` of this database (every transaction, read-only ones too), the WAL insert position and the
+    next transaction id (only writing transactions take one). One read-only statement: one commit of ours."""
     row = conn.execute(
         "SELECT pg_stat_clear_snapshot() IS NULL, "
         "(SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), "
-        "(pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint"
+        "(pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint, "
+        "pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
     ).fetchone()
     assert row is not None
-    return DbCounters(int(row[1]), int(row[2]))
+    return DbCounters(int(row[1]), int(row[2]), int(row[3]))
 
 
 def server_cpu_seconds(postmaster_pid: int | None) -> float | None:

@@ -66,9 +66,11 @@ GROUPS = ("enqueue", "drain", "transactional", "tablesize", "latency")
 DRAIN_COLUMNS = (
     ("jobs_per_s", "jobs/s", "{:,.0f}"),
     ("vs_seed", "x seed", "{:.1f}x"),
+    ("vs_main", "x main", "{:.2f}x"),
     ("worker_cpu_s_per_1k", "worker CPU s/1k", "{:.2f}"),
     ("pg_cpu_s_per_1k", "PG CPU s/1k", "{:.2f}"),
     ("commits_per_job", "commits/job", "{:.3f}"),
+    ("write_tx_per_job", "write tx/job", "{:.3f}"),
     ("wal_bytes_per_job", "WAL B/job", "{:,.0f}"),
     ("worker_rss_mb", "worker peak RSS MB", "{:.0f}"),
 )
@@ -97,6 +99,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="benchmark the worker/ of this git commit (exported to a temp dir), or of a directory holding "
         "skiplock/ (a scratch copy), instead of the working tree: compare commits, or prototypes",
     )
+    p.add_argument(
+        "--compare",
+        metavar="REF_OR_DIR",
+        help="also run the skiplock drain and NOTIFY latency cases with this worker/ (git ref or directory), "
+        "interleaved with the main ones in the same run; rows get [LABEL] and an 'x main' ratio",
+    )
+    p.add_argument("--compare-label", default="alt", help="label of the --compare rows (default alt)")
     a = p.parse_args(argv)
     a.mode = a.mode or "default"
     if a.repeat < 1 or a.workers < 1 or a.concurrency < 1:
@@ -111,6 +120,8 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
     """The cases in run order (group, name, thunk), and a setup step (prefilled tables) to run first."""
     groups = set(a.only or GROUPS)
     seed = not a.no_baseline
+    alt = worker_source(a.compare) if a.compare else None
+    tag = f" [{a.compare_label}]"
     big: dict[str, str] = {}
     cases: list[Case] = []
 
@@ -126,6 +137,8 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
 
     add("enqueue", "enqueue", lambda: scenario.enqueue(cfg))
     add("drain", "drain noop", lambda: scenario.drain(cfg, system="skiplock", handler="noop"))
+    if alt:
+        add("drain", "drain noop" + tag, lambda: scenario.drain(cfg, system="skiplock", handler="noop", src=alt))
     if seed:
         add("drain", "drain noop [seed]", lambda: scenario.drain(cfg, system="seed", handler="noop"))
     add("drain", "drain noop async", lambda: scenario.drain(cfg, system="skiplock", handler="anoop"))
@@ -134,7 +147,19 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
         f"drain noop C={a.big_concurrency}",
         lambda: scenario.drain(cfg, system="skiplock", handler="noop", concurrency=a.big_concurrency),
     )
+    if alt:
+        add(
+            "drain",
+            f"drain noop C={a.big_concurrency}" + tag,
+            lambda: scenario.drain(cfg, system="skiplock", handler="noop", concurrency=a.big_concurrency, src=alt),
+        )
     add("transactional", "drain write", lambda: scenario.drain(cfg, system="skiplock", handler="write"))
+    if alt:
+        add(
+            "transactional",
+            "drain write" + tag,
+            lambda: scenario.drain(cfg, system="skiplock", handler="write", src=alt),
+        )
     if seed:
         add("transactional", "drain write [seed]", lambda: scenario.drain(cfg, system="seed", handler="write"))
     add("transactional", "drain write async", lambda: scenario.drain(cfg, system="skiplock", handler="awrite"))
@@ -150,6 +175,8 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
             lambda: scenario.drain(cfg, system="seed", handler="noop", schema=big["seed"]),
         )
     add("latency", "latency NOTIFY", lambda: scenario.latency(cfg, listen=True))
+    if alt:
+        add("latency", "latency NOTIFY" + tag, lambda: scenario.latency(cfg, listen=True, src=alt))
     add("latency", "latency poll", lambda: scenario.latency(cfg, listen=False))
     return cases, setup
 
@@ -163,8 +190,14 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def main_of(name: str) -> str:
+    """``drain noop C=32 [alt]`` -> ``drain noop C=32``."""
+    return name.split(" [", 1)[0]
+
+
 def seed_of(name: str) -> str:
-    return name.replace(" async", "").replace(" C=", " @C=").split(" @C=")[0] + " [seed]"
+    """The seed case to compare a drain with: same handler and table, the seed has no async or C variants."""
+    return main_of(name).replace(" async", "").split(" C=")[0] + " [seed]"
 
 
 def add_ratios(med: dict[str, dict[str, Any]]) -> None:
@@ -173,6 +206,8 @@ def add_ratios(med: dict[str, dict[str, Any]]) -> None:
             continue
         base = med.get(seed_of(name))
         m["vs_seed"] = m["jobs_per_s"] / base["jobs_per_s"] if base else None
+        main = med.get(main_of(name))
+        m["vs_main"] = m["jobs_per_s"] / main["jobs_per_s"] if main and main is not m else None
 
 
 def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
@@ -224,8 +259,9 @@ def render(med: dict[str, dict[str, Any]], tgt: list[dict[str, Any]]) -> str:
     parts = []
     drains = [(n, m) for n, m in med.items() if n.startswith("drain")]
     if drains:
-        rows = [[n] + [fmt(m.get(k), f) for k, _, f in DRAIN_COLUMNS] for n, m in drains]
-        parts.append(table(["drain (median)"] + [h for _, h, _ in DRAIN_COLUMNS], rows))
+        cols = [c for c in DRAIN_COLUMNS if any(m.get(c[0]) is not None for _, m in drains)]
+        rows = [[n] + [fmt(m.get(k), f) for k, _, f in cols] for n, m in drains]
+        parts.append(table(["drain (median)"] + [h for _, h, _ in cols], rows))
     if "enqueue" in med:
         m = med["enqueue"]
         rows = [
@@ -245,10 +281,13 @@ def render(med: dict[str, dict[str, Any]], tgt: list[dict[str, Any]]) -> str:
                 n + ("" if m.get("poll_seconds") is None else f" ({m['poll_seconds']:g} s)"),
                 fmt(m["rate_per_s"], "{:.0f}/s"),
                 *(fmt(m[k], "{:.1f}") for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")),
+                fmt(m.get("worker_commits_per_job"), "{:.2f}"),
+                fmt(m.get("worker_write_tx_per_job"), "{:.2f}"),
             ]
             for n, m in lats
         ]
-        parts.append(table(["latency (median)", "rate", "p50 ms", "p95 ms", "p99 ms", "max ms"], rows))
+        headers = ["latency (median)", "rate", "p50 ms", "p95 ms", "p99 ms", "max ms", "commits/job", "write tx/job"]
+        parts.append(table(headers, rows))
     if tgt:
         rows = [
             [
@@ -273,15 +312,19 @@ def database(dsn: str | None) -> Iterator[Server]:
             yield srv
 
 
+def worker_source(ref: str) -> str:
+    """A directory holding ``skiplock/``: ``ref`` itself (a scratch copy), or ``git archive <ref> worker``."""
+    if (Path(ref) / "skiplock" / "__init__.py").is_file():
+        return str(Path(ref).resolve())
+    target = Path(tempfile.mkdtemp(prefix="bench-ref-"))
+    archive = subprocess.run(["git", "archive", ref, "worker"], cwd=meter.REPO, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    return str(target / "worker")
+
+
 def use_ref(ref: str, argv: list[str]) -> None:
-    """Re-run this script with ``git archive <ref> worker`` first on PYTHONPATH (harness and workers alike)."""
-    if (Path(ref) / "skiplock" / "__init__.py").is_file():  # a scratch copy of worker/
-        src = str(Path(ref).resolve())
-    else:
-        target = Path(tempfile.mkdtemp(prefix="bench-ref-"))
-        archive = subprocess.run(["git", "archive", ref, "worker"], cwd=meter.REPO, capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-        src = str(target / "worker")
+    """Re-run this script with the ref's worker/ first on PYTHONPATH (harness and workers alike)."""
+    src = worker_source(ref)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     os.environ["BENCH_REF"] = ref
     os.execv(sys.executable, [sys.executable, __file__, *argv])
@@ -323,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             facts = meter.machine_facts(conn, srv.private)
         settings = {k: v for k, v in asdict(cfg).items() if k not in ("server", "schemas", "keep_schemas")}
         settings.update(mode=a.mode, repeat=a.repeat, big_concurrency=a.big_concurrency, baseline=not a.no_baseline)
+        settings.update(compare=a.compare, compare_label=a.compare_label if a.compare else None)
         emit({"type": "meta", "settings": settings, "machine": facts})
         print(f"skiplock bench ({a.mode}): {json.dumps(settings)}", file=sys.stderr)
         cases, setup = build_cases(cfg, a)

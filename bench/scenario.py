@@ -31,6 +31,7 @@ from meter import (
     server_cpu_seconds,
 )
 from psycopg import sql
+from psycopg_pool import ConnectionPool
 from seed_baseline import SEED_INDEX
 from server import Server
 
@@ -39,7 +40,9 @@ from skiplock.migrate import migrate
 
 QUEUE = "bench"
 APP = "skiplock-bench"
-WORKER_APPS = ("skiplock-worker", "seed-baseline")
+PRODUCER_APP = "skiplock-bench-producer"
+WORKER_APPS = ("skiplock-worker", "seed-baseline", PRODUCER_APP)  # backends whose exit flushes their statistics
+SETTLE_SECONDS = 1.2  # idle backends flush pending statistics after at most ~1 s (PGSTAT_MIN_INTERVAL)
 ENQUEUE_CHUNK = 5000
 
 
@@ -94,8 +97,16 @@ def drop_schemas(cfg: Config) -> None:
     cfg.schemas.clear()
 
 
-def queue_for(cfg: Config, schema: str) -> Queue:
-    return Queue(settings=Settings.load(env={}, dsn=cfg.dsn, schema=schema), max_size=2)
+@contextlib.contextmanager
+def queue_for(cfg: Config, schema: str) -> Iterator[Queue]:
+    """A producer's ``Queue`` on its own named pool (so the harness can wait for its backend to exit)."""
+    pool: ConnectionPool[Any] = ConnectionPool(
+        cfg.dsn, min_size=1, max_size=2, open=True, kwargs={"application_name": PRODUCER_APP}
+    )
+    try:
+        yield Queue(pool=pool, settings=Settings.load(env={}, dsn=cfg.dsn, schema=schema))
+    finally:
+        pool.close()
 
 
 def prefill(cfg: Config, schema: str, rows: int) -> None:
@@ -126,15 +137,24 @@ class Proc:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-def _env(extra: dict[str, str]) -> dict[str, str]:
+def _env(extra: dict[str, str], src: str | None = None) -> dict[str, str]:
+    """The environment of a worker process: ours minus SKIPLOCK_*, bench/ (and ``src``, another worker/) first."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src or "", str(BENCH), env.get("PYTHONPATH", "")) if p)
     env.update(extra)
     return env
 
 
 def start_skiplock(
-    cfg: Config, schema: str, handler: str, logdir: Path, *, concurrency: int, listen: bool = True, **env: str
+    cfg: Config,
+    schema: str,
+    handler: str,
+    logdir: Path,
+    *,
+    concurrency: int,
+    listen: bool = True,
+    src: str | None = None,
+    **env: str,
 ) -> list[Proc]:
     settings = {
         "SKIPLOCK_DSN": cfg.dsn,
@@ -153,7 +173,7 @@ def start_skiplock(
         with log.open("wb") as out:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "skiplock", "worker"],
-                env=_env({**settings, **env}),
+                env=_env({**settings, **env}, src),
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
@@ -281,6 +301,7 @@ def drain(
     handler: str,
     concurrency: int | None = None,
     schema: str | None = None,
+    src: str | None = None,
 ) -> dict[str, Any]:
     """Start W idle workers, commit N jobs in one transaction, time the drain and read the counters.
 
@@ -297,16 +318,16 @@ def drain(
             conn.execute(SEED_INDEX.format(schema=ident.as_string(conn)))
         conn.execute("CHECKPOINT")  # every run starts with the same full-page-image debt
     if system == "skiplock":
-        procs = start_skiplock(cfg, schema, handler, logdir, concurrency=concurrency)
+        procs = start_skiplock(cfg, schema, handler, logdir, concurrency=concurrency, src=src)
     else:
         procs = start_seed(cfg, schema, handler, logdir)
-    with running(procs), connect(cfg) as mon, queue_for(cfg, schema) as q:
+    with running(procs), connect(cfg) as mon:
         wait_ready(procs)
-        time.sleep(0.3)  # let startup chatter settle
+        time.sleep(SETTLE_SECONDS)  # startup chatter settles and its statistics are flushed
         ours = 0  # transactions of this harness between the two counter reads
         before = db_counters(mon)
         ours += 1
-        with connect(cfg, autocommit=False) as conn:
+        with queue_for(cfg, schema) as q, connect(cfg, autocommit=False) as conn:
             first_id: int | None = None
             for start in range(0, n, ENQUEUE_CHUNK):
                 ids = q.enqueue_many(QUEUE, [{"n": i} for i in range(start, min(n, start + ENQUEUE_CHUNK))], conn=conn)
@@ -342,6 +363,7 @@ def drain(
     started = float(first_claim) if system == "seed" else float(t_commit_row[0])
     seconds = float(last_done) - started
     commits = after.commits - before.commits - ours
+    write_tx = after.next_xid - before.next_xid - 1  # minus the enqueue transaction
     shutil.rmtree(logdir, ignore_errors=True)
     return {
         "jobs": n,
@@ -350,6 +372,7 @@ def drain(
         "worker_cpu_s_per_1k": worker_cpu / n * 1000,
         "pg_cpu_s_per_1k": (pg_cpu1 - pg_cpu0) / n * 1000 if pg_cpu0 is not None and pg_cpu1 is not None else None,
         "commits_per_job": commits / n,
+        "write_tx_per_job": write_tx / n,
         "wal_bytes_per_job": (after.wal_bytes - before.wal_bytes - enqueue_wal) / n,
         "worker_rss_mb": rss,
         "max_attempts_seen": max_attempts,
@@ -357,30 +380,46 @@ def drain(
 
 
 # ---------------------------------------------------------------------------------------------- latency
-def latency(cfg: Config, *, listen: bool) -> dict[str, Any]:
-    """Idle workers; a producer enqueues single jobs at a fixed rate; enqueue call to handler start, per job."""
+def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, Any]:
+    """Idle workers; a producer enqueues single jobs at a fixed rate; enqueue call to handler start, per job.
+
+    Also counts the commits per job over the window beyond the producer's own (empty claims of woken workers).
+    """
     schema = new_schema(cfg, "lat")
     logdir = Path(tempfile.mkdtemp(prefix="bench-latency-"))
     starts = logdir / "starts"
     starts.mkdir()
     n = max(1, round(cfg.latency_rate * cfg.latency_seconds))
     procs = start_skiplock(
-        cfg, schema, "record_start", logdir, concurrency=cfg.concurrency, listen=listen, BENCH_LATENCY_DIR=str(starts)
+        cfg,
+        schema,
+        "record_start",
+        logdir,
+        concurrency=cfg.concurrency,
+        listen=listen,
+        src=src,
+        BENCH_LATENCY_DIR=str(starts),
     )
-    with running(procs), connect(cfg) as mon, queue_for(cfg, schema) as q:
+    with running(procs), connect(cfg) as mon:
         wait_ready(procs)
-        time.sleep(0.5)
-        warm = q.enqueue(QUEUE, {"t": time.time(), "warm": True}).id  # warm the producer's connection
-        wait_drained(mon, schema, cfg.poll_seconds + 30)
-        t0 = time.perf_counter()
-        for i in range(n):
-            delay = t0 + i / cfg.latency_rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            q.enqueue(QUEUE, {"t": time.time()})
-        produced = n / (time.perf_counter() - t0)
-        wait_drained(mon, schema, cfg.poll_seconds + 30)
+        with queue_for(cfg, schema) as q:
+            warm = q.enqueue(QUEUE, {"t": time.time(), "warm": True}).id  # warm the producer's connection
+            wait_drained(mon, schema, cfg.poll_seconds + 30)
+            time.sleep(SETTLE_SECONDS)
+            before = db_counters(mon)
+            t0 = time.perf_counter()
+            for i in range(n):
+                delay = t0 + i / cfg.latency_rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                q.enqueue(QUEUE, {"t": time.time()})
+            produced = n / (time.perf_counter() - t0)
+        ours = 1 + wait_drained(mon, schema, cfg.poll_seconds + 30)
         stop(procs)
+        ours += wait_backends_gone(mon)
+        after = db_counters(mon)
+    worker_commits = after.commits - before.commits - ours - n  # each enqueue is one commit of the producer
+    worker_write_tx = after.next_xid - before.next_xid - n
     lat_ms: list[float] = []
     for path in starts.glob("starts-*.txt"):
         for line in path.read_text().splitlines():
@@ -398,5 +437,7 @@ def latency(cfg: Config, *, listen: bool) -> dict[str, Any]:
         "p95_ms": percentile(lat_ms, 95),
         "p99_ms": percentile(lat_ms, 99),
         "max_ms": lat_ms[-1],
+        "worker_commits_per_job": worker_commits / n,
+        "worker_write_tx_per_job": worker_write_tx / n,
         "poll_seconds": None if listen else cfg.poll_seconds,
     }
