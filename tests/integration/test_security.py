@@ -104,6 +104,15 @@ def test_apply_grants_needs_existing_roles_and_a_migrated_schema(pg_dsn, schema,
             apply_grants(conn, f"nothing_{uuid.uuid4().hex[:6]}", worker=roles.worker)
 
 
+def test_a_role_without_the_right_to_grant_gets_a_clear_error(pg_dsn, schema, roles):
+    _grant(pg_dsn, schema, roles)
+    with (
+        psycopg.connect(roles.dsn(pg_dsn, roles.producer), autocommit=True) as conn,
+        pytest.raises(ConfigError, match="superuser"),
+    ):
+        apply_grants(conn, schema, worker=roles.producer)
+
+
 def test_producer_enqueues_but_cannot_claim_finish_or_delete(pg_dsn, schema, roles):
     done = _grant(pg_dsn, schema, roles)
     assert len(done) == len(_grant(pg_dsn, schema, roles)), "grant is repeatable"

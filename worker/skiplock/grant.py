@@ -101,8 +101,8 @@ def apply_grants(
 ) -> list[str]:
     """Run :func:`grant_sql` in one transaction; returns the statements as text (for ``--dry-run`` style output).
 
-    Raises :class:`ConfigError` when a role does not exist and :class:`SchemaNotReadyError` when the schema is
-    not migrated. ``conn`` must not be inside a transaction.
+    Raises :class:`ConfigError` when a role does not exist or the connected role may not grant, and
+    :class:`SchemaNotReadyError` when the schema is not migrated. ``conn`` must not be inside a transaction.
     """
     names = [r for r in (producer, worker, operator) if r is not None]
     with conn.transaction():
@@ -117,5 +117,11 @@ def apply_grants(
             )
         check_version(current_version(conn, schema), schema)
         for statement in statements:
-            conn.execute(statement)
+            try:
+                conn.execute(statement)
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise ConfigError(
+                    f"grant: {str(exc).strip()}: run it as a superuser, or as a role that owns the schema and is "
+                    "a member of the operator role"
+                ) from None
     return [statement.as_string(conn) for statement in statements]
