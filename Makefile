@@ -30,6 +30,7 @@ lint: $(STAMP)
 	bash tools/check-layout.sh
 	$(BIN)/ruff check worker operator tests bench
 	$(BIN)/mypy
+	cd $(CURDIR) && PYTHONPATH=worker:operator $(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
