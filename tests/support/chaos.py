@@ -158,8 +158,7 @@ class PrivatePostgres:
 
     def start(self) -> PrivatePostgres:
         options = (
-            f"-h 127.0.0.1 -p {self.port} -k {self.data} -c fsync=off "
-            "-c full_page_writes=off -c max_connections=300"
+            f"-h 127.0.0.1 -p {self.port} -k {self.data} -c fsync=off -c full_page_writes=off -c max_connections=300"
         )
         self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.logfile), "-w", "-t", "60", "-o", options, "start")
         return self
