@@ -54,7 +54,7 @@ TERMINAL_BOUND = LEASE + RECOVER + 3.0 + 2.5 + 3 * 0.3 + 6.0
 
 
 def run_scenario(
-    server: PrivatePostgres, workdir: Path, faults: list[str], *, gap: float, seed: int
+    server: PrivatePostgres, workdir: Path, faults: list[str], *, gap: float, seed: int, poison: int = 0
 ) -> list[Invariant]:
     rng = random.Random(seed)
     schema = f"chaos_{uuid.uuid4().hex[:10]}"
@@ -65,6 +65,7 @@ def run_scenario(
     counts = {"kill": 0, "terminate": 0, "drain": 0, "restart": 0, "crash": 0, "terminated_connections": 0}
     downtime = 0.0
     with Fleet(server.dsn, schema, "chaos", workdir, HANDLERS, argv=ARGV, **WORKER) as fleet:
+        producer.enqueue(["poison"] * poison)  # each kills a worker on every attempt, max_attempts times
         producer.start(per_tick=6, tick=0.2, mix=MIX)
         last_fault = time.time()
         for fault in faults:
@@ -145,4 +146,5 @@ def test_fault_suite_soak(chaos_pg: PrivatePostgres, tmp_path: Path) -> None:
     kinds = ["kill", "kill", "terminate", "drain", "restart", "crash"]
     gap = 3.0
     faults = [rng.choice(kinds) for _ in range(max(6, int(seconds / gap)))]
-    report(f"soak {seconds:.0f}s", run_scenario(chaos_pg, tmp_path, faults, gap=gap, seed=rng.randrange(1 << 30)))
+    seed = rng.randrange(1 << 30)
+    report(f"soak {seconds:.0f}s", run_scenario(chaos_pg, tmp_path, faults, gap=gap, seed=seed, poison=3))

@@ -336,7 +336,16 @@ class Fleet:
             self.held.add(slot)
             proc = self.procs[slot]
         proc.popen.send_signal(signal.SIGTERM)
-        code = proc.popen.wait(timeout=timeout)
+        try:
+            code = proc.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait(timeout=10)
+            with self._lock:
+                self.held.discard(slot)
+            raise AssertionError(
+                f"worker {proc.name} did not exit within {timeout}s of SIGTERM:\n{proc.output()[-4000:]}"
+            ) from None
         with self._lock:
             self.exits[code] += 1
             self.restarts += 1
@@ -633,11 +642,14 @@ def check_invariants(
         or eff_by_job.get(j["id"])
     ]
     lease_expired = sum(1 for j in doomed if "lease expired" in (j["last_error"] or ""))
+    poison = [j for j in doomed if j["payload"]["kind"] == "poison"]
+    poison_ok = sum(1 for j in poison if "lease expired" in (j["last_error"] or "") and j["status"] == "failed")
     out.append(
         Invariant(
             "always-failing jobs failed with attempts = max_attempts and last_error",
-            not bad_doomed,
-            f"{len(doomed)} jobs, {len(bad_doomed)} wrong, {lease_expired} ended by an expired lease",
+            not bad_doomed and poison_ok == len(poison),
+            f"{len(doomed)} jobs, {len(bad_doomed)} wrong, {lease_expired} ended by an expired lease"
+            + (f" ({poison_ok} of {len(poison)} poison jobs failed by an expired lease)" if poison else ""),
         )
     )
 
