@@ -42,7 +42,6 @@ QUEUE = "bench"
 APP = "skiplock-bench"
 PRODUCER_APP = "skiplock-bench-producer"
 WORKER_APPS = ("skiplock-worker", "seed-baseline", PRODUCER_APP)  # backends whose exit flushes their statistics
-SETTLE_SECONDS = 1.2  # idle backends flush pending statistics after at most ~1 s (PGSTAT_MIN_INTERVAL)
 ENQUEUE_CHUNK = 5000
 
 
@@ -61,6 +60,7 @@ class Config:
     batch: int
     poll_seconds: float
     drain_timeout: float
+    settle_seconds: float = 1.2  # idle backends flush pending statistics after ~1 s (PGSTAT_MIN_INTERVAL)
     keep_schemas: bool = False
     schemas: list[str] = field(default_factory=list)
 
@@ -181,8 +181,8 @@ def start_skiplock(
     return procs
 
 
-def start_seed(cfg: Config, schema: str, handler: str, logdir: Path) -> list[Proc]:
-    seed_args = ["--queue", QUEUE, "--handler", handler]
+def start_seed(cfg: Config, schema: str, handler: str, logdir: Path, style: str = "seed") -> list[Proc]:
+    seed_args = ["--queue", QUEUE, "--handler", handler, "--style", style]
     procs = []
     for i in range(cfg.workers):
         log = logdir / f"seed-{i}.log"
@@ -314,16 +314,16 @@ def drain(
     ident = sql.Identifier(schema)
     logdir = Path(tempfile.mkdtemp(prefix="bench-drain-"))
     with connect(cfg) as conn:
-        if system == "seed":
+        if system in ("seed", "tuned"):
             conn.execute(SEED_INDEX.format(schema=ident.as_string(conn)))
         conn.execute("CHECKPOINT")  # every run starts with the same full-page-image debt
     if system == "skiplock":
         procs = start_skiplock(cfg, schema, handler, logdir, concurrency=concurrency, src=src)
     else:
-        procs = start_seed(cfg, schema, handler, logdir)
+        procs = start_seed(cfg, schema, handler, logdir, style=system)
     with running(procs), connect(cfg) as mon:
         wait_ready(procs)
-        time.sleep(SETTLE_SECONDS)  # startup chatter settles and its statistics are flushed
+        time.sleep(cfg.settle_seconds)  # startup chatter settles and its statistics are flushed
         ours = 0  # transactions of this harness between the two counter reads
         before = db_counters(mon)
         ours += 1
@@ -360,7 +360,7 @@ def drain(
     first_claim, last_done, done, total, max_attempts = row
     if done != n or total != n:
         raise BenchError(f"drain: {done} of {total} jobs done, expected {n}")
-    started = float(first_claim) if system == "seed" else float(t_commit_row[0])
+    started = float(t_commit_row[0]) if system == "skiplock" else float(first_claim)
     seconds = float(last_done) - started
     commits = after.commits - before.commits - ours
     write_tx = after.next_xid - before.next_xid - 1  # minus the enqueue transaction
@@ -405,7 +405,7 @@ def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, A
         with queue_for(cfg, schema) as q:
             warm = q.enqueue(QUEUE, {"t": time.time(), "warm": True}).id  # warm the producer's connection
             wait_drained(mon, schema, cfg.poll_seconds + 30)
-            time.sleep(SETTLE_SECONDS)
+            time.sleep(cfg.settle_seconds)
             before = db_counters(mon)
             t0 = time.perf_counter()
             for i in range(n):

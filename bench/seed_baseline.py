@@ -4,6 +4,9 @@ Claim up to 10 jobs with the seed's claim statement, run each, mark each done wi
 as PDO does), and sleep 1 s when nothing was claimed. Runs until SIGTERM; prints ``ready`` once connected.
 
     python bench/seed_baseline.py --dsn ... --schema bench_x --queue bench [--handler noop|write]
+
+``--style tuned`` is the issue's "tuned loop of plain SQL", the hardware ceiling for a no-op drain: the same claim
+with LIMIT 100, then one fenced UPDATE for the whole batch (two autocommit statements per 100 jobs, no per-job work).
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ RETURNING j.id, j.payload, j.attempts, j.max_attempts
 """
 SEED_FINISH = "UPDATE {schema}.jobs SET status = %(s)s, updated_at = now() WHERE id = %(id)s AND status = 'processing'"
 EFFECT = "INSERT INTO {schema}.bench_effects (job_id, attempt) VALUES (%(id)s, %(attempts)s)"
+TUNED_FINISH = """
+UPDATE {schema}.jobs SET status = 'done', updated_at = now()
+WHERE id = ANY(%(ids)s) AND status = 'processing' AND locked_by = %(name)s
+"""
 
 # The seed's index, plus ``id`` so its ORDER BY (visible_at, id) is served without sorting every pending row.
 SEED_INDEX = (
@@ -47,7 +54,7 @@ SEED_INDEX = (
 )
 
 
-def run(dsn: str, schema: str, queue: str, handler: str, batch: int, poll_seconds: float) -> None:
+def run(dsn: str, schema: str, queue: str, handler: str, batch: int, poll_seconds: float, style: str) -> None:
     stop = False
 
     def on_term(signum: int, frame: Any) -> None:
@@ -56,7 +63,7 @@ def run(dsn: str, schema: str, queue: str, handler: str, batch: int, poll_second
 
     signal.signal(signal.SIGTERM, on_term)
     quoted = '"' + schema + '"'
-    claim, finish, effect = (q.format(schema=quoted) for q in (SEED_CLAIM, SEED_FINISH, EFFECT))
+    claim, finish, effect, tuned = (q.format(schema=quoted) for q in (SEED_CLAIM, SEED_FINISH, EFFECT, TUNED_FINISH))
     name = f"{socket.gethostname()}:{os.getpid()}"
     with psycopg.connect(dsn, autocommit=True, application_name="seed-baseline") as conn:
         print("ready", flush=True)
@@ -64,6 +71,9 @@ def run(dsn: str, schema: str, queue: str, handler: str, batch: int, poll_second
             jobs = conn.execute(claim, {"queue": queue, "batch": batch, "name": name}).fetchall()
             if not jobs:
                 time.sleep(poll_seconds)
+                continue
+            if style == "tuned":
+                conn.execute(tuned, {"ids": [job[0] for job in jobs], "name": name})
                 continue
             for job_id, _payload, attempts, _max_attempts in jobs:
                 if handler == "write":  # the seed calls the handler outside any transaction
@@ -77,10 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schema", required=True)
     p.add_argument("--queue", default="bench")
     p.add_argument("--handler", choices=["noop", "write"], default="noop")
-    p.add_argument("--batch", type=int, default=10)
+    p.add_argument("--style", choices=["seed", "tuned"], default="seed")
+    p.add_argument("--batch", type=int, help="jobs per claim (default 10; tuned 100)")
     p.add_argument("--poll", type=float, default=1.0)
     a = p.parse_args(argv)
-    run(a.dsn, a.schema, a.queue, a.handler, a.batch, a.poll)
+    batch = a.batch or (100 if a.style == "tuned" else 10)
+    run(a.dsn, a.schema, a.queue, a.handler, batch, a.poll, a.style)
     return 0
 
 

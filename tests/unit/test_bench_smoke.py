@@ -59,7 +59,8 @@ def test_meta_names_settings_versions_and_machine(bench_lines: list[dict[str, An
 def test_every_case_ran_once(bench_lines: list[dict[str, Any]]) -> None:
     runs = [line for line in bench_lines if line["type"] == "run"]
     cases = {line["case"] for line in runs}
-    assert {"enqueue", "drain noop", "drain noop [seed]", "drain write", "drain write [seed]"} <= cases
+    assert {"enqueue", "drain noop", "drain noop [seed]", "drain noop [tuned SQL]", "drain write"} <= cases
+    assert {"drain write [seed]", "drain noop async", "drain write async", "drain noop C=32"} <= cases
     assert {"drain noop, big table", "drain noop, big table [seed]", "latency NOTIFY", "latency poll"} <= cases
     assert all(line["rep"] == 1 for line in runs)
     assert set(_by(bench_lines, "median")) == cases
@@ -78,10 +79,11 @@ def test_drains_finish_every_job_once_with_sane_counters(bench_lines: list[dict[
         assert m["jobs"] > 0 and m["max_attempts_seen"] == 1, name  # every job done on its first attempt
         for key in ("seconds", "jobs_per_s", "worker_cpu_s_per_1k", "wal_bytes_per_job", "worker_rss_mb"):
             assert _positive(m[key]), (name, key)
-        assert m["commits_per_job"] > 0, name  # the workers committed something per job (not negative noise)
+        assert m["commits_per_job"] > 0 and m["write_tx_per_job"] > 0, name  # not negative noise
         if "[seed]" not in name:
             assert _positive(m["vs_seed"]) or m["vs_seed"] is None, name
     assert drains["drain noop [seed]"]["commits_per_job"] >= 1  # the seed commits each completion alone
+    assert drains["drain noop [tuned SQL]"]["write_tx_per_job"] < drains["drain noop [seed]"]["write_tx_per_job"]
 
 
 def test_latency_percentiles_are_ordered(bench_lines: list[dict[str, Any]]) -> None:
