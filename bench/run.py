@@ -12,10 +12,13 @@ server-wide counters are ours alone; ``--dsn`` (or ``SKIPLOCK_BENCH_DSN``) uses 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,6 +66,7 @@ MODES: dict[str, dict[str, Any]] = {
         "latency_seconds": 10.0,
     },
 }
+EXPORTED: set[str] = set()  # temp dirs holding a `git archive` of worker/, removed at exit
 TUNED = "drain noop [tuned SQL]"  # the ceiling: claim 100, one UPDATE for all 100, no per-job work
 GROUPS = ("enqueue", "drain", "transactional", "tablesize", "latency")
 DRAIN_COLUMNS = (
@@ -326,6 +330,8 @@ def worker_source(ref: str) -> str:
     if (Path(ref) / "skiplock" / "__init__.py").is_file():
         return str(Path(ref).resolve())
     target = Path(tempfile.mkdtemp(prefix="bench-ref-"))
+    EXPORTED.add(str(target))
+    atexit.register(shutil.rmtree, target, ignore_errors=True)
     archive = subprocess.run(["git", "archive", ref, "worker"], cwd=meter.REPO, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
     return str(target / "worker")
@@ -334,6 +340,8 @@ def worker_source(ref: str) -> str:
 def use_ref(ref: str, argv: list[str]) -> None:
     """Re-run this script with the ref's worker/ first on PYTHONPATH (harness and workers alike)."""
     src = worker_source(ref)
+    if str(Path(src).parent) in EXPORTED:  # our own export (never a scratch copy): the re-run removes it at exit
+        os.environ["BENCH_REF_TMP"] = str(Path(src).parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     os.environ["BENCH_REF"] = ref
     os.execv(sys.executable, [sys.executable, __file__, *argv])
@@ -342,6 +350,10 @@ def use_ref(ref: str, argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
+    if Path(os.environ.get("BENCH_REF_TMP", "/nonexistent")).name.startswith("bench-ref-"):
+        atexit.register(shutil.rmtree, os.environ["BENCH_REF_TMP"], ignore_errors=True)
+    # SIGTERM unwinds like Ctrl-C, so workers, schemas and the private server are cleaned up
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if a.ref and os.environ.get("BENCH_REF") != a.ref:
         use_ref(a.ref, argv)
     size = dict(MODES[a.mode])
