@@ -365,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     out_path = a.json_out or meter.BENCH / "results" / f"bench-{stamp}.jsonl"
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text("")  # this run's lines only
     lines: list[dict[str, Any]] = []
 
     def emit(record: dict[str, Any]) -> None:
