@@ -121,7 +121,8 @@ def machine_facts(conn: psycopg.Connection[Any], server_private: bool) -> dict[s
         settings[name] = row[0] if row else None
     row = conn.execute("SELECT current_setting('server_version')").fetchone()
     commit = _git("rev-parse", "--short", "HEAD")
-    dirty = bool(_git("status", "--porcelain", "--", "worker"))
+    # the working tree's edits matter only when it is what runs (no --ref)
+    dirty = "BENCH_REF" not in os.environ and bool(_git("status", "--porcelain", "--", "worker"))
     return {
         "skiplock_source": str(Path(skiplock.__file__).parent),
         "skiplock_ref": os.environ.get("BENCH_REF", "working tree"),
