@@ -7,7 +7,6 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from skiplock import Queue, Settings
@@ -108,12 +107,6 @@ def test_a_poison_job_fails_after_max_attempts_with_an_expired_lease_and_the_fle
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runtime.Worker._release tries once; when the pool hands it a connection the server already closed "
-    "(after pg_terminate_backend, a restart or a failover) the hand-back fails silently and the lease expires, "
-    "burning an attempt (reported to the lead)",
-)
 def test_a_drain_right_after_the_connections_were_dropped_still_hands_the_job_back(
     chaos_pg: PrivatePostgres, tmp_path: Path
 ) -> None:

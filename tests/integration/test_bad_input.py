@@ -171,11 +171,6 @@ def test_cli_bad_input_through_the_real_command(pg_dsn, schema, seeded, args, fr
     assert out.returncode == 2 and fragment in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli.cmd_enqueue catches only json.JSONDecodeError: a deeply nested --payload raises RecursionError "
-    "and prints a traceback (exit 1); encode_payload has the same gap for API payloads (reported to the lead)",
-)
 def test_cli_deeply_nested_payload_is_a_clear_error(pg_dsn, schema, seeded):
     out = cli("enqueue", "--queue", "q", "--payload", NESTED, env={"SKIPLOCK_DSN": pg_dsn, "SKIPLOCK_SCHEMA": schema})
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-500:]
@@ -195,11 +190,6 @@ def test_cli_unknown_queue_names_change_nothing_and_say_so(pg_dsn, schema, seede
         assert out.returncode == 1 and " 0 " in out.stdout, out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="stats/failed/retry/cancel/purge do not validate --queue (enqueue and worker do): an impossible name "
-    "is answered with '0 jobs' and exit 0 instead of exit 2 (reported to the lead)",
-)
 @pytest.mark.parametrize("command", ["stats", "failed", "retry", "cancel"])
 def test_cli_invalid_queue_names_are_rejected_by_every_command(pg_dsn, schema, run_main, command):
     out = run_main(command, "--queue", "bad name;--", env={"SKIPLOCK_DSN": pg_dsn, "SKIPLOCK_SCHEMA": schema})
@@ -286,21 +276,11 @@ def test_api_bad_payloads_raise_payload_error_and_write_nothing(queue: Queue, se
         queue.enqueue_many("q", [{"fine": 1}, payload])  # all or nothing
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="encode_payload looks for the text '\\u0000' in the JSON, so a string holding a backslash followed by "
-    "'u0000' (a Windows path, a regex) is refused as if it held NUL (reported to the lead)",
-)
-def test_api_a_literal_backslash_u0000_is_not_a_nul(queue: Queue, seeded):
+def test_api_a_literal_backslash_u0000_is_not_a_nul(queue: Queue):
     job_id = queue.enqueue("q", {"path": "C:\\u0000\\dir"}).id
     assert queue.get(job_id)["payload"] == {"path": "C:\\u0000\\dir"}
-    queue.cancel(ids=[job_id])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="encode_payload catches TypeError and ValueError but not RecursionError (reported to the lead)",
-)
 def test_api_deeply_nested_payload_is_a_payload_error():
     deep: list[Any] = []
     for _ in range(5000):
@@ -343,11 +323,6 @@ def test_api_bad_enqueue_arguments_raise_value_error_and_write_nothing(queue: Qu
             queue.enqueue_many("q", [{}, {}], **kwargs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="enqueue_many does not validate idempotency_keys the way enqueue validates idempotency_key: an empty "
-    "string (or a non-string) is stored as a key (reported to the lead)",
-)
 def test_api_enqueue_many_rejects_empty_idempotency_keys(queue: Queue, pg_dsn, schema):
     try:
         with pytest.raises(ValueError):
@@ -421,12 +396,6 @@ def test_api_a_database_that_dies_under_an_open_queue_raises_and_loses_nothing()
             assert [r.ready for r in again.stats()] == [1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Queue's pool keeps psycopg_pool's 30 s getconn timeout (connect_timeout only bounds the first wait): "
-    "with the server down every call blocks 30 s, then raises PoolTimeout rather than DatabaseUnavailableError "
-    "(reported to the lead)",
-)
 def test_api_calls_on_a_dead_database_fail_within_the_connect_timeout():
     with _private_server() as server:
         settings = Settings.load(env={}, dsn=server.dsn, schema="s")
@@ -507,12 +476,6 @@ def test_load_handler_rejects_malformed_specs():
             load_handler(spec)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a non-transient database error in a background loop (e.g. job_fail's 'timestamp out of range' from a "
-    "huge backoff cap, a missing privilege, a read-only standby) escapes Worker._db and kills the flusher task "
-    "silently: no result is recorded any more and heartbeats keep the leases forever (reported to the lead)",
-)
 async def test_one_refused_result_does_not_stop_the_worker_recording_results(settings, aqueue, monkeypatch):
     from skiplock.queue import AsyncQueue
 

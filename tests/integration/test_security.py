@@ -159,8 +159,9 @@ def test_worker_role_cannot_enqueue_delete_rewrite_payloads_or_change_the_schema
             with pytest.raises((errors.InsufficientPrivilege, errors.ObjectNotInPrerequisiteState)):
                 conn.execute(statement)
             conn.rollback()
-        with pytest.raises(errors.InsufficientPrivilege):
-            migrate(conn, schema)
+        # With every migration applied, migrate is a no-op that needs no privilege; the statements above show
+        # that the worker role could not apply one.
+        assert migrate(conn, schema).applied == ()
 
 
 def test_operator_owns_the_schema_so_it_migrates_reads_stats_and_purges(pg_dsn, schema, roles):
@@ -175,11 +176,6 @@ def test_operator_owns_the_schema_so_it_migrates_reads_stats_and_purges(pg_dsn, 
         conn.rollback()  # a forward migration would be allowed; nothing kept
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="migrate.py runs CREATE SCHEMA IF NOT EXISTS unconditionally, which needs CREATE on the database "
-    "even when the schema exists and is owned by the migrating role (reported to the lead)",
-)
 def test_the_schema_owner_migrates_without_create_on_the_database(pg_dsn, schema, roles):
     _grant(pg_dsn, schema, roles)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:

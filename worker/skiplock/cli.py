@@ -20,6 +20,7 @@ from typing import Any
 from skiplock import __version__
 from skiplock.errors import ConfigError, DatabaseUnavailableError, PayloadError, SchemaNotReadyError, SkiplockError
 from skiplock.logs import configure_logging
+from skiplock.queue import check_queue_name
 from skiplock.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             settings = load_settings(args)
         configure_logging(settings.log_level, settings.log_format, settings.dsn)
+        if getattr(args, "queue", None) is not None:
+            check_queue_name(args.queue)
         return COMMANDS[args.command](args, settings)
     except (ConfigError, PayloadError, ValueError) as exc:
         print(f"skiplock: error: {_clean(exc, args)}", file=sys.stderr)
@@ -217,6 +220,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         payload = json.loads(args.payload, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise PayloadError(f"--payload is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise PayloadError("--payload nests too deeply") from None
     with _queue(settings) as q:
         _guard_schema(q, settings)
         result = q.enqueue(

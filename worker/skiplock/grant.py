@@ -12,9 +12,9 @@ skiplock). :func:`grant_sql` builds the statements (every name quoted with ``psy
   complete, fail, release, lease recovery), ``SELECT`` on ``schema_migrations``. No ``INSERT``, no ``DELETE``,
   no DDL, and the payload, queue, priority and key of a job cannot be changed.
 - operator: owns the schema and its tables, so it can migrate (forward migrations alter the jobs table, which
-  only its owner may do), read stats, retry, cancel and purge; plus ``CREATE`` on the database, which
-  ``skiplock migrate`` needs for its ``CREATE SCHEMA IF NOT EXISTS``. Changing an owner needs a superuser, or a
-  role that is a member of both the current owner and the operator role.
+  only its owner may do), read stats, retry, cancel and purge. It needs no ``CREATE`` on the database: migrate
+  creates the schema only when it is missing. Changing an owner needs a superuser, or a role that is a member
+  of both the current owner and the operator role.
 """
 
 from __future__ import annotations
@@ -36,14 +36,8 @@ def grant_sql(
     producer: str | None = None,
     worker: str | None = None,
     operator: str | None = None,
-    *,
-    database: str | None = None,
 ) -> list[sql.Composed]:
-    """The statements that give each named role exactly its privileges on ``schema`` (None: leave it alone).
-
-    With ``database``, the operator also gets ``CREATE`` on it: ``skiplock migrate`` starts with
-    ``CREATE SCHEMA IF NOT EXISTS``, which PostgreSQL checks against the database even when the schema exists.
-    """
+    """The statements that give each named role exactly its privileges on ``schema`` (None: leave it alone)."""
     if producer is None and worker is None and operator is None:
         raise ConfigError("grant: name at least one role (producer, worker or operator)")
     for label, role in (("producer", producer), ("worker", worker), ("operator", operator)):
@@ -65,8 +59,6 @@ def grant_sql(
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(jobs, op),  # its identity sequence follows
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(versions, op),
         ]
-        if database is not None:
-            out.append(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(database), op))
     out.append(sql.SQL("REVOKE ALL ON {}, {} FROM PUBLIC").format(jobs, versions))
     members = [sql.Identifier(r) for r in dict.fromkeys(r for r in (producer, worker) if r is not None)]
     for member in members:  # converge: start from nothing, then grant exactly
@@ -106,8 +98,7 @@ def apply_grants(
     """
     names = [r for r in (producer, worker, operator) if r is not None]
     with conn.transaction():
-        row = conn.execute("SELECT current_database()").fetchone()
-        statements = grant_sql(schema, producer, worker, operator, database=row[0] if row else None)
+        statements = grant_sql(schema, producer, worker, operator)
         found = {r[0] for r in conn.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", (names,))}
         missing = [r for r in names if r not in found]
         if missing:

@@ -39,7 +39,7 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> MigrationReport:
     for m in migrations():
         with conn.transaction():
             conn.execute(q.schema_lock, {"key": lock_key(schema)})
-            conn.execute(q.schema_create)
+            _prepare(conn, schema)
             done = {r[0] for r in conn.execute(q.schema_versions).fetchall()}
             if m.version in done:
                 continue
@@ -57,7 +57,7 @@ async def amigrate(conn: psycopg.AsyncConnection[Any], schema: str) -> Migration
     for m in migrations():
         async with conn.transaction():
             await conn.execute(q.schema_lock, {"key": lock_key(schema)})
-            await conn.execute(q.schema_create)
+            await _aprepare(conn, schema)
             done = {r[0] for r in await (await conn.execute(q.schema_versions)).fetchall()}
             if m.version in done:
                 continue
@@ -69,6 +69,25 @@ async def amigrate(conn: psycopg.AsyncConnection[Any], schema: str) -> Migration
     return MigrationReport(schema, tuple(applied), latest_version())
 
 
+def _prepare(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Create the schema and the migrations table only when missing: a role that owns an existing schema can
+    migrate without CREATE on the database."""
+    q = queries_for(schema)
+    if not conn.execute(q.schema_exists, {"schema": schema}).fetchone()[0]:  # type: ignore[index]
+        conn.execute(q.schema_create)
+    if not conn.execute(q.schema_present, {"schema": schema}).fetchone()[0]:  # type: ignore[index]
+        conn.execute(q.schema_migrations_create)
+
+
+async def _aprepare(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    q = queries_for(schema)
+    if not (await (await conn.execute(q.schema_exists, {"schema": schema})).fetchone())[0]:  # type: ignore[index]
+        await conn.execute(q.schema_create)
+    present = await (await conn.execute(q.schema_present, {"schema": schema})).fetchone()
+    if not present[0]:  # type: ignore[index]
+        await conn.execute(q.schema_migrations_create)
+
+
 def _apply(conn: psycopg.Connection[Any], schema: str, m: Migration) -> None:
     q = queries_for(schema)
     conn.execute(render(m.text, schema))
@@ -78,7 +97,7 @@ def _apply(conn: psycopg.Connection[Any], schema: str, m: Migration) -> None:
 def current_version(conn: psycopg.Connection[Any], schema: str) -> int:
     """Highest applied version, 0 when the schema was never migrated."""
     q = queries_for(schema)
-    row = conn.execute(q.schema_present, {"table": f'"{schema}".schema_migrations'}).fetchone()
+    row = conn.execute(q.schema_present, {"schema": schema}).fetchone()
     if not row or not row[0]:
         return 0
     versions = [r[0] for r in conn.execute(q.schema_versions).fetchall()]
@@ -87,7 +106,7 @@ def current_version(conn: psycopg.Connection[Any], schema: str) -> int:
 
 async def acurrent_version(conn: psycopg.AsyncConnection[Any], schema: str) -> int:
     q = queries_for(schema)
-    row = await (await conn.execute(q.schema_present, {"table": f'"{schema}".schema_migrations'})).fetchone()
+    row = await (await conn.execute(q.schema_present, {"schema": schema})).fetchone()
     if not row or not row[0]:
         return 0
     versions = [r[0] for r in await (await conn.execute(q.schema_versions)).fetchall()]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,6 +27,8 @@ from skiplock.settings import QUEUE_NAME, Settings, redact
 from skiplock.sql import Queries, queries_for
 
 MAX_ERROR_CHARS = 4000
+# A \u0000 escape in JSON text, not preceded by an escaped backslash (a literal "\\u0000" is fine).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 PURGE_BATCH = 5000
 
 
@@ -34,9 +37,11 @@ def encode_payload(payload: Any, max_bytes: int) -> str:
     """The payload as compact JSON text, or :class:`PayloadError` (nothing is written)."""
     try:
         text = json.dumps(payload, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except RecursionError:
+        raise PayloadError("payload nests too deeply to serialise") from None
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
-    if "\\u0000" in text:
+    if _NUL_ESCAPE.search(text):
         raise PayloadError("payload contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
@@ -122,6 +127,9 @@ def enqueue_many_params(
     keys: list[str | None] = list(idempotency_keys) if idempotency_keys is not None else [None] * len(encoded)
     if len(keys) != len(encoded):
         raise ValueError(f"{len(keys)} idempotency keys for {len(encoded)} payloads")
+    for key in keys:
+        if key is not None and (not isinstance(key, str) or not key):
+            raise ValueError(f"each idempotency key must be None or a non-empty string (got {key!r})")
     params = enqueue_params(
         settings,
         queue,
@@ -237,7 +245,9 @@ class Queue:
         if pool is None:
             dsn = self.settings.require_dsn()
             check_connect(dsn, connect_timeout)
-            pool = ConnectionPool(dsn, min_size=1, max_size=max_size, open=False, name="skiplock")
+            pool = ConnectionPool(
+                dsn, min_size=1, max_size=max_size, open=False, name="skiplock", timeout=connect_timeout
+            )
             pool.open()
             try:
                 pool.wait(timeout=connect_timeout)
@@ -268,9 +278,12 @@ class Queue:
             with conn.cursor(row_factory=dict_row) as cur:
                 cur.execute(query, params)
                 return cur.fetchall() if cur.description else []
-        with self._pool.connection() as own, own.cursor(row_factory=dict_row) as cur:
-            cur.execute(query, params)
-            return cur.fetchall() if cur.description else []
+        try:
+            with self._pool.connection() as own, own.cursor(row_factory=dict_row) as cur:
+                cur.execute(query, params)
+                return cur.fetchall() if cur.description else []
+        except PoolTimeout as exc:  # no connection could be had within the pool's timeout
+            raise unavailable(exc, self.settings.dsn) from None
 
     # producer
     def enqueue(
@@ -451,7 +464,7 @@ class AsyncQueue:
         dsn = settings.require_dsn()
         await acheck_connect(dsn, connect_timeout)
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            dsn, min_size=1, max_size=max_size, open=False, name="skiplock-async"
+            dsn, min_size=1, max_size=max_size, open=False, name="skiplock-async", timeout=connect_timeout
         )
         await pool.open()
         try:
@@ -486,9 +499,12 @@ class AsyncQueue:
             async with conn.cursor(row_factory=dict_row) as cur:
                 await cur.execute(query, params)
                 return await cur.fetchall() if cur.description else []
-        async with self._pool.connection() as own, own.cursor(row_factory=dict_row) as cur:
-            await cur.execute(query, params)
-            return await cur.fetchall() if cur.description else []
+        try:
+            async with self._pool.connection() as own, own.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query, params)
+                return await cur.fetchall() if cur.description else []
+        except PoolTimeout as exc:
+            raise unavailable(exc, self.settings.dsn) from None
 
     async def enqueue(
         self,

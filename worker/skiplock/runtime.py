@@ -28,6 +28,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from skiplock import __version__
 from skiplock.backoff import backoff_seconds
+from skiplock.errors import DatabaseUnavailableError
 from skiplock.handlers import Handler
 from skiplock.job import Job
 from skiplock.listener import Listener
@@ -37,7 +38,7 @@ from skiplock.settings import Settings, redact
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError)
+TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError, DatabaseUnavailableError)
 FLUSH_MAX = 500
 APPLICATION_NAME = "skiplock-worker"
 
@@ -102,6 +103,7 @@ class Worker:
             open=False,
             name="skiplock-worker",
             reconnect_timeout=0,
+            timeout=10,
             kwargs={"application_name": APPLICATION_NAME},
         )
         await pool.open()
@@ -502,22 +504,21 @@ class Worker:
         return self._aq
 
     async def _db(self, operation: str, call: Callable[[], Awaitable[T]]) -> T | None:
-        """Run one control-plane call; a transient database error is logged, counted and survived (None)."""
-        try:
-            result = await call()
-        except TRANSIENT as exc:
-            self.metrics.db_errors.labels(operation).inc()
-            self.metrics.database_up.set(0)
-            self._db_ok = False
-            self._db_failures += 1
-            if self._db_failures == 1 or self._db_failures % 10 == 0:
-                log.warning(
-                    "database error during %s (%s); retrying",
-                    operation,
-                    redact(str(exc).strip(), self.settings.dsn),
-                    extra={"action": "db_error"},
-                )
-            return None
+        """Run one control-plane call. A database error is logged, counted and survived (None): the caller backs
+        off and tries again. A transient one is retried at once first, since after a server restart or a killed
+        backend the pool can hand out one dead connection per slot (every call here is fenced or idempotent)."""
+        for attempt in (1, 2):
+            try:
+                result = await call()
+                break
+            except TRANSIENT as exc:
+                if attempt == 1:
+                    continue
+                self._db_error(operation, exc, logging.WARNING)
+                return None
+            except (psycopg.Error, DatabaseUnavailableError) as exc:  # not transient: a bug, a privilege, a standby
+                self._db_error(operation, exc, logging.ERROR)
+                return None
         if not self._db_ok:
             if self._db_failures:
                 log.info("database reachable again", extra={"action": "db_recovered"})
@@ -525,6 +526,21 @@ class Worker:
             self._db_failures = 0
             self.metrics.database_up.set(1)
         return result
+
+    def _db_error(self, operation: str, exc: BaseException, level: int) -> None:
+        self.metrics.db_errors.labels(operation).inc()
+        self.metrics.database_up.set(0)
+        self._db_ok = False
+        self._db_failures += 1
+        if self._db_failures == 1 or self._db_failures % 10 == 0:
+            log.log(
+                level,
+                "database error during %s (%s: %s); retrying",
+                operation,
+                type(exc).__name__,
+                redact(str(exc).strip(), self.settings.dsn),
+                extra={"action": "db_error"},
+            )
 
     async def _backoff_after_error(self) -> None:
         delay = backoff_seconds(max(self._db_failures, 1), base=0.2, cap=10.0, jitter=0.5)

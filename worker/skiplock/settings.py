@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 from skiplock.errors import ConfigError
 
 ENV_PREFIX = "SKIPLOCK_"
+MAX_BACKOFF_SECONDS = 365 * 86400
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
 QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 LogFormat = Literal["plain", "json"]
@@ -155,6 +156,8 @@ class Settings:
                 problems.append(f"{name} must be > 0 (got {getattr(self, name)})")
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             problems.append("backoff_cap_seconds must be >= backoff_base_seconds")
+        if self.backoff_cap_seconds > MAX_BACKOFF_SECONDS:
+            problems.append(f"backoff_cap_seconds must be at most {MAX_BACKOFF_SECONDS} (one year)")
         if not 0.0 <= self.backoff_jitter <= 1.0:
             problems.append(f"backoff_jitter must be within [0, 1] (got {self.backoff_jitter})")
         if self.shutdown_grace_seconds < 0:

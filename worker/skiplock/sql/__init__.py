@@ -78,7 +78,9 @@ class Queries:
     job_purge_batch: LiteralString
     queue_stats: LiteralString
     schema_lock: LiteralString
+    schema_exists: LiteralString
     schema_create: LiteralString
+    schema_migrations_create: LiteralString
     schema_versions: LiteralString
     schema_record: LiteralString
     schema_present: LiteralString

@@ -2,9 +2,16 @@
 -- Serialize migrations of one schema across processes (released at commit).
 SELECT pg_advisory_xact_lock(%(key)s::bigint);
 
+-- name: schema_exists
+-- Whether the schema exists (creating it needs CREATE on the database, so it is only tried when missing).
+SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s) AS present;
+
 -- name: schema_create
--- The schema itself and the record of applied migrations.
+-- The schema itself.
 CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- name: schema_migrations_create
+-- The record of applied migrations.
 CREATE TABLE IF NOT EXISTS {schema}.schema_migrations (
     version    integer PRIMARY KEY,
     name       text NOT NULL,
@@ -20,5 +27,7 @@ SELECT version FROM {schema}.schema_migrations ORDER BY version;
 INSERT INTO {schema}.schema_migrations (version, name) VALUES (%(version)s, %(name)s);
 
 -- name: schema_present
--- Whether the migrations table exists in this schema.
-SELECT to_regclass(%(table)s) IS NOT NULL AS present;
+-- Whether the migrations table exists in this schema (names as parameters, so any schema name is safe).
+SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %(schema)s AND tablename = 'schema_migrations'
+) AS present;
