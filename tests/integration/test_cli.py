@@ -137,3 +137,25 @@ def test_demo_runs_end_to_end_on_the_given_database(pg_dsn):
             "SELECT count(*) FROM skiplock_demo.jobs WHERE status IN ('pending', 'processing')"
         ).fetchone()[0]
     assert done == receipts > 250 and left == 0
+
+
+def test_grant_gives_a_worker_role_exactly_the_lease_updates(pg_dsn, schema):
+    role = f"w_{uuid.uuid4().hex[:10]}"
+    dry = run("grant", "--worker", role, "--dry-run", schema=schema)
+    assert dry.returncode == 0 and f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}";' in dry.stdout
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" NOLOGIN')
+        try:
+            out = run("grant", "--worker", role, dsn=pg_dsn, schema=schema)
+            assert out.returncode == 0, out.stderr
+            can = conn.execute(
+                "SELECT has_table_privilege(%(r)s, %(t)s, 'SELECT'), has_table_privilege(%(r)s, %(t)s, 'INSERT'),"
+                " has_table_privilege(%(r)s, %(t)s, 'DELETE'),"
+                " has_column_privilege(%(r)s, %(t)s, 'locked_at', 'UPDATE'),"
+                " has_column_privilege(%(r)s, %(t)s, 'payload', 'UPDATE')",
+                {"r": role, "t": f'"{schema}".jobs'},
+            ).fetchone()
+            assert can == (True, False, False, True, False)
+        finally:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')

@@ -130,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("doctor", parents=[common], help="check schema, indexes, vacuum health and LISTEN")
     dr.add_argument("--json", action="store_true")
 
+    gr = sub.add_parser("grant", parents=[common], help="give existing roles least-privilege rights on the schema")
+    gr.add_argument("--producer", help="role that enqueues (INSERT, SELECT on jobs)")
+    gr.add_argument("--worker", help="role that claims and finishes jobs (UPDATE of the lease columns only)")
+    gr.add_argument("--operator", help="role that migrates, reads stats and purges (becomes the schema's owner)")
+    gr.add_argument("--dry-run", action="store_true", help="print the statements, change nothing")
+
     op = sub.add_parser("operator", parents=[common], help="run the Kubernetes operator (needs skiplock[operator])")
     op.add_argument("--namespace", action="append", default=[], help="watch this namespace (repeatable)")
     op.add_argument("--all-namespaces", action="store_true")
@@ -383,6 +389,25 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     return doctor.exit_code(checks)
 
 
+def cmd_grant(args: argparse.Namespace, settings: Settings) -> int:
+    import psycopg
+
+    from skiplock import grant
+    from skiplock.queue import check_connect
+
+    roles = {"producer": args.producer, "worker": args.worker, "operator": args.operator}
+    if args.dry_run:
+        for statement in grant.grant_sql(settings.schema, **roles):
+            print(statement.as_string(None) + ";")
+        return EXIT_OK
+    dsn = settings.require_dsn()
+    check_connect(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        done = grant.apply_grants(conn, settings.schema, **roles)
+    print(f"applied {len(done)} statement(s) on schema {settings.schema!r}")
+    return EXIT_OK
+
+
 def cmd_operator(args: argparse.Namespace, settings: Settings) -> int:
     try:
         import skiplock_operator
@@ -409,5 +434,6 @@ COMMANDS = {
     "worker": cmd_worker,
     "demo": cmd_demo,
     "doctor": cmd_doctor,
+    "grant": cmd_grant,
     "operator": cmd_operator,
 }
