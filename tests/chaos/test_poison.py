@@ -7,6 +7,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
 from skiplock import Queue, Settings
@@ -121,10 +122,21 @@ def test_a_drain_right_after_the_connections_were_dropped_still_hands_the_job_ba
         ) as fleet,
     ):
         job = q.enqueue("d", {"kind": "slow", "sleep": 30, "key": "held"}).id
-        wait_for(lambda: q.get(job)["status"] == "processing", timeout=30, what="the job running")
+        # The handler has written its effect and sleeps inside its transaction: only then drop the connections
+        # (a connection dropped before the handler used it fails that attempt, which is not what this tests).
+        wait_for(lambda: _in_handler_transaction(chaos_pg.dsn), timeout=30, what="the handler mid-transaction")
         assert terminate_worker_backends(chaos_pg.dsn) >= 1
         proc, code = fleet.drain(0)
         assert code == 0, proc.output()
         fleet.held.add(0)  # keep it down: nothing may claim the job again before we look
         row = q.get(job)
     assert (row["status"], row["attempts"]) == ("pending", 0), proc.output()[-2000:]
+
+
+def _in_handler_transaction(dsn: str) -> bool:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'skiplock-worker' "
+            "AND state = 'idle in transaction' AND query LIKE 'INSERT INTO%%effects%%'"
+        ).fetchone()
+    return bool(row and row[0])
