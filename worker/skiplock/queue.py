@@ -246,7 +246,13 @@ class Queue:
             dsn = self.settings.require_dsn()
             check_connect(dsn, connect_timeout)
             pool = ConnectionPool(
-                dsn, min_size=1, max_size=max_size, open=False, name="skiplock", timeout=connect_timeout
+                dsn,
+                min_size=1,
+                max_size=max_size,
+                open=False,
+                name="skiplock",
+                timeout=connect_timeout,
+                kwargs={"autocommit": True},  # every call is one statement: no BEGIN/COMMIT round trips
             )
             pool.open()
             try:
@@ -464,7 +470,13 @@ class AsyncQueue:
         dsn = settings.require_dsn()
         await acheck_connect(dsn, connect_timeout)
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            dsn, min_size=1, max_size=max_size, open=False, name="skiplock-async", timeout=connect_timeout
+            dsn,
+            min_size=1,
+            max_size=max_size,
+            open=False,
+            name="skiplock-async",
+            timeout=connect_timeout,
+            kwargs={"autocommit": True},
         )
         await pool.open()
         try:

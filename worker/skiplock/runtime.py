@@ -41,6 +41,10 @@ T = TypeVar("T")
 TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError, DatabaseUnavailableError)
 FLUSH_MAX = 500
 APPLICATION_NAME = "skiplock-worker"
+CONTROL_CONNECTIONS = 4
+# With jobs in flight and work waiting, wait up to this long for more slots to free before claiming, so one
+# claim statement carries several jobs instead of one per finished job.
+CLAIM_GATHER_SECONDS = 0.005
 
 
 class _HandlerUsedConnection(Exception):
@@ -79,6 +83,7 @@ class Worker:
         self._db_failures = 0
         self._aq: AsyncQueue | None = None
         self._sync_pool: ConnectionPool[Any] | None = None
+        self._job_pool: AsyncConnectionPool[Any] | None = None
         self._sync_queue: Queue | None = None
         self._exporter: Exporter | None = None
         self.listener: Listener | None = None
@@ -95,20 +100,34 @@ class Worker:
         s = self.settings
         dsn = s.require_dsn()
         await asyncio.to_thread(check_connect, dsn)
-        size = s.concurrency + 3 if self.handler.is_async else 4
+        # Control-plane calls (claim, batched completion, heartbeat, recovery) are single statements: on
+        # autocommit connections they cost one round trip each, not three (BEGIN, statement, COMMIT).
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             dsn,
-            min_size=min(size, 2),
-            max_size=size,
+            min_size=1,
+            max_size=CONTROL_CONNECTIONS,
             open=False,
-            name="skiplock-worker",
+            name="skiplock-control",
             reconnect_timeout=0,
             timeout=10,
-            kwargs={"application_name": APPLICATION_NAME},
+            kwargs={"application_name": APPLICATION_NAME, "autocommit": True},
         )
         await pool.open()
         self._aq = AsyncQueue(pool, s, owned=True)
-        if not self.handler.is_async:
+        # job.conn: one transactional connection per slot, from a pool of the handler's colour.
+        if self.handler.is_async:
+            self._job_pool = AsyncConnectionPool(
+                dsn,
+                min_size=1,
+                max_size=s.concurrency,
+                open=False,
+                name="skiplock-handlers",
+                reconnect_timeout=0,
+                timeout=30,
+                kwargs={"application_name": APPLICATION_NAME},
+            )
+            await self._job_pool.open()
+        else:
             self._sync_pool = ConnectionPool(
                 dsn,
                 min_size=1,
@@ -116,6 +135,7 @@ class Worker:
                 open=False,
                 name="skiplock-handlers",
                 reconnect_timeout=0,
+                timeout=30,
                 kwargs={"application_name": APPLICATION_NAME},
             )
             self._sync_pool.open()
@@ -175,6 +195,8 @@ class Worker:
                     log.warning("%d handler thread(s) still running at exit", busy, extra={"action": "threads_left"})
                 else:
                     await asyncio.to_thread(self._sync_pool.close)
+            if self._job_pool is not None:
+                await self._job_pool.close()
             await pool.close()
             log.info(
                 "worker stopped",
@@ -202,12 +224,15 @@ class Worker:
     async def _claim_loop(self) -> None:
         s = self.settings
         more = True
+        gather = max(1, min(s.batch, s.concurrency) // 2)
         while not self._stopping.is_set():
             free = s.concurrency - len(self._running)
             if free <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
+            if more and self._running and free < gather:
+                free = await self._gather_slots(gather)
             if not more:
                 source = await self._wait_for_work()
                 if self._stopping.is_set():
@@ -229,6 +254,19 @@ class Worker:
                 self.m.claimed.inc(len(jobs))
             for job in jobs:
                 self._start(job)
+
+    async def _gather_slots(self, wanted: int) -> int:
+        """Wait a few milliseconds for ``wanted`` free slots (fewer if time runs out); returns the free slots."""
+        deadline = time.monotonic() + CLAIM_GATHER_SECONDS
+        while not self._stopping.is_set():
+            free = self.settings.concurrency - len(self._running)
+            left = deadline - time.monotonic()
+            if free >= wanted or left <= 0:
+                return free
+            self._slot_freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_freed.wait(), timeout=left)
+        return self.settings.concurrency - len(self._running)
 
     async def _wait_for_work(self) -> str:
         waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(self._stopping.wait())]
@@ -271,8 +309,8 @@ class Worker:
             self._slot_freed.set()
 
     async def _run_async(self, job: Job) -> str:
-        assert self._aq is not None
-        async with self._aq.pool.connection() as conn:
+        assert self._aq is not None and self._job_pool is not None
+        async with self._job_pool.connection() as conn:
             try:
                 await self.handler.func(job.with_conn(conn))
             except BaseException:
