@@ -1,7 +1,8 @@
 """skiplock benchmark suite (issue 7): ``make bench`` or ``.venv/bin/python bench/run.py [--quick|--full]``.
 
 Each case runs ``--repeat`` times (default 3), interleaved (case A, case B, ..., then again), so slow drift on a
-shared machine hits every case alike; the tables show medians, and ratios are taken within this one run. JSON
+shared machine hits every case alike; the tables show medians, and each ratio is the median over repeats of the
+ratio of two runs next to each other in time (never across runs of the script). JSON
 lines (settings, versions, machine facts, every run, the medians and the targets) go to stdout after the tables
 and to ``bench/results/bench-<time>.jsonl``.
 
@@ -113,6 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "interleaved with the main ones in the same run; rows get [LABEL] and an 'x main' ratio",
     )
     p.add_argument("--compare-label", default="alt", help="label of the --compare rows (default alt)")
+    p.add_argument("--replay", type=Path, help="print the tables of an earlier run's JSON lines file, run nothing")
     a = p.parse_args(argv)
     a.mode = a.mode or "default"
     if a.repeat < 1 or a.workers < 1 or a.concurrency < 1:
@@ -146,8 +148,19 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
     add("drain", "drain noop", lambda: scenario.drain(cfg, system="skiplock", handler="noop"))
     if alt:
         add("drain", "drain noop" + tag, lambda: scenario.drain(cfg, system="skiplock", handler="noop", src=alt))
+    # the big-table drains run right after the empty-table ones, so their paired ratios compare neighbours in time
+    add(
+        "tablesize",
+        "drain noop, big table",
+        lambda: scenario.drain(cfg, system="skiplock", handler="noop", schema=big["skiplock"]),
+    )
     if seed:
         add("drain", "drain noop [seed]", lambda: scenario.drain(cfg, system="seed", handler="noop"))
+        add(
+            "tablesize",
+            "drain noop, big table [seed]",
+            lambda: scenario.drain(cfg, system="seed", handler="noop", schema=big["seed"]),
+        )
         add("drain", TUNED, lambda: scenario.drain(cfg, system="tuned", handler="noop"))
     add("drain", "drain noop async", lambda: scenario.drain(cfg, system="skiplock", handler="anoop"))
     add(
@@ -171,17 +184,6 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
     if seed:
         add("transactional", "drain write [seed]", lambda: scenario.drain(cfg, system="seed", handler="write"))
     add("transactional", "drain write async", lambda: scenario.drain(cfg, system="skiplock", handler="awrite"))
-    add(
-        "tablesize",
-        "drain noop, big table",
-        lambda: scenario.drain(cfg, system="skiplock", handler="noop", schema=big["skiplock"]),
-    )
-    if seed:
-        add(
-            "tablesize",
-            "drain noop, big table [seed]",
-            lambda: scenario.drain(cfg, system="seed", handler="noop", schema=big["seed"]),
-        )
     add("latency", "latency NOTIFY", lambda: scenario.latency(cfg, listen=True))
     if alt:
         add("latency", "latency NOTIFY" + tag, lambda: scenario.latency(cfg, listen=True, src=alt))
@@ -208,28 +210,32 @@ def seed_of(name: str) -> str:
     return main_of(name).replace(" async", "").split(" C=")[0] + " [seed]"
 
 
-def add_ratios(med: dict[str, dict[str, Any]]) -> None:
+def paired(runs: dict[str, list[dict[str, Any]]], case: str, base: str, key: str = "jobs_per_s") -> float | None:
+    """Median over repeats of case/base, each repeat paired with the base run next to it in time (robust to drift)."""
+    a, b = runs.get(case), runs.get(base)
+    if not a or not b or case == base:
+        return None
+    return meter.median([x[key] / y[key] for x, y in zip(a, b, strict=False) if y[key]])
+
+
+def add_ratios(med: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]]) -> None:
     for name, m in med.items():
         if not name.startswith("drain") or "[seed]" in name:
             continue
-        base = med.get(seed_of(name))
-        m["vs_seed"] = m["jobs_per_s"] / base["jobs_per_s"] if base else None
+        m["vs_seed"] = paired(runs, name, seed_of(name))
         if name == TUNED:
             continue
-        main = med.get(main_of(name))
-        m["vs_main"] = m["jobs_per_s"] / main["jobs_per_s"] if main and main is not m else None
-        tuned = med.get(TUNED)
+        m["vs_main"] = paired(runs, name, main_of(name))
         noop = "noop" in name and "big table" not in name
-        m["vs_tuned"] = m["jobs_per_s"] / tuned["jobs_per_s"] if tuned and noop else None
+        m["vs_tuned"] = paired(runs, name, TUNED) if noop else None
+    if "drain noop, big table" in med:
+        med["drain noop, big table"]["vs_empty_table"] = paired(runs, "drain noop, big table", "drain noop")
 
 
 def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
     def get(case: str, key: str) -> float | None:
         v = med.get(case, {}).get(key)
         return float(v) if isinstance(v, int | float) and not math.isnan(v) else None
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return a / b if a is not None and b else None
 
     rows = [
         ("drain no-op vs seed baseline (2 workers)", ">= 15x", get("drain noop", "vs_seed"), 15.0, True),
@@ -241,7 +247,7 @@ def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
         (
             "big table drain vs empty table",
             ">= 0.9x",
-            ratio(get("drain noop, big table", "jobs_per_s"), get("drain noop", "jobs_per_s")),
+            get("drain noop, big table", "vs_empty_table"),
             0.9,
             True,
         ),
@@ -347,9 +353,34 @@ def use_ref(ref: str, argv: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, __file__, *argv])
 
 
+def summarize(
+    runs: dict[str, list[dict[str, Any]]], big_c: int
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    med = {name: medians(rs) for name, rs in runs.items()}
+    add_ratios(med, runs)
+    return med, targets(med, big_c)
+
+
+def replay(path: Path) -> int:
+    runs: dict[str, list[dict[str, Any]]] = {}
+    big_c = 32
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if record["type"] == "meta":
+            big_c = record["settings"].get("big_concurrency", big_c)
+        elif record["type"] == "run":
+            runs.setdefault(record["case"], []).append(
+                {k: v for k, v in record.items() if k not in ("type", "group", "case", "rep")}
+            )
+    print(render(*summarize(runs, big_c)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
+    if a.replay:
+        return replay(a.replay)
     if Path(os.environ.get("BENCH_REF_TMP", "/nonexistent")).name.startswith("bench-ref-"):
         atexit.register(shutil.rmtree, os.environ["BENCH_REF_TMP"], ignore_errors=True)
     # SIGTERM unwinds like Ctrl-C, so workers, schemas and the private server are cleaned up
@@ -409,9 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  [{rep + 1}/{a.repeat}] {name}: {brief:,.1f} ({took:.1f}s)", file=sys.stderr)
         finally:
             scenario.drop_schemas(cfg)
-    med = {name: medians(rs) for name, rs in runs.items()}
-    add_ratios(med)
-    tgt = targets(med, a.big_concurrency)
+    med, tgt = summarize(runs, a.big_concurrency)
     for name, m in med.items():
         emit({"type": "median", "case": name, **m})
     for row in tgt:
