@@ -77,8 +77,10 @@ def test_drains_finish_every_job_once_with_sane_counters(bench_lines: list[dict[
     assert len(drains) >= 8
     for name, m in drains.items():
         assert m["jobs"] > 0 and m["max_attempts_seen"] == 1, name  # every job done on its first attempt
-        for key in ("seconds", "jobs_per_s", "worker_cpu_s_per_1k", "wal_bytes_per_job", "worker_rss_mb"):
+        for key in ("seconds", "jobs_per_s", "wal_bytes_per_job", "worker_rss_mb"):
             assert _positive(m[key]), (name, key)
+        # CPU time is counted in clock ticks (10 ms): a tiny, fast drain may round down to zero.
+        assert m["worker_cpu_s_per_1k"] >= 0, name
         assert m["commits_per_job"] > 0 and m["write_tx_per_job"] > 0, name  # not negative noise
         if "[seed]" not in name:
             assert _positive(m["vs_seed"]) or m["vs_seed"] is None, name
