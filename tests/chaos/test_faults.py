@@ -83,8 +83,11 @@ def run_scenario(
         producer.stop()
         wait_for(all_terminal(server.dsn, schema), timeout=120, interval=0.2, what="every job terminal")
         settled = time.time()
-        unexpected = fleet.unexpected_exits({-9, 0, 3, POISON_EXIT})  # 3: started while the database was down
+        expected = {-9, 0, 3, POISON_EXIT}  # 3: started while the database was down
+        unexpected = fleet.unexpected_exits(expected)
         restarts = fleet.restarts
+        crashed = [p for p in fleet.history if p.popen.poll() not in expected and p.popen.poll() is not None]
+        evidence = "".join(f"\n--- {p.name} exited {p.popen.returncode}:\n{p.output()[-3000:]}" for p in crashed)
     invariants = check_invariants(
         server.dsn,
         schema,
@@ -101,7 +104,8 @@ def run_scenario(
             f"{restarts} worker restarts, unexpected exit codes {unexpected or 'none'}; faults: "
             + ", ".join(f"{k} {v}" for k, v in counts.items())
             + f"; longest server downtime {downtime:.1f}s; producer retries {producer.errors}"
-            + f"; settled {settled - last_fault:.1f}s after the last fault",
+            + f"; settled {settled - last_fault:.1f}s after the last fault"
+            + (evidence if unexpected else ""),
         )
     )
     return invariants
