@@ -88,7 +88,7 @@ def enqueue_params(
 ) -> dict[str, Any]:
     check_queue_name(queue)
     attempts = settings.max_attempts if max_attempts is None else max_attempts
-    if not isinstance(attempts, int) or attempts < 1:
+    if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
         raise ValueError(f"max_attempts must be an integer >= 1 (got {max_attempts!r})")
     if not isinstance(priority, int) or not -32768 <= priority <= 32767:
         raise ValueError(f"priority must be an integer within -32768..32767 (got {priority!r})")
@@ -443,8 +443,12 @@ class Queue:
 
     def check_schema(self) -> None:
         """Raise :class:`SchemaNotReadyError` unless the schema is migrated to this version."""
-        with self._pool.connection() as conn:
-            migrations.check_version(migrations.current_version(conn, self.settings.schema), self.settings.schema)
+        try:
+            with self._pool.connection() as conn:
+                version = migrations.current_version(conn, self.settings.schema)
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise unavailable(exc, self.settings.dsn) from None
+        migrations.check_version(version, self.settings.schema)
 
 
 # ---------------------------------------------------------------------------------------------- async

@@ -42,9 +42,35 @@ TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSEr
 FLUSH_MAX = 500
 APPLICATION_NAME = "skiplock-worker"
 CONTROL_CONNECTIONS = 4
+DB_ATTEMPTS = 3  # immediate tries of one control-plane call before backing off
 # With jobs in flight and work waiting, wait up to this long for more slots to free before claiming, so one
 # claim statement carries several jobs instead of one per finished job.
 CLAIM_GATHER_SECONDS = 0.005
+# A pooled connection idle longer than this is pinged before use: after a server restart or a killed backend
+# the pool would otherwise hand out one dead connection per slot (and burn a job attempt on each).
+IDLE_CHECK_SECONDS = 2.0
+
+
+def _stamp(conn: Any) -> None:
+    setattr(conn, "_skiplock_returned", time.monotonic())  # noqa: B010 - psycopg connections take attributes
+
+
+def _is_stale(conn: Any) -> bool:
+    return bool(time.monotonic() - getattr(conn, "_skiplock_returned", 0.0) > IDLE_CHECK_SECONDS)
+
+
+async def _astamp(conn: psycopg.AsyncConnection[Any]) -> None:
+    _stamp(conn)
+
+
+async def _acheck(conn: psycopg.AsyncConnection[Any]) -> None:
+    if _is_stale(conn):
+        await conn.execute("SELECT 1")
+
+
+def _check(conn: psycopg.Connection[Any]) -> None:
+    if _is_stale(conn):
+        conn.execute("SELECT 1")
 
 
 class _HandlerUsedConnection(Exception):
@@ -110,6 +136,8 @@ class Worker:
             name="skiplock-control",
             reconnect_timeout=0,
             timeout=10,
+            check=_acheck,
+            reset=_astamp,
             kwargs={"application_name": APPLICATION_NAME, "autocommit": True},
         )
         await pool.open()
@@ -124,6 +152,8 @@ class Worker:
                 name="skiplock-handlers",
                 reconnect_timeout=0,
                 timeout=30,
+                check=_acheck,
+                reset=_astamp,
                 kwargs={"application_name": APPLICATION_NAME},
             )
             await self._job_pool.open()
@@ -136,6 +166,8 @@ class Worker:
                 name="skiplock-handlers",
                 reconnect_timeout=0,
                 timeout=30,
+                check=_check,
+                reset=_stamp,
                 kwargs={"application_name": APPLICATION_NAME},
             )
             self._sync_pool.open()
@@ -545,12 +577,12 @@ class Worker:
         """Run one control-plane call. A database error is logged, counted and survived (None): the caller backs
         off and tries again. A transient one is retried at once first, since after a server restart or a killed
         backend the pool can hand out one dead connection per slot (every call here is fenced or idempotent)."""
-        for attempt in (1, 2):
+        for attempt in range(1, DB_ATTEMPTS + 1):
             try:
                 result = await call()
                 break
             except TRANSIENT as exc:
-                if attempt == 1:
+                if attempt < DB_ATTEMPTS:
                     continue
                 self._db_error(operation, exc, logging.WARNING)
                 return None
