@@ -21,12 +21,14 @@ SELECT id FROM {schema}.jobs
 WHERE queue = %(queue)s AND idempotency_key = %(idempotency_key)s AND status <> 'failed';
 
 -- name: job_enqueue_many
--- Insert many jobs of one queue in one statement (duplicates by key are skipped) and wake workers once.
+-- Insert many jobs of one queue in one statement (payloads as one JSON array; duplicate keys skipped); wake once.
 WITH ins AS (
     INSERT INTO {schema}.jobs (queue, payload, priority, max_attempts, visible_at, idempotency_key)
     SELECT %(queue)s, p.payload, %(priority)s, %(max_attempts)s,
-           coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), p.key
-    FROM unnest(%(payloads)s::jsonb[], %(keys)s::text[]) AS p(payload, key)
+           coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), k.key
+    FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, n)
+    LEFT JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, n) USING (n)
+    ORDER BY p.n
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL AND status <> 'failed' DO NOTHING
     RETURNING id, visible_at
 ), woke AS (
