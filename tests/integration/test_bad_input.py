@@ -372,6 +372,8 @@ def _private_server() -> Iterator[Any]:
     try:
         server = PrivatePostgres().init()
     except Exception as exc:  # pragma: no cover - machines without PostgreSQL binaries
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"no private PostgreSQL: {exc}")
         pytest.skip(f"no private PostgreSQL: {exc}")
     try:
         setup_schema(server.dsn, "s")
