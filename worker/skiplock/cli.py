@@ -304,28 +304,25 @@ def cmd_failed(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def _selection(args: argparse.Namespace) -> tuple[list[int] | None, str | None]:
+def _by_selection(args: argparse.Namespace, settings: Settings, verb: str, what: str) -> int:
+    """retry/cancel: act on job ids, a queue, or both; non-zero when ids were named and none matched."""
     if not args.ids and not args.queue:
         raise ConfigError(f"{args.command}: give job ids, --queue, or both")
-    return (args.ids or None), args.queue
+    ids = args.ids or None
+    with _queue(settings) as q:
+        _guard_schema(q, settings)
+        act = q.retry_failed if args.command == "retry" else q.cancel
+        done = act(ids=ids, queue=args.queue)
+    print(f"{verb} {len(done)} {what}" + (f": {', '.join(map(str, done[:20]))}" if done else ""))
+    return EXIT_OK if done or not ids else EXIT_PROBLEMS
 
 
 def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
-    ids, queue = _selection(args)
-    with _queue(settings) as q:
-        _guard_schema(q, settings)
-        done = q.retry_failed(ids=ids, queue=queue)
-    print(f"re-queued {len(done)} failed job(s)" + (f": {', '.join(map(str, done[:20]))}" if done else ""))
-    return EXIT_OK if done or not ids else EXIT_PROBLEMS
+    return _by_selection(args, settings, "re-queued", "failed job(s)")
 
 
 def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
-    ids, queue = _selection(args)
-    with _queue(settings) as q:
-        _guard_schema(q, settings)
-        done = q.cancel(ids=ids, queue=queue)
-    print(f"cancelled {len(done)} job(s)" + (f": {', '.join(map(str, done[:20]))}" if done else ""))
-    return EXIT_OK if done or not ids else EXIT_PROBLEMS
+    return _by_selection(args, settings, "cancelled", "job(s)")
 
 
 def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
