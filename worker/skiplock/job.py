@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -23,6 +24,22 @@ CLAIM_COLUMNS = (
 )
 
 
+class LazyConnection:
+    """``job.conn`` of a sync handler: checked out of the worker's pool on first use only, so a handler that
+    never touches it costs no pool checkout and its completion can join a batch."""
+
+    __slots__ = ("_acquire", "conn")
+
+    def __init__(self, acquire: Callable[[], Any]) -> None:
+        self._acquire = acquire
+        self.conn: Any = None
+
+    def get(self) -> Any:
+        if self.conn is None:
+            self.conn = self._acquire()
+        return self.conn
+
+
 @dataclass(frozen=True)
 class Job:
     """One claimed attempt of a job.
@@ -41,14 +58,19 @@ class Job:
     created_at: datetime | None = None
     visible_at: datetime | None = None
     idempotency_key: str | None = None
-    conn: Any = field(default=None, compare=False, repr=False)
+    _conn: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def conn(self) -> Any:
+        c = self._conn
+        return c.get() if type(c) is LazyConnection else c
 
     @property
     def is_last_attempt(self) -> bool:
         return self.attempts >= self.max_attempts
 
     def with_conn(self, conn: Any) -> Job:
-        return dataclasses.replace(self, conn=conn)
+        return dataclasses.replace(self, _conn=conn)
 
 
 def job_from_row(row: dict[str, Any]) -> Job:

@@ -579,6 +579,16 @@ class AsyncQueue:
         rows = await self._run(self._q.job_claim, claim_params(queue, limit, worker, now), None)
         return [job_from_row(r) for r in rows]
 
+    async def complete_and_claim(
+        self, done: Sequence[Job], queue: str, *, limit: int, worker: str, now: datetime | None = None
+    ) -> tuple[set[int], list[Job]]:
+        """Mark ``done`` jobs done (fenced, as :meth:`complete`) and claim up to ``limit`` new ones, in one
+        statement and one commit: the worker's hot path. Returns the ids completed and the jobs claimed."""
+        params = claim_params(queue, limit, worker, now) | fence_params(done, worker, now)
+        rows = await self._run(self._q.job_complete_and_claim, params, None)
+        completed = {r["id"] for r in rows if r["completed"]}
+        return completed, [job_from_row(r) for r in rows if not r["completed"]]
+
     async def complete(
         self,
         jobs: Sequence[Job],

@@ -1,9 +1,12 @@
 """The worker: notify/poll claim loop, bounded concurrency, fenced handler transactions, batched completion,
 heartbeats, lease recovery, and a graceful SIGTERM drain.
 
-One asyncio loop runs it all. A sync handler runs its whole unit ("call handler, fenced complete, commit") in a
-thread on a sync-pool connection; an async handler gets an async connection. ``job.conn`` is opened for every
-job, but when the handler never used it the completion joins a batch (one statement for many jobs).
+One asyncio loop runs the control plane. Sync handlers run on ``concurrency`` long-lived threads fed through a
+queue; their results come back to the loop in batches (one wake-up for many jobs). A sync handler's ``job.conn``
+is checked out of the pool on first use only; an async handler gets an async connection for every job. A handler
+that wrote through ``job.conn`` is completed, fenced, in its own transaction; the others are completed in a batch
+that rides on the worker's next claim (one statement and one commit for both), or is flushed on its own when no
+claim is coming.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
@@ -30,7 +34,7 @@ from skiplock import __version__
 from skiplock.backoff import backoff_seconds
 from skiplock.errors import DatabaseUnavailableError
 from skiplock.handlers import Handler
-from skiplock.job import Job
+from skiplock.job import Job, LazyConnection
 from skiplock.listener import Listener
 from skiplock.metrics import Exporter, QueueCollector, StatsFetcher, WorkerMetrics
 from skiplock.queue import AsyncQueue, Failure, Queue, check_connect
@@ -43,9 +47,11 @@ FLUSH_MAX = 500
 APPLICATION_NAME = "skiplock-worker"
 CONTROL_CONNECTIONS = 4
 DB_ATTEMPTS = 3  # immediate tries of one control-plane call before backing off
-# With jobs in flight and work waiting, wait up to this long for more slots to free before claiming, so one
-# claim statement carries several jobs instead of one per finished job.
+# With jobs in flight and work waiting, wait up to this long for a whole batch of slots to free before claiming,
+# so one claim statement carries several jobs instead of one per finished job.
 CLAIM_GATHER_SECONDS = 0.005
+# Finished jobs wait up to this long for the next claim to carry their completion; then they are flushed alone.
+FLUSH_DELAY_SECONDS = 0.02
 # A pooled connection idle longer than this is pinged before use: after a server restart or a killed backend
 # the pool would otherwise hand out one dead connection per slot (and burn a job attempt on each).
 IDLE_CHECK_SECONDS = 2.0
@@ -80,8 +86,8 @@ class _HandlerUsedConnection(Exception):
 @dataclass
 class _Running:
     job: Job
-    task: asyncio.Task[None]
-    started: float = field(default_factory=time.monotonic)
+    started: float
+    task: asyncio.Task[None] | None = None  # async handlers only; sync ones run on the handler threads
 
 
 class Worker:
@@ -107,16 +113,19 @@ class Worker:
         self._last_tick = time.monotonic()
         self._db_ok = False
         self._db_failures = 0
+        self._claim_coming = False  # the claim loop has work waiting: its next claim will carry the completions
         self._aq: AsyncQueue | None = None
         self._sync_pool: ConnectionPool[Any] | None = None
         self._job_pool: AsyncConnectionPool[Any] | None = None
         self._sync_queue: Queue | None = None
         self._exporter: Exporter | None = None
         self.listener: Listener | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._sync_started = 0
-        self._threads_lock = threading.Lock()
-        self._sync_finished = 0
+        # sync handlers: jobs go to the threads through the inbox, results come back through the outbox
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._threads: list[threading.Thread] = []
+        self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._outbox: deque[tuple[Job, str | BaseException, float]] = deque()
+        self._collect_scheduled = False
         self.released = 0
         self.abandoned_threads = 0
 
@@ -172,8 +181,15 @@ class Worker:
             )
             self._sync_pool.open()
             self._sync_queue = Queue(pool=self._sync_pool, settings=s)
-            # One thread per slot (asyncio's default executor has only cpu + 4 threads).
-            self._executor = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix="skiplock-handler")
+            self._loop = asyncio.get_running_loop()
+            # One thread per slot. Daemon threads: one stuck in a handler must not keep the process alive after
+            # its job was handed back.
+            self._threads = [
+                threading.Thread(target=self._handler_thread, name=f"skiplock-handler-{i}", daemon=True)
+                for i in range(s.concurrency)
+            ]
+            for thread in self._threads:
+                thread.start()
         if s.metrics_port:
             self._start_exporter()
         log.info(
@@ -217,15 +233,18 @@ class Worker:
             if self._exporter:
                 self._exporter.stop()
             if self._sync_pool is not None:
-                busy = self._busy_threads()
-                assert self._executor is not None
-                self._executor.shutdown(wait=False, cancel_futures=True)
-                if busy:
+                for _ in self._threads:
+                    self._inbox.put(None)
+                if self.abandoned_threads:
                     # Handler threads cannot be interrupted; their jobs were handed back and their late
                     # completion is fenced out. The CLI exits without joining them.
-                    self.abandoned_threads = busy
-                    log.warning("%d handler thread(s) still running at exit", busy, extra={"action": "threads_left"})
+                    log.warning(
+                        "%d handler thread(s) still running at exit",
+                        self.abandoned_threads,
+                        extra={"action": "threads_left"},
+                    )
                 else:
+                    await asyncio.to_thread(self._join_threads)
                     await asyncio.to_thread(self._sync_pool.close)
             if self._job_pool is not None:
                 await self._job_pool.close()
@@ -240,8 +259,10 @@ class Worker:
         """First call: stop claiming and drain. Second call: stop waiting for in-flight jobs."""
         if self._stopping.is_set():
             self._force = True
+            self._slot_freed.set()
             for r in list(self._running.values()):
-                r.task.cancel()
+                if r.task is not None:
+                    r.task.cancel()
             return
         log.info("stop requested: draining", extra={"action": "drain_started", "in_flight": len(self._running)})
         self._stopping.set()
@@ -256,8 +277,9 @@ class Worker:
     async def _claim_loop(self) -> None:
         s = self.settings
         more = True
-        gather = max(1, min(s.batch, s.concurrency) // 2)
+        gather = max(1, min(s.batch, s.concurrency))
         while not self._stopping.is_set():
+            self._claim_coming = more
             free = s.concurrency - len(self._running)
             if free <= 0:
                 self._slot_freed.clear()
@@ -272,13 +294,19 @@ class Worker:
                 self.metrics.wakeups.labels(source).inc()
             self._wake.clear()
             want = min(s.batch, free)
-            jobs = await self._db(
-                "claim", partial(self._queue().claim, self.queue_name, limit=want, worker=self.identity)
+            # The finished jobs waiting for their batch ride on this claim: one statement, one commit.
+            done, self._done_buf = self._done_buf[:FLUSH_MAX], self._done_buf[FLUSH_MAX:]
+            result = await self._db(
+                "claim",
+                partial(self._queue().complete_and_claim, done, self.queue_name, limit=want, worker=self.identity),
             )
-            if jobs is None:
+            if result is None:
+                self._done_buf[:0] = done
                 await self._backoff_after_error()
                 more = True
                 continue
+            completed, jobs = result
+            self._count_done(done, completed)
             more = len(jobs) == want
             if more:
                 self.metrics.wakeups.labels("busy").inc()
@@ -286,6 +314,7 @@ class Worker:
                 self.m.claimed.inc(len(jobs))
             for job in jobs:
                 self._start(job)
+        self._claim_coming = False
 
     async def _gather_slots(self, wanted: int) -> int:
         """Wait a few milliseconds for ``wanted`` free slots (fewer if time runs out); returns the free slots."""
@@ -312,33 +341,43 @@ class Worker:
         return "notify" if done else "poll"
 
     def _start(self, job: Job) -> None:
-        task = asyncio.create_task(self._run_job(job), name=f"job-{job.id}")
-        self._running[job.id] = _Running(job, task)
-        self.m.in_flight.inc()
+        running = _Running(job, time.monotonic())
+        self._running[job.id] = running
+        if self.handler.is_async:
+            running.task = asyncio.create_task(self._run_async_job(job), name=f"job-{job.id}")
+        else:
+            self._inbox.put(job)
         if job.visible_at is not None:
             wait = max(0.0, (datetime.now(UTC) - job.visible_at).total_seconds())
             self.m.wait.observe(wait)
 
-    # ------------------------------------------------------------------------------------------ running one job
-    async def _run_job(self, job: Job) -> None:
-        started = time.monotonic()
+    def _finished(self, job: Job, outcome: str | BaseException, when: float) -> None:
+        """Record one finished job; a result for a job handed back meanwhile (shutdown) is dropped."""
+        running = self._running.get(job.id)
+        if running is None or running.job.attempts != job.attempts:
+            return
+        del self._running[job.id]
+        self.m.duration.observe(when - running.started)
+        self._record(job, outcome)
+
+    def _slots_changed(self) -> None:
+        self.m.in_flight.set(len(self._running))
+        self._slot_freed.set()
+
+    # ------------------------------------------------------------------------------------------ async handlers
+    async def _run_async_job(self, job: Job) -> None:
         try:
-            if self.handler.is_async:
-                outcome = await self._run_async(job)
-            else:
-                assert self._executor is not None
-                outcome = await asyncio.get_running_loop().run_in_executor(self._executor, self._run_sync, job)
-            self._record(job, outcome, started)
+            outcome: str | BaseException = await self._run_async(job)
         except asyncio.CancelledError:
             # Only at shutdown past the grace period: hand the job back without burning an attempt.
+            self._running.pop(job.id, None)
+            self._slots_changed()
             await self._release([job])
             raise
         except Exception as exc:  # the handler raised: retry or fail, fenced
-            self._record(job, exc, started)
-        finally:
-            self._running.pop(job.id, None)
-            self.m.in_flight.dec()
-            self._slot_freed.set()
+            outcome = exc
+        self._finished(job, outcome, time.monotonic())
+        self._slots_changed()
 
     async def _run_async(self, job: Job) -> str:
         assert self._aq is not None and self._job_pool is not None
@@ -361,26 +400,47 @@ class Worker:
             await conn.commit()
             return "done"
 
-    def _busy_threads(self) -> int:
-        return self._sync_started - self._sync_finished
+    # ------------------------------------------------------------------------------------------ sync handlers
+    def _handler_thread(self) -> None:
+        """One slot: run jobs from the inbox until a None arrives; post each outcome back to the loop."""
+        while (job := self._inbox.get()) is not None:
+            if job.id not in self._running:  # handed back at shutdown before this thread got to it
+                continue
+            try:
+                outcome: str | BaseException = self._run_sync_unit(job)
+            except BaseException as exc:  # the handler raised: retry or fail, fenced
+                outcome = exc
+            self._outbox.append((job, outcome, time.monotonic()))
+            if not self._collect_scheduled:  # one loop wake-up carries every result posted until it runs
+                self._collect_scheduled = True
+                assert self._loop is not None
+                with contextlib.suppress(RuntimeError):  # the loop is closed: the worker has exited
+                    self._loop.call_soon_threadsafe(self._collect)
 
-    def _run_sync(self, job: Job) -> str:
-        with self._threads_lock:
-            self._sync_started += 1
-        try:
-            return self._run_sync_unit(job)
-        finally:
-            with self._threads_lock:
-                self._sync_finished += 1
+    def _collect(self) -> None:
+        self._collect_scheduled = False  # before draining: a result posted from now on schedules another call
+        while self._outbox:
+            self._finished(*self._outbox.popleft())
+        self._slots_changed()
+
+    def _join_threads(self) -> None:
+        for t in self._threads:
+            t.join(timeout=5)
 
     def _run_sync_unit(self, job: Job) -> str:
         assert self._sync_pool is not None and self._sync_queue is not None
-        with self._sync_pool.connection() as conn:
+        pool = self._sync_pool
+        lease = LazyConnection(pool.getconn)
+        try:
             try:
-                self.handler.func(job.with_conn(conn))
+                self.handler.func(job.with_conn(lease))
             except BaseException:
-                conn.rollback()
+                if lease.conn is not None:
+                    lease.conn.rollback()
                 raise
+            conn = lease.conn
+            if conn is None:
+                return "batch"
             status = conn.info.transaction_status
             if status == TransactionStatus.IDLE:
                 return "batch"
@@ -393,15 +453,17 @@ class Worker:
                 return "lease_lost"
             conn.commit()
             return "done"
+        finally:
+            if lease.conn is not None:
+                pool.putconn(lease.conn)
 
-    def _record(self, job: Job, outcome: str | BaseException, started: float) -> None:
+    def _record(self, job: Job, outcome: str | BaseException) -> None:
         q = self.queue_name
-        self.m.duration.observe(time.monotonic() - started)
         if isinstance(outcome, BaseException):
             self._fail_buf.append(Failure.from_exception(job, outcome, self.settings))
             self._flush_needed.set()
             return
-        if outcome == "batch":  # the handler did not write through job.conn: complete in the next batch
+        if outcome == "batch":  # the handler did not write through job.conn: complete with the next claim
             self._done_buf.append(job)
             self._flush_needed.set()
             return
@@ -416,6 +478,8 @@ class Worker:
         while True:
             await self._flush_needed.wait()
             self._flush_needed.clear()
+            if self._claim_coming and not self._fail_buf:
+                await asyncio.sleep(FLUSH_DELAY_SECONDS)  # let the next claim carry the completions
             ok = await self._flush_all()
             if not ok:
                 await self._backoff_after_error()
@@ -451,12 +515,16 @@ class Worker:
         ok_ids = await self._db("complete", lambda: self._queue().complete(done, worker=self.identity))
         if ok_ids is None:
             return False
-        self.m.finished["done"].inc(len(ok_ids))
+        self._count_done(done, ok_ids)
+        return True
+
+    def _count_done(self, done: list[Job], ok_ids: set[int]) -> None:
+        if done:
+            self.m.finished["done"].inc(len(ok_ids))
         for job in done:
             if job.id not in ok_ids:
                 self.m.finished["lease_lost"].inc()
                 self._warn_lost(job)
-        return True
 
     async def _flush_failed(self, fails: list[Failure]) -> bool:
         statuses = await self._db("fail", lambda: self._queue().fail(fails, worker=self.identity))
@@ -562,11 +630,17 @@ class Worker:
             "grace period over: handing back %d job(s) still running", len(left), extra={"action": "drain_timeout"}
         )
         if not self.handler.is_async:
-            # Threads cannot be cancelled: release the jobs now; their late completion is fenced out.
+            # Threads cannot be cancelled: forget their jobs and hand them back now; a late result is dropped
+            # (and its completion would be fenced out anyway).
+            self._running.clear()
+            self._slots_changed()
+            self.abandoned_threads = len(left)
             await self._release([r.job for r in left])
-        for r in left:
-            r.task.cancel()
-        await asyncio.wait([r.task for r in left], timeout=5)
+            return
+        tasks = [r.task for r in left if r.task is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.wait(tasks, timeout=5)
 
     # ------------------------------------------------------------------------------------------ plumbing
     def _queue(self) -> AsyncQueue:

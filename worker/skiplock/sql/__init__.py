@@ -66,6 +66,7 @@ class Queries:
     job_enqueue_many: LiteralString
     job_notify: LiteralString
     job_claim: LiteralString
+    job_complete_and_claim: LiteralString
     job_complete: LiteralString
     job_fail: LiteralString
     job_release: LiteralString

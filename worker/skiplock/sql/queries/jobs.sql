@@ -59,6 +59,34 @@ WHERE j.id = picked.id
 RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.created_at, j.visible_at,
           j.idempotency_key;
 
+-- name: job_complete_and_claim
+-- The worker's hot path in one statement and one commit: mark its finished jobs done (fenced) and lease new ones.
+WITH done AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'done', locked_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
+    WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
+    RETURNING j.id
+), picked AS (
+    SELECT id FROM {schema}.jobs
+    WHERE queue = %(queue)s AND status = 'pending'
+      AND visible_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY priority DESC, visible_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
+        locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.created_at, j.visible_at,
+              j.idempotency_key
+)
+SELECT false AS completed, c.* FROM claimed AS c
+UNION ALL
+SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
+
 -- name: job_complete
 -- Mark claimed jobs done, fenced: only rows still processing under this worker and attempt change.
 UPDATE {schema}.jobs AS j
