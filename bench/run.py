@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=3, help="runs per case (default 3; medians reported)")
     p.add_argument("--workers", type=int, default=2, help="worker processes W (default 2)")
     p.add_argument("--concurrency", type=int, default=10, help="concurrency C of each worker (default 10)")
-    p.add_argument("--big-concurrency", type=int, default=32, help="C of the RSS case (default 32)")
+    p.add_argument("--big-concurrency", type=int, default=32, help="C (and batch) of the RSS case (default 32)")
     p.add_argument("--batch", type=int, default=10, help="SKIPLOCK_BATCH (default 10)")
     p.add_argument("--poll", type=float, default=2.0, help="SKIPLOCK_POLL_SECONDS (default 2)")
     p.add_argument("--jobs", type=int, help="override N of the drains")
@@ -162,17 +162,18 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
             lambda: scenario.drain(cfg, system="seed", handler="noop", schema=big["seed"]),
         )
         add("drain", TUNED, lambda: scenario.drain(cfg, system="tuned", handler="noop"))
+    big_c = a.big_concurrency  # the RSS case: C=32, claiming up to 32 at a time (batch = concurrency)
     add("drain", "drain noop async", lambda: scenario.drain(cfg, system="skiplock", handler="anoop"))
     add(
         "drain",
         f"drain noop C={a.big_concurrency}",
-        lambda: scenario.drain(cfg, system="skiplock", handler="noop", concurrency=a.big_concurrency),
+        lambda: scenario.drain(cfg, system="skiplock", handler="noop", concurrency=big_c, batch=big_c),
     )
     if alt:
         add(
             "drain",
             f"drain noop C={a.big_concurrency}" + tag,
-            lambda: scenario.drain(cfg, system="skiplock", handler="noop", concurrency=a.big_concurrency, src=alt),
+            lambda: scenario.drain(cfg, system="skiplock", handler="noop", concurrency=big_c, batch=big_c, src=alt),
         )
     add("transactional", "drain write", lambda: scenario.drain(cfg, system="skiplock", handler="write"))
     if alt:

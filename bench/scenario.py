@@ -152,6 +152,7 @@ def start_skiplock(
     logdir: Path,
     *,
     concurrency: int,
+    batch: int | None = None,
     listen: bool = True,
     src: str | None = None,
     **env: str,
@@ -162,7 +163,7 @@ def start_skiplock(
         "SKIPLOCK_QUEUE": QUEUE,
         "SKIPLOCK_HANDLER": f"handlers:{handler}",
         "SKIPLOCK_CONCURRENCY": str(concurrency),
-        "SKIPLOCK_BATCH": str(cfg.batch),
+        "SKIPLOCK_BATCH": str(batch or cfg.batch),
         "SKIPLOCK_POLL_SECONDS": str(cfg.poll_seconds),
         "SKIPLOCK_LISTEN": "true" if listen else "false",
         "SKIPLOCK_LOG_LEVEL": "INFO",
@@ -300,6 +301,7 @@ def drain(
     system: str,
     handler: str,
     concurrency: int | None = None,
+    batch: int | None = None,
     schema: str | None = None,
     src: str | None = None,
 ) -> dict[str, Any]:
@@ -318,7 +320,7 @@ def drain(
             conn.execute(SEED_INDEX.format(schema=ident.as_string(conn)))
         conn.execute("CHECKPOINT")  # every run starts with the same full-page-image debt
     if system == "skiplock":
-        procs = start_skiplock(cfg, schema, handler, logdir, concurrency=concurrency, src=src)
+        procs = start_skiplock(cfg, schema, handler, logdir, concurrency=concurrency, batch=batch, src=src)
     else:
         procs = start_seed(cfg, schema, handler, logdir, style=system)
     with running(procs), connect(cfg) as mon:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from skiplock import AsyncQueue, PayloadError, Queue, Settings
+from skiplock import AsyncQueue, Job, PayloadError, Queue, Settings
 from skiplock.errors import DatabaseUnavailableError, NonRetryableError
 from skiplock.queue import Failure
 from support.procs import claim_all
@@ -377,3 +377,19 @@ async def test_async_enqueue_in_the_callers_transaction(aqueue: AsyncQueue, pg_d
         await aqueue.enqueue("q", {}, conn=conn)
         await conn.rollback()
     assert await aqueue.stats() == []
+
+
+async def test_complete_and_claim_completes_fenced_and_claims_in_one_statement(aqueue: AsyncQueue):
+    ids = await aqueue.enqueue_many("q", [{"i": i} for i in range(4)])
+    first, second = await aqueue.claim("q", limit=2, worker="w")
+    stale = Job(second.id, second.queue, second.payload, second.attempts - 1, second.max_attempts)
+    completed, claimed = await aqueue.complete_and_claim([first, stale], "q", limit=5, worker="w")
+    assert completed == {first.id}, "only the attempt the worker holds is completed"
+    assert sorted(j.id for j in claimed) == ids[2:]
+    assert all(j.attempts == 1 and j.payload == {"i": ids.index(j.id)} for j in claimed)
+    assert (await aqueue.get(first.id))["status"] == "done"
+    assert (await aqueue.get(second.id))["status"] == "processing"
+    # nothing done and nothing left: an empty round trip is harmless
+    assert await aqueue.complete_and_claim([], "q", limit=5, worker="w") == (set(), [])
+    # another worker cannot complete our jobs through it
+    assert (await aqueue.complete_and_claim([second], "q", limit=1, worker="intruder"))[0] == set()

@@ -258,3 +258,27 @@ async def test_a_stolen_lease_rolls_back_the_handlers_writes(settings: Settings,
     finally:
         worker.request_stop()
         await asyncio.wait_for(task, 30)
+
+
+async def test_a_sync_handler_gets_a_connection_only_when_it_uses_job_conn(settings: Settings, aqueue, pg_dsn, schema):
+    make_effects_table(pg_dsn, schema)
+    ran: list[int] = []
+
+    def handler(job):
+        if job.payload["write"]:
+            job.conn.execute(f'INSERT INTO "{schema}".effects VALUES (%s, %s)', (job.id, job.attempts))
+        ran.append(job.id)
+
+    settings = settings.replace(concurrency=4, batch=4)
+    worker, task = await _run_worker(settings, Handler("t", handler, False))
+    try:
+        ids = await aqueue.enqueue_many("default", [{"write": i % 5 == 0} for i in range(40)])
+        await await_for(lambda: counts(pg_dsn, schema).get("done") == 40, timeout=30, what="40 jobs done")
+        assert sorted(ran) == sorted(ids)
+        assert sorted(job_id for job_id, _ in effects(pg_dsn, schema)) == ids[::5]
+        assert worker._sync_pool is not None
+        checkouts = worker._sync_pool.get_stats().get("requests_num", 0)
+        assert checkouts == 8, f"{checkouts} job.conn checkouts for 8 writing jobs (32 jobs never touched it)"
+    finally:
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -70,7 +70,9 @@ class Job:
         return self.attempts >= self.max_attempts
 
     def with_conn(self, conn: Any) -> Job:
-        return dataclasses.replace(self, _conn=conn)
+        job = copy.copy(self)  # a shallow copy: several times cheaper than dataclasses.replace, once per job
+        object.__setattr__(job, "_conn", conn)
+        return job
 
 
 def job_from_row(row: dict[str, Any]) -> Job:

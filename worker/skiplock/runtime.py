@@ -113,7 +113,6 @@ class Worker:
         self._last_tick = time.monotonic()
         self._db_ok = False
         self._db_failures = 0
-        self._claim_coming = False  # the claim loop has work waiting: its next claim will carry the completions
         self._aq: AsyncQueue | None = None
         self._sync_pool: ConnectionPool[Any] | None = None
         self._job_pool: AsyncConnectionPool[Any] | None = None
@@ -279,7 +278,6 @@ class Worker:
         more = True
         gather = max(1, min(s.batch, s.concurrency))
         while not self._stopping.is_set():
-            self._claim_coming = more
             free = s.concurrency - len(self._running)
             if free <= 0:
                 self._slot_freed.clear()
@@ -312,9 +310,9 @@ class Worker:
                 self.metrics.wakeups.labels("busy").inc()
             if jobs:
                 self.m.claimed.inc(len(jobs))
+            now = datetime.now(UTC)
             for job in jobs:
-                self._start(job)
-        self._claim_coming = False
+                self._start(job, now)
 
     async def _gather_slots(self, wanted: int) -> int:
         """Wait a few milliseconds for ``wanted`` free slots (fewer if time runs out); returns the free slots."""
@@ -340,7 +338,7 @@ class Worker:
                 w.cancel()
         return "notify" if done else "poll"
 
-    def _start(self, job: Job) -> None:
+    def _start(self, job: Job, now: datetime) -> None:
         running = _Running(job, time.monotonic())
         self._running[job.id] = running
         if self.handler.is_async:
@@ -348,8 +346,7 @@ class Worker:
         else:
             self._inbox.put(job)
         if job.visible_at is not None:
-            wait = max(0.0, (datetime.now(UTC) - job.visible_at).total_seconds())
-            self.m.wait.observe(wait)
+            self.m.wait.observe(max(0.0, (now - job.visible_at).total_seconds()))
 
     def _finished(self, job: Job, outcome: str | BaseException, when: float) -> None:
         """Record one finished job; a result for a job handed back meanwhile (shutdown) is dropped."""
@@ -478,8 +475,10 @@ class Worker:
         while True:
             await self._flush_needed.wait()
             self._flush_needed.clear()
-            if self._claim_coming and not self._fail_buf:
-                await asyncio.sleep(FLUSH_DELAY_SECONDS)  # let the next claim carry the completions
+            if not self._stopping.is_set() and not self._fail_buf:
+                # Let the next claim (work waiting, or the next NOTIFY) carry the completions; flush them alone
+                # if none comes by then. Failures are recorded at once.
+                await asyncio.sleep(FLUSH_DELAY_SECONDS)
             ok = await self._flush_all()
             if not ok:
                 await self._backoff_after_error()
