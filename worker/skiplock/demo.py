@@ -141,9 +141,7 @@ def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
         print(render_stats(q.stats(DEMO_QUEUE)))
         with psycopg.connect(dsn) as conn:
             status: dict[str, int] = dict(conn.execute(_STATUS_COUNTS).fetchall())
-            receipts = conn.execute(
-                _sql("SELECT count(*), count(DISTINCT order_id) FROM {}.receipts")
-            ).fetchone()
+            receipts = conn.execute(_sql("SELECT count(*), count(DISTINCT order_id) FROM {}.receipts")).fetchone()
         assert receipts is not None
         print(
             f"\ndone {status.get('done', 0)}, failed {status.get('failed', 0)} in {elapsed:.1f}s "

@@ -580,12 +580,20 @@ class AsyncQueue:
         return [job_from_row(r) for r in rows]
 
     async def complete_and_claim(
-        self, done: Sequence[Job], queue: str, *, limit: int, worker: str, now: datetime | None = None
+        self,
+        done: Sequence[Job],
+        queue: str,
+        *,
+        limit: int,
+        worker: str,
+        now: datetime | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
         """Mark ``done`` jobs done (fenced, as :meth:`complete`) and claim up to ``limit`` new ones, in one
-        statement and one commit: the worker's hot path. Returns the ids completed and the jobs claimed."""
+        statement and one commit: the worker's hot path. Returns the ids completed and the jobs claimed.
+        ``conn`` must be in autocommit mode (the worker passes the connection its claim loop holds)."""
         params = claim_params(queue, limit, worker, now) | fence_params(done, worker, now)
-        rows = await self._run(self._q.job_complete_and_claim, params, None)
+        rows = await self._run(self._q.job_complete_and_claim, params, conn)
         completed = {r["id"] for r in rows if r["completed"]}
         return completed, [job_from_row(r) for r in rows if not r["completed"]]
 

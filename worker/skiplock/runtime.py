@@ -114,6 +114,7 @@ class Worker:
         self._db_ok = False
         self._db_failures = 0
         self._aq: AsyncQueue | None = None
+        self._claim_conn: psycopg.AsyncConnection[Any] | None = None  # held by the claim loop between claims
         self._sync_pool: ConnectionPool[Any] | None = None
         self._job_pool: AsyncConnectionPool[Any] | None = None
         self._sync_queue: Queue | None = None
@@ -228,6 +229,7 @@ class Worker:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self._return_claim_conn()
             await self._flush_all(final=True)
             if self._exporter:
                 self._exporter.stop()
@@ -286,6 +288,7 @@ class Worker:
             if more and self._running and free < gather:
                 free = await self._gather_slots(gather)
             if not more:
+                await self._return_claim_conn()  # idle: the pool checks and recycles it meanwhile
                 source = await self._wait_for_work()
                 if self._stopping.is_set():
                     break
@@ -294,10 +297,7 @@ class Worker:
             want = min(s.batch, free)
             # The finished jobs waiting for their batch ride on this claim: one statement, one commit.
             done, self._done_buf = self._done_buf[:FLUSH_MAX], self._done_buf[FLUSH_MAX:]
-            result = await self._db(
-                "claim",
-                partial(self._queue().complete_and_claim, done, self.queue_name, limit=want, worker=self.identity),
-            )
+            result = await self._db("claim", partial(self._complete_and_claim, done, want))
             if result is None:
                 self._done_buf[:0] = done
                 await self._backoff_after_error()
@@ -313,6 +313,26 @@ class Worker:
             now = datetime.now(UTC)
             for job in jobs:
                 self._start(job, now)
+
+    async def _complete_and_claim(self, done: list[Job], want: int) -> tuple[set[int], list[Job]]:
+        """The hot path on the connection the claim loop keeps: a pool checkout per claim would cost about as
+        much client CPU as the statement itself. A connection that fails goes back to the pool (which drops
+        it if broken) and the next call checks out another."""
+        aq = self._queue()
+        if self._claim_conn is None:
+            self._claim_conn = await aq.pool.getconn()
+        try:
+            return await aq.complete_and_claim(
+                done, self.queue_name, limit=want, worker=self.identity, conn=self._claim_conn
+            )
+        except BaseException:
+            await self._return_claim_conn()
+            raise
+
+    async def _return_claim_conn(self) -> None:
+        conn, self._claim_conn = self._claim_conn, None
+        if conn is not None:
+            await self._queue().pool.putconn(conn)
 
     async def _gather_slots(self, wanted: int) -> int:
         """Wait a few milliseconds for ``wanted`` free slots (fewer if time runs out); returns the free slots."""
