@@ -334,13 +334,16 @@ def drain(
             for start in range(0, n, ENQUEUE_CHUNK):
                 ids = q.enqueue_many(QUEUE, [{"n": i} for i in range(start, min(n, start + ENQUEUE_CHUNK))], conn=conn)
                 first_id = ids[0] if first_id is None else first_id
-            row = conn.execute("SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint").fetchone()
-            assert row is not None
-            enqueue_wal = int(row[0]) - before.wal_bytes
+            # the clock just before COMMIT, on the same connection: read afterwards on another connection it
+            # could come after a fast drain on a loaded machine
+            t_commit_row = conn.execute(
+                "SELECT extract(epoch FROM clock_timestamp())::float8, "
+                "(pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint"
+            ).fetchone()
+            assert t_commit_row is not None
+            enqueue_wal = int(t_commit_row[1]) - before.wal_bytes
             conn.commit()
             ours += 1
-        t_commit_row = mon.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
-        ours += 1
         pg_cpu0 = server_cpu_seconds(cfg.server.postmaster_pid)
         cpu0 = {p.popen.pid: process_cpu_seconds(p.popen.pid) for p in procs}
         ours += wait_drained(mon, schema, cfg.drain_timeout)

@@ -13,8 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-WORKER_CONNECTION_OVERHEAD = 3
-"""Connections one worker holds besides one per concurrent job: pool spare, recovery and LISTEN."""
+from skiplock.settings import WORKER_EXTRA_CONNECTIONS
+
+WORKER_CONNECTION_OVERHEAD = WORKER_EXTRA_CONNECTIONS
+"""Connections one worker holds besides one per concurrent job: control pool, LISTEN and the metrics scrape."""
 
 # Decision reasons (also the Kubernetes Event reasons of scale changes): CamelCase, a bounded set.
 ACTIVATED = "Activated"

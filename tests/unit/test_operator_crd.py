@@ -170,7 +170,7 @@ BASE = example(ROOT / "examples" / "jobqueue.yaml")["spec"]
         ({"heartbeatSeconds": 31}, "heartbeatSeconds must be at most half of leaseSeconds"),
         ({"pollSeconds": 60}, "pollSeconds must be below leaseSeconds"),
         ({"backoff": {"baseSeconds": 10, "capSeconds": 5}}, "backoff.capSeconds must be at least backoff.baseSeconds"),
-        ({"scaling": {"connectionBudget": 12}}, "must hold at least one worker"),
+        ({"scaling": {"connectionBudget": 15}}, "must hold at least one worker"),
         ({"env": [{"name": "SKIPLOCK_DSN", "value": "x"}]}, "env must not set"),
         ({"env": [{"name": "POD_UID", "value": "x"}]}, "env must not set"),
     ],
@@ -186,7 +186,7 @@ def test_cel_rules_reject_bad_specs(change: dict[str, Any], message: str) -> Non
         {"scaling": {"minReplicas": 2, "maxReplicas": 2}},
         {"heartbeatSeconds": 30},
         {"leaseSeconds": 10, "heartbeatSeconds": 5, "pollSeconds": 9.5},
-        {"scaling": {"connectionBudget": 13}},
+        {"scaling": {"connectionBudget": 16}},
         {"env": [{"name": "APP_MODE", "value": "x"}]},
     ],
 )
@@ -200,3 +200,11 @@ def test_schema_rejects_bad_types_and_bounds() -> None:
     for change in [{"concurrency": 0}, {"queue": "bad queue"}, {"scaling": {"maxReplicas": -1}}, {"logFormat": "xml"}]:
         bad = {**good, "spec": {**good["spec"], **change}}
         assert list(validator.iter_errors(bad)), change
+
+
+def test_the_budget_rule_counts_the_connections_a_worker_holds() -> None:
+    from skiplock_operator.scaling import WORKER_CONNECTION_OVERHEAD
+
+    text = yaml.safe_dump(CRD)
+    assert f"self.concurrency + {WORKER_CONNECTION_OVERHEAD}" in text
+    assert f"budget / (concurrency + {WORKER_CONNECTION_OVERHEAD})" in text

@@ -25,6 +25,11 @@ QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 LogFormat = Literal["plain", "json"]
 
 
+CONTROL_CONNECTIONS = 4
+"""Control-plane connections of one worker: claims, batched results, heartbeats, lease recovery."""
+WORKER_EXTRA_CONNECTIONS = CONTROL_CONNECTIONS + 2
+"""Connections a worker may hold besides one per slot: the control pool, LISTEN and the metrics scrape."""
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     dsn: str | None = field(default=None, repr=False)
@@ -40,7 +45,8 @@ class Settings:
     """``module:function`` the worker calls for each job. Required by ``skiplock worker``."""
 
     concurrency: int = 10
-    """Jobs in flight at once in one worker process (default 10). The pool holds concurrency + 2 connections."""
+    """Jobs in flight at once in one worker process (default 10). A worker holds at most concurrency + 6
+    connections: one per slot for ``job.conn``, the control pool (4), LISTEN and the metrics scrape."""
 
     batch: int = 10
     """Most jobs claimed in one statement (default 10); never more than the free slots, so nothing is hoarded."""
