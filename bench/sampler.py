@@ -27,17 +27,14 @@ from run import database
 
 # Where a sample goes: the first bucket whose marker is in its stack (most specific first).
 BUCKETS = (
-    ("claim (AsyncQueue.claim: BEGIN, claim, COMMIT)", ("AsyncQueue.claim",)),
-    ("complete (batched flush: BEGIN, UPDATE, COMMIT)", ("AsyncQueue.complete", "Worker._flush")),
+    ("claim + completions (AsyncQueue.complete_and_claim: one statement)", ("AsyncQueue.complete_and_claim",)),
+    ("lone completion flush (AsyncQueue.complete)", ("AsyncQueue.complete", "Worker._flush")),
     ("heartbeat / recovery", ("AsyncQueue.heartbeat", "AsyncQueue.recover_expired")),
     ("listener", ("Listener.run",)),
-    ("handler thread: pool checkout, handler, fenced unit", ("Worker._run_sync",)),
-    (
-        "thread hop: executor submit / worker loop / wake-ups",
-        ("concurrent/futures/thread.py", "call_soon_threadsafe", "run_in_executor"),
-    ),
+    ("handler thread: inbox, lazy job.conn, handler, fenced unit", ("Worker._handler_thread",)),
+    ("results back on the loop (Worker._collect, call_soon_threadsafe)", ("Worker._collect", "call_soon_threadsafe")),
     ("async handler unit: pool checkout, handler", ("Worker._run_async",)),
-    ("per-job bookkeeping: tasks, metrics, dataclasses", ("Worker._run_job", "Worker._start", "Worker._record")),
+    ("per-job bookkeeping: start, metrics, dataclasses", ("Worker._start", "Worker._finished", "Worker._record")),
     ("pool maintenance", ("psycopg_pool",)),
     ("event loop: select / scheduling", ("EpollSelector.select", "BaseEventLoop._run_once")),
 )

@@ -332,27 +332,21 @@ class Worker:
 
     async def _gather_slots(self, wanted: int) -> int:
         """Wait a few milliseconds for ``wanted`` free slots (fewer if time runs out); returns the free slots."""
-        deadline = time.monotonic() + CLAIM_GATHER_SECONDS
-        while not self._stopping.is_set():
-            free = self.settings.concurrency - len(self._running)
-            left = deadline - time.monotonic()
-            if free >= wanted or left <= 0:
-                return free
-            self._slot_freed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_freed.wait(), timeout=left)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLAIM_GATHER_SECONDS):  # one timer, no task per wake-up (as wait_for has)
+                while self.settings.concurrency - len(self._running) < wanted and not self._stopping.is_set():
+                    self._slot_freed.clear()
+                    await self._slot_freed.wait()
         return self.settings.concurrency - len(self._running)
 
     async def _wait_for_work(self) -> str:
-        waiters = [asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(self._stopping.wait())]
+        """Sleep until NOTIFY, recovered jobs or a stop request set the wake event, or the poll interval ends."""
         try:
-            done, _ = await asyncio.wait(
-                waiters, timeout=self.settings.poll_seconds, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            for w in waiters:
-                w.cancel()
-        return "notify" if done else "poll"
+            async with asyncio.timeout(self.settings.poll_seconds):
+                await self._wake.wait()
+        except TimeoutError:
+            return "poll"
+        return "notify"
 
     def _start(self, job: Job, now: datetime) -> None:
         running = _Running(job, time.monotonic())
