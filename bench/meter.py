@@ -26,7 +26,14 @@ class DbCounters:
 
 def db_counters(conn: psycopg.Connection[Any]) -> DbCounters:
     """``xact_commit`` of this database (every transaction, read-only ones too), the WAL insert position and the
-    next transaction id (only writing transactions take one). One read-only statement: one commit of ours."""
+    next transaction id (only writing transactions take one).
+
+    Two statements, two commits of ours: the first makes this connection flush its pending statistics (since
+    PostgreSQL 15 a backend flushes them at most once a second, so the harness's own recent polls could be missing
+    from the figure while being subtracted as ours); the reading statement's commit falls after the reading. So a
+    later reading counts one more of ours for each reading before it, plus its own flush."""
+    if conn.info.server_version >= 150000:
+        conn.execute("SELECT pg_stat_force_next_flush()")
     row = conn.execute(
         "SELECT pg_stat_clear_snapshot() IS NULL, "
         "(SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), "

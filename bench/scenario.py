@@ -353,6 +353,7 @@ def drain(
         stop(procs)
         ours += wait_backends_gone(mon)
         after = db_counters(mon)
+        ours += 1  # its flush statement
         row = mon.execute(
             sql.SQL(
                 "SELECT extract(epoch FROM min(locked_at))::float8, extract(epoch FROM max(updated_at))::float8, "
@@ -423,6 +424,7 @@ def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, A
         stop(procs)
         ours += wait_backends_gone(mon)
         after = db_counters(mon)
+        ours += 1  # its flush statement
     worker_commits = after.commits - before.commits - ours - n  # each enqueue is one commit of the producer
     worker_write_tx = after.next_xid - before.next_xid - n
     lat_ms: list[float] = []
