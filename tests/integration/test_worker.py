@@ -6,6 +6,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import psycopg
@@ -280,5 +281,30 @@ async def test_a_sync_handler_gets_a_connection_only_when_it_uses_job_conn(setti
         checkouts = worker._sync_pool.get_stats().get("requests_num", 0)
         assert checkouts == 8, f"{checkouts} job.conn checkouts for 8 writing jobs (32 jobs never touched it)"
     finally:
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+
+async def test_the_in_flight_gauge_counts_jobs_while_they_run(settings: Settings, aqueue):
+    release = threading.Event()
+    started: list[int] = []
+
+    def handler(job):
+        started.append(job.id)
+        release.wait(20)
+
+    worker, task = await _run_worker(settings.replace(concurrency=4, batch=4), Handler("t", handler, False))
+
+    def gauge() -> float | None:
+        return worker.registry.get_sample_value("skiplock_worker_jobs_in_flight", {"queue": "default"})
+
+    try:
+        await aqueue.enqueue_many("default", [{} for _ in range(3)])
+        await await_for(lambda: len(started) == 3, timeout=10, what="3 jobs started")
+        assert gauge() == 3, "the gauge counts jobs from their start, not from the first one to finish"
+        release.set()
+        await await_for(lambda: gauge() == 0, timeout=10, what="gauge back to 0")
+    finally:
+        release.set()
         worker.request_stop()
         assert await asyncio.wait_for(task, 30) == 0

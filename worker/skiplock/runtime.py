@@ -306,9 +306,11 @@ class Worker:
                 self.metrics.wakeups.labels("busy").inc()
             if jobs:
                 self.m.claimed.inc(len(jobs))
-            now = datetime.now(UTC)
-            for job in jobs:
-                self._start(job, now)
+            if jobs:
+                now = datetime.now(UTC)
+                for job in jobs:
+                    self._start(job, now)
+                self.m.in_flight.set(len(self._running))
 
     async def _complete_and_claim(self, done: list[Job], want: int) -> tuple[set[int], list[Job]]:
         """The hot path on the connection the claim loop keeps: a pool checkout per claim would cost about as
