@@ -346,7 +346,7 @@ def test_api_hostile_schema_names_are_rejected_by_settings(pg_dsn, name):
 def test_hostile_schema_names_are_quoted_even_past_validation(pg_dsn):
     """Defence in depth: SQL rendering and migrations quote whatever name they get."""
     name = 'we"ird; DROP SCHEMA public; --'
-    assert 'FROM "we""ird; DROP SCHEMA public; --".jobs' in queries_for(name).job_claim
+    assert 'FROM "we""ird; DROP SCHEMA public; --".jobs' in queries_for(name).job_complete_and_claim
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         try:
             assert migrate(conn, name).applied == ("0001_initial",)

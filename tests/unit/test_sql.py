@@ -42,4 +42,4 @@ def test_migrations_are_numbered_without_gaps():
 
 def test_hostile_schema_names_are_quoted_not_interpolated():
     q = queries_for('we"ird')
-    assert '"we""ird".jobs' in q.job_claim
+    assert '"we""ird".jobs' in q.job_complete_and_claim

@@ -155,6 +155,18 @@ def fence_params(jobs: Sequence[Job], worker: str, now: datetime | None) -> dict
     return {"ids": [j.id for j in jobs], "attempts": [j.attempts for j in jobs], "worker": worker, "now": now}
 
 
+def complete_and_claim_params(
+    done: Sequence[Job], queue: str, limit: int, worker: str, now: datetime | None
+) -> dict[str, Any]:
+    """Parameters of ``job_complete_and_claim`` (claim alone: no ``done``)."""
+    return claim_params(queue, limit, worker, now) | fence_params(done, worker, now)
+
+
+def completed_and_claimed(rows: list[dict[str, Any]]) -> tuple[set[int], list[Job]]:
+    """The ids completed and the jobs claimed, from the rows of ``job_complete_and_claim``."""
+    return {r["id"] for r in rows if r["completed"]}, [job_from_row(r) for r in rows if not r["completed"]]
+
+
 @dataclass(frozen=True)
 class Failure:
     """One failed attempt, ready to record: its error text, retry delay and whether to retry at all."""
@@ -347,8 +359,8 @@ class Queue:
 
     # worker primitives
     def claim(self, queue: str, *, limit: int, worker: str, now: datetime | None = None) -> list[Job]:
-        rows = self._run(self._q.job_claim, claim_params(queue, limit, worker, now), None)
-        return [job_from_row(r) for r in rows]
+        params = complete_and_claim_params((), queue, limit, worker, now)
+        return completed_and_claimed(self._run(self._q.job_complete_and_claim, params, None))[1]
 
     def complete(
         self,
@@ -576,8 +588,8 @@ class AsyncQueue:
         return [r["id"] for r in await self._run(self._q.job_enqueue_many, params, conn)]
 
     async def claim(self, queue: str, *, limit: int, worker: str, now: datetime | None = None) -> list[Job]:
-        rows = await self._run(self._q.job_claim, claim_params(queue, limit, worker, now), None)
-        return [job_from_row(r) for r in rows]
+        params = complete_and_claim_params((), queue, limit, worker, now)
+        return completed_and_claimed(await self._run(self._q.job_complete_and_claim, params, None))[1]
 
     async def complete_and_claim(
         self,
@@ -592,10 +604,8 @@ class AsyncQueue:
         """Mark ``done`` jobs done (fenced, as :meth:`complete`) and claim up to ``limit`` new ones, in one
         statement and one commit: the worker's hot path. Returns the ids completed and the jobs claimed.
         ``conn`` must be in autocommit mode (the worker passes the connection its claim loop holds)."""
-        params = claim_params(queue, limit, worker, now) | fence_params(done, worker, now)
-        rows = await self._run(self._q.job_complete_and_claim, params, conn)
-        completed = {r["id"] for r in rows if r["completed"]}
-        return completed, [job_from_row(r) for r in rows if not r["completed"]]
+        params = complete_and_claim_params(done, queue, limit, worker, now)
+        return completed_and_claimed(await self._run(self._q.job_complete_and_claim, params, conn))
 
     async def complete(
         self,

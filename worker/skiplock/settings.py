@@ -30,6 +30,7 @@ CONTROL_CONNECTIONS = 4
 WORKER_EXTRA_CONNECTIONS = CONTROL_CONNECTIONS + 2
 """Connections a worker may hold besides one per slot: the control pool, LISTEN and the metrics scrape."""
 
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     dsn: str | None = field(default=None, repr=False)

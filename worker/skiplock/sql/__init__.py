@@ -65,7 +65,6 @@ class Queries:
     job_find_by_key: LiteralString
     job_enqueue_many: LiteralString
     job_notify: LiteralString
-    job_claim: LiteralString
     job_complete_and_claim: LiteralString
     job_complete: LiteralString
     job_fail: LiteralString

@@ -41,26 +41,8 @@ SELECT ins.id, (SELECT count(*) FROM woke) AS notified FROM ins ORDER BY ins.id;
 -- Wake the workers of one queue (delivered at commit; repeated notifications in one transaction fold into one).
 SELECT pg_notify(%(channel)s, %(queue)s);
 
--- name: job_claim
--- Lease up to `limit` visible pending jobs of one queue to one worker, in one statement.
-WITH picked AS (
-    SELECT id FROM {schema}.jobs
-    WHERE queue = %(queue)s AND status = 'pending'
-      AND visible_at <= coalesce(%(now)s::timestamptz, now())
-    ORDER BY priority DESC, visible_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE {schema}.jobs AS j
-SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
-    locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now())
-FROM picked
-WHERE j.id = picked.id
-RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.created_at, j.visible_at,
-          j.idempotency_key;
-
 -- name: job_complete_and_claim
--- The worker's hot path in one statement and one commit: mark its finished jobs done (fenced) and lease new ones.
+-- Mark claimed jobs done, fenced (only rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of one queue: one statement, one commit (claim alone: no ids).
 WITH done AS (
     UPDATE {schema}.jobs AS j
     SET status = 'done', locked_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
@@ -88,7 +70,7 @@ UNION ALL
 SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
 
 -- name: job_complete
--- Mark claimed jobs done, fenced: only rows still processing under this worker and attempt change.
+-- Mark claimed jobs done, fenced (the UPDATE of job_complete_and_claim, alone: that statement costs a handler's transaction 1.2x).
 UPDATE {schema}.jobs AS j
 SET status = 'done', locked_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
