@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
@@ -306,5 +307,65 @@ async def test_the_in_flight_gauge_counts_jobs_while_they_run(settings: Settings
         await await_for(lambda: gauge() == 0, timeout=10, what="gauge back to 0")
     finally:
         release.set()
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+
+async def test_a_swallowed_job_conn_checkout_failure_fails_the_job_instead_of_completing_it(settings: Settings, aqueue):
+    holder: list[Worker] = []
+
+    def handler(job):
+        pool = holder[0]._sync_pool
+        assert pool is not None
+        pool.close()  # a real checkout failure: the pool is gone
+        with contextlib.suppress(Exception):  # the handler hides it; its writes never happened
+            job.conn.execute("SELECT 1")
+
+    worker, task = await _run_worker(settings.replace(max_attempts=1), Handler("t", handler, False))
+    holder.append(worker)
+    try:
+        job_id = (await aqueue.enqueue("default", {}, max_attempts=1)).id
+        await await_for(
+            lambda: (
+                worker.registry.get_sample_value(
+                    "skiplock_jobs_finished_total", {"queue": "default", "outcome": "failed"}
+                )
+                == 1
+            ),
+            timeout=10,
+            what="the job counted failed",
+        )
+        row = await aqueue.get(job_id)
+        assert row["status"] == "failed" and "job.conn could not be checked out" in row["last_error"]
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+
+
+class _Abort(BaseException):
+    """Not an Exception: what a careless handler or library might raise."""
+
+
+async def test_an_async_handler_raising_a_base_exception_frees_its_slot_and_fails_the_attempt(
+    settings: Settings, aqueue
+):
+    async def handler(job):
+        raise _Abort("stop")
+
+    worker, task = await _run_worker(settings.replace(concurrency=1, batch=1), Handler("t", handler, True))
+    try:
+        first = (await aqueue.enqueue("default", {}, max_attempts=1)).id
+        second = (await aqueue.enqueue("default", {}, max_attempts=1)).id
+
+        async def both_failed() -> bool:
+            return [(await aqueue.get(i))["status"] for i in (first, second)] == ["failed", "failed"]
+
+        for _ in range(100):
+            if await both_failed():
+                break
+            await asyncio.sleep(0.1)
+        assert await both_failed(), "the one slot was lost after the first job"
+        assert worker.in_flight == 0
+    finally:
         worker.request_stop()
         assert await asyncio.wait_for(task, 30) == 0

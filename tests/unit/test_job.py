@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from skiplock import Job
 from skiplock.job import LazyConnection
 
@@ -28,3 +30,14 @@ def test_a_lazy_connection_is_acquired_on_first_use_only_and_once():
     assert calls == [] and lease.conn is None, "nothing is checked out before the handler asks"
     assert job.conn is conn and job.conn is conn
     assert calls == [1] and lease.conn is conn
+
+
+def test_a_failed_checkout_is_remembered_even_when_the_handler_swallows_it():
+    def acquire():
+        raise TimeoutError("pool exhausted")
+
+    lease = LazyConnection(acquire)
+    job = Job(1, "q", None, 1, 3).with_conn(lease)
+    with contextlib.suppress(TimeoutError):
+        job.conn  # noqa: B018 - the access is the checkout
+    assert isinstance(lease.failed, TimeoutError) and lease.conn is None

@@ -28,15 +28,20 @@ class LazyConnection:
     """``job.conn`` of a sync handler: checked out of the worker's pool on first use only, so a handler that
     never touches it costs no pool checkout and its completion can join a batch."""
 
-    __slots__ = ("_acquire", "conn")
+    __slots__ = ("_acquire", "conn", "failed")
 
     def __init__(self, acquire: Callable[[], Any]) -> None:
         self._acquire = acquire
         self.conn: Any = None
+        self.failed: BaseException | None = None  # a failed checkout, even if the handler swallowed it
 
     def get(self) -> Any:
         if self.conn is None:
-            self.conn = self._acquire()
+            try:
+                self.conn = self._acquire()
+            except BaseException as exc:
+                self.failed = exc
+                raise
         return self.conn
 
 

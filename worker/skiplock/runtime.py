@@ -71,11 +71,15 @@ def _stale(conn: Any) -> bool:
 async def _acheck(conn: psycopg.AsyncConnection[Any]) -> None:
     if _stale(conn):
         await conn.execute("SELECT 1")
+        if not conn.autocommit:
+            await conn.rollback()  # hand it out idle: a handler that never uses job.conn keeps its batching
 
 
 def _check(conn: psycopg.Connection[Any]) -> None:
     if _stale(conn):
         conn.execute("SELECT 1")
+        if not conn.autocommit:
+            conn.rollback()
 
 
 class _HandlerUsedConnection(Exception):
@@ -220,6 +224,7 @@ class Worker:
             tasks.append(asyncio.create_task(self.listener.run(), name="listener"))
         try:
             await self._claim_loop()
+            await self._return_claim_conn()
             await self._drain()
         finally:
             for t in tasks:
@@ -279,7 +284,12 @@ class Worker:
             free = s.concurrency - len(self._running)
             if free <= 0:
                 self._slot_freed.clear()
-                await self._slot_freed.wait()
+                try:
+                    async with asyncio.timeout(1.0):
+                        await self._slot_freed.wait()
+                except TimeoutError:
+                    await self._return_claim_conn()  # all slots busy for a while (maybe hours): the pool has it
+                    await self._slot_freed.wait()
                 continue
             if more and self._running and free < gather:
                 free = await self._gather_slots(gather)
@@ -293,9 +303,16 @@ class Worker:
             want = min(s.batch, free)
             # The finished jobs waiting for their batch ride on this claim: one statement, one commit.
             done, self._done_buf = self._done_buf[:FLUSH_MAX], self._done_buf[FLUSH_MAX:]
-            result = await self._db("claim", partial(self._complete_and_claim, done, want))
-            if result is None:
+            try:
+                result = await self._db("claim", partial(self._complete_and_claim, done, want))
+            except BaseException:
                 self._done_buf[:0] = done
+                raise
+            if result is None:
+                # The completions must not wait for a claim that keeps failing (a statement timeout on a slow
+                # scan, a lock wait): the flusher writes them on their own.
+                self._done_buf[:0] = done
+                self._flush_needed.set()
                 await self._backoff_after_error()
                 more = True
                 continue
@@ -383,7 +400,7 @@ class Worker:
             self._slots_changed()
             await self._release([job])
             raise
-        except Exception as exc:  # the handler raised: retry or fail, fenced
+        except BaseException as exc:  # the handler raised: retry or fail, fenced (as on the handler threads)
             outcome = exc
         self._finished(job, outcome, time.monotonic())
         self._slots_changed()
@@ -394,7 +411,8 @@ class Worker:
             try:
                 await self.handler.func(job.with_conn(conn))
             except BaseException:
-                await conn.rollback()
+                with contextlib.suppress(psycopg.Error):  # keep the handler's exception; the pool drops a bad conn
+                    await conn.rollback()
                 raise
             status = conn.info.transaction_status
             if status == TransactionStatus.IDLE:
@@ -445,8 +463,11 @@ class Worker:
                 self.handler.func(job.with_conn(lease))
             except BaseException:
                 if lease.conn is not None:
-                    lease.conn.rollback()
+                    with contextlib.suppress(psycopg.Error):  # keep the handler's exception
+                        lease.conn.rollback()
                 raise
+            if lease.failed is not None:  # the handler swallowed it: its writes never happened
+                raise _HandlerUsedConnection(f"job.conn could not be checked out: {lease.failed}")
             conn = lease.conn
             if conn is None:
                 return "batch"
@@ -634,6 +655,7 @@ class Worker:
             self._slot_freed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._slot_freed.wait(), timeout=max(0.01, deadline - time.monotonic()))
+        self._collect()  # results already posted by the handler threads count as finished
         left = list(self._running.values())
         if not left:
             return
