@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -50,7 +49,3 @@ async def aqueue(settings: Settings) -> AsyncIterator[AsyncQueue]:
         yield q
     finally:
         await q.close()
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from support.chaos import PrivatePostgres, private_postgres
+from support.ci import missing
 
 SUMMARY: list[str] = []
 """Lines the fault tests want shown at the end of the run (each invariant with its figure)."""
@@ -20,9 +20,7 @@ def chaos_pg() -> Iterator[PrivatePostgres]:
         cm = private_postgres()
         server = cm.__enter__()
     except Exception as exc:  # no binaries, no unprivileged user: say so (an error in CI, a skip elsewhere)
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"cannot start a private PostgreSQL for the fault suite: {exc}")
-        pytest.skip(f"cannot start a private PostgreSQL for the fault suite: {exc}")
+        missing(f"cannot start a private PostgreSQL for the fault suite: {exc}")
     try:
         yield server
     finally:

@@ -8,7 +8,6 @@ tests skip, except under CI=true, where a missing binary is a failure.
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 import yaml
 
 from chart.chartlib import CHART, KUBE_VERSION, NAMESPACE, RELEASE, Render, Template, find_helm, run_helm
+from support.ci import missing
 
 
 @pytest.fixture(scope="session")
@@ -23,9 +23,7 @@ def helm() -> str:
     path = find_helm()
     if path is None:
         reason = "helm not found in .cache/k8s-tools/helm/ or on PATH (run: bash tools/get-k8s-tools.sh)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{reason}; CI=true requires it")
-        pytest.skip(reason)
+        missing(reason)
     return path
 
 
@@ -34,8 +32,9 @@ def template(helm: str) -> Template:
     """`helm template` of the chart with extra arguments (-f, --set ...); returns the finished process."""
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
-                        "--kube-version", KUBE_VERSION, *args)
+        return run_helm(
+            helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, *args
+        )
 
     return run
 

@@ -4,7 +4,6 @@ ConfigMap carries files/dashboard.json for the Grafana sidecar, and the monitors
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import yaml
 
 from chart.chartlib import CHART, NAMESPACE, Render, Template, of_kind, only
+from support.ci import missing
 
 MONITORING = ("-f", str(CHART / "ci" / "monitoring-values.yaml"))
 
@@ -43,8 +43,9 @@ def test_prometheus_rule_carries_every_rule(render: Render) -> None:
 def test_disabled_alerts_are_dropped_one_by_one(render: Render) -> None:
     names = alert_names()
     dropped = names[:2]
-    rule = only(render(*MONITORING, "--set", f"metrics.prometheusRule.disabledAlerts={{{','.join(dropped)}}}"),
-                "PrometheusRule")
+    rule = only(
+        render(*MONITORING, "--set", f"metrics.prometheusRule.disabledAlerts={{{','.join(dropped)}}}"), "PrometheusRule"
+    )
     kept = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert kept == [n for n in names if n not in dropped]
     expected = [
@@ -56,8 +57,9 @@ def test_disabled_alerts_are_dropped_one_by_one(render: Render) -> None:
 
 def test_disabling_every_alert_keeps_a_valid_object(render: Render) -> None:
     names = alert_names()
-    rule = only(render(*MONITORING, "--set", f"metrics.prometheusRule.disabledAlerts={{{','.join(names)}}}"),
-                "PrometheusRule")
+    rule = only(
+        render(*MONITORING, "--set", f"metrics.prometheusRule.disabledAlerts={{{','.join(names)}}}"), "PrometheusRule"
+    )
     remaining = [r for g in rule["spec"]["groups"] for r in g["rules"]]
     assert all("alert" not in r for r in remaining)
 
@@ -121,16 +123,14 @@ def test_rendered_rules_pass_promtool(render: Render, tmp_path: Path) -> None:
     """The PrometheusRule's groups, with an alert dropped, are still a valid Prometheus rule file."""
     promtool = shutil.which("promtool")
     if promtool is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("promtool not found; CI=true requires it (apt-get install prometheus)")
-        pytest.skip("promtool not found (apt-get install prometheus)")
+        missing("promtool not found (apt-get install prometheus)")
     dropped = alert_names()[-1]
-    rule = only(render(*MONITORING, "--set", f"metrics.prometheusRule.disabledAlerts={{{dropped}}}"),
-                "PrometheusRule")
+    rule = only(render(*MONITORING, "--set", f"metrics.prometheusRule.disabledAlerts={{{dropped}}}"), "PrometheusRule")
     path = tmp_path / "rendered-rules.yaml"
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
-    proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    proc = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     total = sum(len(group["rules"]) for group in alert_file()["groups"])
     assert f"SUCCESS: {total - 1} rules found" in proc.stdout

@@ -28,6 +28,7 @@ from skiplock.migrate import migrate
 from skiplock.queue import MAX_ERROR_CHARS, encode_payload
 from skiplock.runtime import Worker
 from skiplock.sql import queries_for
+from support.ci import missing
 from support.pg import await_for
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -372,9 +373,7 @@ def _private_server() -> Iterator[Any]:
     try:
         server = PrivatePostgres().init()
     except Exception as exc:  # pragma: no cover - machines without PostgreSQL binaries
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"no private PostgreSQL: {exc}")
-        pytest.skip(f"no private PostgreSQL: {exc}")
+        missing(f"no private PostgreSQL: {exc}")
     try:
         setup_schema(server.dsn, "s")
         yield server

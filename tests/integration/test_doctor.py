@@ -37,6 +37,7 @@ from skiplock.doctor import (
 )
 from skiplock.migrate import latest_version
 from skiplock.sql import queries_for
+from support.ci import missing
 from support.pg import wait_for
 
 FAST = Thresholds(listen_timeout_seconds=2.0)
@@ -310,14 +311,11 @@ def pgbouncer(pg_dsn: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """A real PgBouncer in front of the test database, in the pool mode of the test's parameter; yields its DSN."""
     binary = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
     if not binary:
-        missing = "pgbouncer not installed (apt-get install -y --no-install-recommends pgbouncer)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(missing)
-        pytest.skip(missing)
+        missing("pgbouncer not installed (apt-get install -y --no-install-recommends pgbouncer)")
     server = conninfo_to_dict(pg_dsn)
     host = str(server.get("host") or "")
     if not host or host.startswith("/"):
-        pytest.skip("PgBouncer here needs a PostgreSQL over TCP (set SKIPLOCK_TEST_DSN, as CI does)")
+        missing("PgBouncer here needs a PostgreSQL over TCP (set SKIPLOCK_TEST_DSN, as CI does)")
     folder = tempfile.mkdtemp(prefix="skiplock-pgbouncer-")
     os.chmod(folder, 0o777)  # PgBouncer refuses root: it runs as another user and writes its log here
     with socket.socket() as s:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
+from support.ci import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "charts/skiplock/files/dashboard.json"
@@ -69,6 +68,4 @@ def require_binary(name: str) -> str:
     if path:
         return path
     why = f"{name} not found: apt-get install -y --no-install-recommends prometheus (see shared/TOOLING.md section 3)"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(why)
-    pytest.skip(why)
+    missing(why)
