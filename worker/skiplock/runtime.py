@@ -595,7 +595,7 @@ class Worker:
     # ------------------------------------------------------------------------------------------ leases
     async def _heartbeats(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.heartbeat_seconds)
+            await asyncio.sleep(self.settings.heartbeat_seconds or 15.0)
             jobs = [r.job for r in self._running.values()] + list(self._done_buf) + [f.job for f in self._fail_buf]
             if not jobs:
                 continue
@@ -628,7 +628,7 @@ class Worker:
                 )
             if recovered:
                 self._wake.set()
-            await asyncio.sleep(self.settings.recover_seconds)
+            await asyncio.sleep(self.settings.recover_seconds or 30.0)
 
     async def _release(self, jobs: list[Job]) -> None:
         ids = await self._db("release", lambda: self._queue().release(jobs, worker=self.identity))

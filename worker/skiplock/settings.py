@@ -25,6 +25,7 @@ QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 LogFormat = Literal["plain", "json"]
 
 
+DEFAULT_RECOVER_CAP_SECONDS = 30.0
 CONTROL_CONNECTIONS = 4
 """Control-plane connections of one worker: claims, batched results, heartbeats, lease recovery."""
 WORKER_EXTRA_CONNECTIONS = CONTROL_CONNECTIONS + 2
@@ -40,10 +41,17 @@ class Settings:
     """PostgreSQL schema that holds the jobs table (default ``skiplock``); lower-case identifier, quoted in SQL."""
 
     queue: str = "default"
-    """Queue this worker claims from (default ``default``); split work by business domain, one queue each."""
+    """Queue of a single-queue worker and the default of the CLI's enqueue (default ``default``)."""
+
+    queues: tuple[str, ...] = ()
+    """Queues one worker serves from one claim statement (default: every queue its app's tasks name, else
+    ``queue``). Env and flag take a comma-separated list."""
+
+    app: str | None = None
+    """``module:attr`` of a :class:`skiplock.App` whose tasks the worker runs."""
 
     handler: str | None = None
-    """``module:function`` the worker calls for each job. Required by ``skiplock worker``."""
+    """``module:function`` the worker calls for jobs without a task (the catch-all handler)."""
 
     concurrency: int = 10
     """Jobs in flight at once in one worker process (default 10). A worker holds at most concurrency + 6
@@ -55,14 +63,14 @@ class Settings:
     lease_seconds: float = 60.0
     """How long a claim stays valid without a heartbeat (default 60 s); expired jobs are recovered."""
 
-    heartbeat_seconds: float = 15.0
-    """How often in-flight jobs renew their lease (default 15 s; must be under lease_seconds / 2)."""
+    heartbeat_seconds: float | None = None
+    """How often in-flight jobs renew their lease (default lease / 4; at most lease / 2)."""
 
     poll_seconds: float = 2.0
     """Polling fallback when no notification arrives (default 2 s); NOTIFY can be lost or coalesced."""
 
-    recover_seconds: float = 30.0
-    """How often each worker recovers expired leases of its queue (default 30 s; cheap, SKIP LOCKED)."""
+    recover_seconds: float | None = None
+    """How often each worker recovers expired leases (default lease / 2, at most 30 s; cheap, SKIP LOCKED)."""
 
     backoff_base_seconds: float = 5.0
     """First retry delay; attempt n waits base * 2**(n-1) (default 5 s)."""
@@ -104,6 +112,15 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.worker_id:
             object.__setattr__(self, "worker_id", f"{socket.gethostname()}:{os.getpid()}")
+        if isinstance(self.queues, str):
+            object.__setattr__(self, "queues", _split(self.queues))
+        else:
+            object.__setattr__(self, "queues", tuple(self.queues))
+        lease = self.lease_seconds if isinstance(self.lease_seconds, int | float) and self.lease_seconds > 0 else 60.0
+        if self.heartbeat_seconds is None:
+            object.__setattr__(self, "heartbeat_seconds", lease / 4)
+        if self.recover_seconds is None:
+            object.__setattr__(self, "recover_seconds", min(DEFAULT_RECOVER_CAP_SECONDS, lease / 2))
         self.validate()
 
     # ------------------------------------------------------------------ building
@@ -135,7 +152,7 @@ class Settings:
             if f.name in exclude:
                 continue
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or value == ():
                 continue
             out[ENV_PREFIX + f.name.upper()] = _render(value)
         return out
@@ -153,8 +170,13 @@ class Settings:
             problems.append(
                 f"schema {self.schema!r} must match {IDENTIFIER.pattern} (lower-case, at most 40 characters)"
             )
-        if not QUEUE_NAME.match(self.queue):
-            problems.append(f"queue {self.queue!r} must match {QUEUE_NAME.pattern}")
+        for q in (self.queue, *self.queues):
+            if not isinstance(q, str) or not QUEUE_NAME.match(q):
+                problems.append(f"queue {q!r} must match {QUEUE_NAME.pattern}")
+        if len(set(self.queues)) != len(self.queues):
+            problems.append(f"queues {list(self.queues)} name a queue twice")
+        if self.app is not None and not re.match(r"^[\w.]+:[\w.]+$", self.app):
+            problems.append(f"app {self.app!r} must look like 'package.module:attribute'")
         for name in ("concurrency", "batch", "max_attempts", "max_payload_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
@@ -169,6 +191,7 @@ class Settings:
             problems.append(f"backoff_jitter must be within [0, 1] (got {self.backoff_jitter})")
         if self.shutdown_grace_seconds < 0:
             problems.append("shutdown_grace_seconds must be >= 0")
+        assert self.heartbeat_seconds is not None and self.recover_seconds is not None  # set in __post_init__
         if self.heartbeat_seconds * 2 > self.lease_seconds:
             problems.append(
                 f"heartbeat_seconds ({self.heartbeat_seconds}) must be at most half of lease_seconds "
@@ -208,9 +231,15 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def _coerce(name: str, annotation: Any, raw: Any) -> Any:
-    kind = str(annotation)
+    kind = str(annotation).removesuffix(" | None")
     try:
+        if kind.startswith("tuple"):
+            return _split(raw) if isinstance(raw, str) else tuple(str(x) for x in raw)
         if "bool" in kind:
             if isinstance(raw, bool):
                 return raw
@@ -239,6 +268,8 @@ def _render(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
     return str(value)
 
 
