@@ -16,7 +16,7 @@ import pytest
 from psycopg import errors, sql
 from psycopg.conninfo import make_conninfo
 
-from skiplock import Queue, Settings
+from skiplock import AsyncQueue, Queue, Settings
 from skiplock.errors import ConfigError, DatabaseUnavailableError
 from skiplock.grant import ENQUEUE_COLUMNS, LEASE_COLUMNS, PRODUCER_READ_COLUMNS, apply_grants, grant_sql
 from skiplock.migrate import migrate
@@ -246,6 +246,20 @@ def test_producer_inserts_only_the_enqueue_columns_and_reads_back_only_what_enqu
     ]
     with Queue(settings=Settings.load(env={}, dsn=roles.dsn(pg_dsn, roles.producer), schema=schema)) as q:
         assert q.enqueue("q", {"n": 2}).id == own[0] + 1
+        # Batches and keys work under the column grants too (the duplicate key is skipped, not an error).
+        many = q.enqueue_many("q", [{"n": 3}, {"n": 4}], idempotency_keys=["k1", "k3"], delay=60)
+        assert len(many) == 1 and many[0] > own[0] + 1
+
+
+async def test_the_async_producer_enqueues_under_the_column_grants(pg_dsn, schema, roles):
+    _grant(pg_dsn, schema, roles)
+    settings = Settings.load(env={}, dsn=roles.dsn(pg_dsn, roles.producer), schema=schema)
+    async with await AsyncQueue.open(settings=settings) as q:
+        first = await q.enqueue("q", {"n": 1}, idempotency_key="k", priority=5, max_attempts=3)
+        again = await q.enqueue("q", {"n": 2}, idempotency_key="k")
+        assert again.id == first.id
+        await q.check_schema()
+    assert _rows(pg_dsn, schema) == [(first.id, "q", "pending", 0, None, None)]
 
 
 TOO_BIG = 6_400_000  # bytes of JSON: the size a producer once stored with plain SQL
