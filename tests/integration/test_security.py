@@ -308,6 +308,15 @@ def test_a_payload_copied_compressed_from_another_table_is_measured_decompressed
         assert info.value.diag.constraint_name == "jobs_payload_size_check"
         assert f"{TOO_BIG + 9} bytes" in (info.value.diag.message_detail or "")
         conn.rollback()
+        # Stored out of line but uncompressed, a value measures its full size: the CHECK alone refuses it.
+        conn.execute("CREATE TEMP TABLE raw (p jsonb)")
+        conn.execute("ALTER TABLE raw ALTER p SET STORAGE EXTERNAL")
+        conn.execute("INSERT INTO raw VALUES (jsonb_build_object('a', repeat('x', %s)))", (TOO_BIG,))
+        assert conn.execute("SELECT pg_column_compression(p) FROM raw").fetchone() == (None,)
+        conn.commit()
+        with pytest.raises(errors.CheckViolation):
+            conn.execute(sql.SQL("INSERT INTO {} (queue, payload) SELECT 'q', p FROM raw").format(jobs))
+        conn.rollback()
         # Under the bound, a compressed copy is still welcome: the trigger only measures, it does not forbid.
         conn.execute(sql.SQL("INSERT INTO {} (queue, payload) SELECT 'q', p FROM stash WHERE n = 2").format(jobs))
         conn.commit()
