@@ -74,6 +74,7 @@ class Queries:
     job_heartbeat: LiteralString
     job_recover_expired: LiteralString
     job_get: LiteralString
+    job_list_enqueued: LiteralString
     job_list_failed: LiteralString
     job_retry_failed: LiteralString
     job_cancel: LiteralString

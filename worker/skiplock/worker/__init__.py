@@ -102,6 +102,10 @@ class Worker:
         self.released = 0
         self.abandoned_threads = 0
         self.exit_code: int | None = None
+        self.observe: Callable[[Job, str], None] = lambda job, outcome: None
+        """Called on the loop with each outcome written (done, retried, failed, unknown_*, lease_lost)."""
+        self.on_claimed: Callable[[int], None] = lambda n: None
+        """Called on the loop with the number of jobs of each non-empty claim."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._stopping: asyncio.Event | None = None
@@ -232,7 +236,7 @@ class Worker:
         await control.open()
         kinds = self.router.kinds
         slots = self._slots = Slots(s.concurrency, self._in_flight_changed)
-        completer = self._completer = Completer(control, s, self._bound, self.identity)
+        completer = self._completer = Completer(control, s, self._bound, self.identity, self.observe)
         overrides = self.router.lease_overrides()
         leases = self._leases = Leases(
             control,
@@ -374,6 +378,7 @@ class Worker:
         assert self._slots is not None and self._completer is not None
         now = datetime.now(UTC)
         started = time.monotonic()
+        self.on_claimed(len(jobs))
         for job in jobs:
             m = self._bound[job.queue]
             m.claimed.inc()
@@ -414,9 +419,11 @@ class Worker:
             self._completer.fail(failure_for(job, r.error, r.task, self.settings))
         elif r.outcome == "done":
             m.finished["done"].inc()
+            self.observe(job, "done")
             log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
         elif r.outcome == "lease_lost":
             m.finished["lease_lost"].inc()
+            self.observe(job, "lease_lost")
             warn_lost(job, "completion refused: the lease was lost while the handler ran")
         elif r.outcome == "released":
             self._to_release.append(job)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -45,7 +46,15 @@ def failure_for(job: Job, exc: BaseException, task: Task | None, settings: Setti
 
 
 class Completer:
-    def __init__(self, control: Control, settings: Settings, metrics: dict[str, BoundMetrics], identity: str) -> None:
+    def __init__(
+        self,
+        control: Control,
+        settings: Settings,
+        metrics: dict[str, BoundMetrics],
+        identity: str,
+        observe: Callable[[Job, str], None],
+    ) -> None:
+        self._observe = observe  # each written outcome: done, retried, failed, unknown_*, lease_lost
         self._control = control
         self._settings = settings
         self._m = metrics
@@ -54,7 +63,6 @@ class Completer:
         self._failed: list[Failure] = []
         self._needed = asyncio.Event()
         self._closing = False
-        self._wake_claimer: asyncio.Event | None = None
 
     # ------------------------------------------------------------------ buffers
     def defer(self, job: Job) -> None:
@@ -104,9 +112,11 @@ class Completer:
             m = self._m[job.queue]
             if job.id in completed:
                 m.finished["done"].inc()
+                self._observe(job, "done")
                 log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
             else:
                 m.finished["lease_lost"].inc()
+                self._observe(job, "lease_lost")
                 warn_lost(job, "completion refused: the lease was lost before it was written")
 
     def _count_failure(self, f: Failure, status: str | None) -> None:
@@ -121,16 +131,20 @@ class Completer:
             "error": f.error[:500],
         }
         unknown = f.error.startswith(UnknownTaskError.__name__)
+        prefix = "unknown_" if unknown else ""
         if status is None:
             m.finished["lease_lost"].inc()
+            self._observe(job, "lease_lost")
             warn_lost(job, "failure not recorded: the lease was lost before it was written")
         elif status == "pending":
             m.finished["unknown_task" if unknown else "retried"].inc()
+            self._observe(job, prefix + "retried")
             log.warning("job failed, will retry in %.1fs", f.delay_seconds, extra={"action": "job_retry", **extra})
         else:
             reason = "unknown_task" if unknown else ("exhausted" if f.retry else "non_retryable")
             m.finished["unknown_task" if unknown else "failed"].inc()
             m.failed[reason].inc()
+            self._observe(job, prefix + "failed")
             log.error("job failed for good (%s)", reason.replace("_", "-"), extra={"action": "job_failed", **extra})
 
     # ------------------------------------------------------------------ writing

@@ -174,6 +174,14 @@ SELECT id, queue, payload, status, priority, attempts, max_attempts, visible_at,
        last_error, idempotency_key, created_at, updated_at
 FROM {schema}.jobs WHERE id = %(id)s;
 
+-- name: job_list_enqueued
+-- Jobs by task, queue and status (any when NULL), oldest first (skiplock.testing).
+SELECT id, queue, task, payload, status, priority, attempts, max_attempts, visible_at, idempotency_key, created_at
+FROM {schema}.jobs
+WHERE (%(task)s::text IS NULL OR task = %(task)s) AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+ORDER BY id;
+
 -- name: job_list_failed
 -- The most recently failed jobs, newest first.
 SELECT id, queue, attempts, max_attempts, last_error, created_at, updated_at
