@@ -550,7 +550,7 @@ def _scrape_ok(proc, into: list[str]) -> bool:
     except OSError:
         return False
     into.extend(bodies)
-    return "skiplock_queue_jobs" in bodies[0]
+    return "skiplock_table_live_tuples" in bodies[0]  # a series read from the database at scrape
 
 
 def _assert_no_secret(text: str, password: str) -> None:
