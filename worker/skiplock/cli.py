@@ -93,10 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--limit", type=_positive_int, default=20)
     f.add_argument("--json", action="store_true")
 
-    for name, helptext in (("retry", "re-drive failed jobs"), ("cancel", "cancel pending or processing jobs")):
+    for name, helptext in (("retry", "re-drive failed jobs"), ("cancel", "cancel pending or running jobs")):
         r = sub.add_parser(name, parents=[common], help=helptext)
         r.add_argument("ids", nargs="*", type=int, help="job ids")
         r.add_argument("--queue", help="every matching job of this queue")
+        if name == "cancel":
+            r.add_argument("--task", help="only jobs of this task")
+        else:
+            r.add_argument("--include-cancelled", action="store_true", help="re-drive cancelled jobs too")
+
+    sh = sub.add_parser("show", parents=[common], help="one job: payload, status, lease, timestamps, error history")
+    sh.add_argument("id", type=int, help="job id")
+    sh.add_argument("--json", action="store_true")
 
     pu = sub.add_parser("purge", parents=[common], help="delete done/failed jobs older than a cutoff, in batches")
     pu.add_argument("--older-than", required=True, type=parse_duration, help="e.g. 7d, 12h")
@@ -305,16 +313,24 @@ def cmd_failed(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _by_selection(args: argparse.Namespace, settings: Settings, verb: str, what: str) -> int:
-    """retry/cancel: act on job ids, a queue, or both; non-zero when ids were named and none matched."""
+    """retry/cancel: act on job ids, a queue, or both; exit 1 when nothing matched (by ids or by queue alike).
+    Named jobs left unchanged are reported with their status (a finished job is never changed)."""
     if not args.ids and not args.queue:
         raise ConfigError(f"{args.command}: give job ids, --queue, or both")
     ids = args.ids or None
     with _queue(settings) as q:
         _guard_schema(q, settings)
-        act = q.retry_failed if args.command == "retry" else q.cancel
-        done = act(ids=ids, queue=args.queue)
+        if args.command == "retry":
+            done = q.retry_failed(ids=ids, queue=args.queue, include_cancelled=args.include_cancelled)
+        else:
+            done = q.cancel(ids=ids, queue=args.queue, task=args.task)
+        left = sorted(set(ids or ()) - set(done))
+        found = q.statuses(left) if left else {}
     print(f"{verb} {len(done)} {what}" + (f": {', '.join(map(str, done[:20]))}" if done else ""))
-    return EXIT_OK if done or not ids else EXIT_PROBLEMS
+    for job_id in left:
+        status = found.get(job_id)
+        print(f"job {job_id}: " + (f"{status}, left unchanged" if status else "no such job"), file=sys.stderr)
+    return EXIT_OK if done else EXIT_PROBLEMS
 
 
 def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
@@ -323,6 +339,43 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     return _by_selection(args, settings, "cancelled", "job(s)")
+
+
+def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    with _queue(settings) as q:
+        _guard_schema(q, settings)
+        row = q.get(args.id)
+    if row is None:
+        print(f"skiplock: no job {args.id}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    if args.json:
+        print(json.dumps(row, indent=2, default=str))
+        return EXIT_OK
+    print(render_job(row))
+    return EXIT_OK
+
+
+def render_job(row: dict[str, Any]) -> str:
+    """``skiplock show``: one field a line, then the error history, oldest first."""
+    keys = ("id", "queue", "task", "status", "priority", "attempts", "max_attempts", "timeout_seconds",
+            "visible_at", "locked_by", "locked_at", "lease_expires_at", "idempotency_key", "created_at",
+            "updated_at", "last_error")  # fmt: skip
+    width = max(map(len, keys))
+    lines = [f"{k.ljust(width)}  {_show_value(row.get(k))}" for k in keys]
+    lines.append(f"{'payload'.ljust(width)}  {json.dumps(row.get('payload'), ensure_ascii=False)}")
+    errors = row.get("errors") or []
+    lines.append(f"errors ({len(errors)}, oldest first):" if errors else "errors: none")
+    for e in errors:
+        lines.append(f"  #{e.get('attempt')} {e.get('at')} {e.get('worker') or '-'}: {e.get('error')}")
+    return "\n".join(lines)
+
+
+def _show_value(value: Any) -> str:
+    if value is None:
+        return "-"
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat(timespec="seconds"))
+    return str(value).replace("\n", " ")
 
 
 def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
@@ -427,6 +480,7 @@ COMMANDS = {
     "failed": cmd_failed,
     "retry": cmd_retry,
     "cancel": cmd_cancel,
+    "show": cmd_show,
     "purge": cmd_purge,
     "worker": cmd_worker,
     "demo": cmd_demo,

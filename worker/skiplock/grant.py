@@ -41,6 +41,7 @@ LEASE_COLUMNS = (
     "locked_at",
     "lease_expires_at",
     "last_error",
+    "errors",
     "updated_at",
 )
 """The columns the worker role may update: the lease and outcome of a job, never its content."""

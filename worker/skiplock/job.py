@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-JobStatus = Literal["pending", "processing", "done", "failed"]
-STATUSES: tuple[JobStatus, ...] = ("pending", "processing", "done", "failed")
+JobStatus = Literal["pending", "processing", "done", "failed", "cancelled"]
+STATUSES: tuple[JobStatus, ...] = ("pending", "processing", "done", "failed", "cancelled")
 
 CLAIM_COLUMNS = (
     "id",
@@ -147,6 +147,7 @@ class Job:
     """The registered task this job runs (``None``: the queue's default handler)."""
     _conn: Any = field(default=None, compare=False, repr=False)
     _decode_error: str | None = field(default=None, compare=False, repr=False)
+    _cancel: Any = field(default=None, compare=False, repr=False)
 
     @property
     def conn(self) -> Any:
@@ -159,12 +160,22 @@ class Job:
         return self._decode_error
 
     @property
+    def cancelled(self) -> bool:
+        """True once this job was cancelled (``skiplock cancel``) while it ran: a sync handler should stop; its
+        ``job.conn`` writes will be rolled back whatever it does. Async handlers are cancelled outright."""
+        c = self._cancel
+        return c is not None and bool(c.is_set())
+
+    @property
     def is_last_attempt(self) -> bool:
         return self.attempts >= self.max_attempts
 
-    def with_conn(self, conn: Any) -> Job:
+    def with_conn(self, conn: Any, cancel: Any = None) -> Job:
+        """A copy for the handler: ``conn`` as ``job.conn`` and, from a worker, the event ``job.cancelled`` reads."""
         job = copy.copy(self)  # a shallow copy: several times cheaper than dataclasses.replace, once per job
         object.__setattr__(job, "_conn", conn)
+        if cancel is not None:
+            object.__setattr__(job, "_cancel", cancel)
         return job
 
 

@@ -27,6 +27,8 @@ from skiplock.settings import QUEUE_NAME, Settings, redact
 from skiplock.sql import Queries, queries_for
 
 MAX_ERROR_CHARS = 4000
+HISTORY_ERROR_CHARS = 1000
+"""Longest error text of one entry of a job's error history (``errors``: the last 20 failed attempts)."""
 # A \u0000 escape in JSON text, not preceded by an escaped backslash (a literal "\\u0000" is fine).
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 PURGE_BATCH = 5000
@@ -240,6 +242,7 @@ def fail_params(failures: Sequence[Failure], worker: str, now: datetime | None) 
         "retry": [f.retry for f in failures],
         "worker": worker,
         "now": now,
+        "history_chars": HISTORY_ERROR_CHARS,
     }
 
 
@@ -480,23 +483,36 @@ class Queue:
         return self._run(self._q.job_list_failed, {"queue": queue, "limit": limit}, None)
 
     def retry_failed(
-        self, *, ids: Sequence[int] | None = None, queue: str | None = None, now: datetime | None = None
+        self,
+        *,
+        ids: Sequence[int] | None = None,
+        queue: str | None = None,
+        include_cancelled: bool = False,
+        now: datetime | None = None,
     ) -> list[int]:
+        """Re-drive failed jobs (and cancelled ones with ``include_cancelled``) with a fresh set of attempts."""
         _require_selection(ids, queue)
-        params = {"ids": list(ids) if ids is not None else None, "queue": queue, "now": now}
-        return [r["id"] for r in self._run(self._q.job_retry_failed, params, None)]
+        rows = self._run(self._q.job_retry_failed, retry_params(ids, queue, include_cancelled, now), None)
+        return [r["id"] for r in rows]
 
     def cancel(
         self,
         *,
         ids: Sequence[int] | None = None,
         queue: str | None = None,
+        task: str | None = None,
         reason: str = "by operator",
         now: datetime | None = None,
     ) -> list[int]:
+        """Cancel pending jobs at once and running ones cooperatively (their worker is told; the fence refuses
+        their completion). Returns the ids cancelled; finished jobs are left as they are."""
         _require_selection(ids, queue)
-        params = {"ids": list(ids) if ids is not None else None, "queue": queue, "reason": reason, "now": now}
-        return [r["id"] for r in self._run(self._q.job_cancel, params, None)]
+        rows = self._run(self._q.job_cancel, cancel_params(self.settings, ids, queue, task, reason, now), None)
+        return [r["id"] for r in rows]
+
+    def statuses(self, ids: Sequence[int]) -> dict[int, str]:
+        """The status of each existing job of ``ids`` (what cancel and retry report for the ones they left)."""
+        return {r["id"]: r["status"] for r in self._run(self._q.job_get_many, {"ids": list(ids)}, None)}
 
     def purge(
         self,
@@ -752,6 +768,39 @@ class AsyncQueue:
         rows = await self._run(self._q.job_get, {"id": job_id}, None)
         return rows[0] if rows else None
 
+    async def retry_failed(
+        self,
+        *,
+        ids: Sequence[int] | None = None,
+        queue: str | None = None,
+        include_cancelled: bool = False,
+        now: datetime | None = None,
+    ) -> list[int]:
+        _require_selection(ids, queue)
+        rows = await self._run(self._q.job_retry_failed, retry_params(ids, queue, include_cancelled, now), None)
+        return [r["id"] for r in rows]
+
+    async def cancel(
+        self,
+        *,
+        ids: Sequence[int] | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        reason: str = "by operator",
+        now: datetime | None = None,
+    ) -> list[int]:
+        _require_selection(ids, queue)
+        params = cancel_params(self.settings, ids, queue, task, reason, now)
+        return [r["id"] for r in await self._run(self._q.job_cancel, params, None)]
+
+    async def statuses(self, ids: Sequence[int]) -> dict[int, str]:
+        return {r["id"]: r["status"] for r in await self._run(self._q.job_get_many, {"ids": list(ids)}, None)}
+
+    async def cancelled_among(self, jobs: Sequence[Job], *, worker: str) -> set[int]:
+        """Of ``jobs`` (attempts held by ``worker``), the ids cancelled meanwhile."""
+        rows = await self._run(self._q.job_cancelled_among, fence_params(jobs, worker, None), None)
+        return {r["id"] for r in rows}
+
     async def migrate(self) -> migrations.MigrationReport:
         async with self._pool.connection() as conn:
             await conn.commit()
@@ -761,6 +810,31 @@ class AsyncQueue:
         async with self._pool.connection() as conn:
             version = await migrations.acurrent_version(conn, self.settings.schema)
         migrations.check_version(version, self.settings.schema)
+
+
+def retry_params(
+    ids: Sequence[int] | None, queue: str | None, include_cancelled: bool, now: datetime | None
+) -> dict[str, Any]:
+    statuses = ["failed", "cancelled"] if include_cancelled else ["failed"]
+    return {"ids": list(ids) if ids is not None else None, "queue": queue, "statuses": statuses, "now": now}
+
+
+def cancel_params(
+    settings: Settings,
+    ids: Sequence[int] | None,
+    queue: str | None,
+    task: str | None,
+    reason: str,
+    now: datetime | None,
+) -> dict[str, Any]:
+    return {
+        "ids": list(ids) if ids is not None else None,
+        "queue": queue,
+        "task": task,
+        "reason": reason,
+        "now": now,
+        "control_channel": settings.control_channel,
+    }
 
 
 def _require_selection(ids: Sequence[int] | None, queue: str | None) -> None:

@@ -74,10 +74,12 @@ class Queries:
     job_heartbeat: LiteralString
     job_recover_expired: LiteralString
     job_get: LiteralString
+    job_get_many: LiteralString
     job_list_enqueued: LiteralString
     job_list_failed: LiteralString
     job_retry_failed: LiteralString
     job_cancel: LiteralString
+    job_cancelled_among: LiteralString
     job_purge_batch: LiteralString
     queue_stats: LiteralString
     schema_lock: LiteralString

@@ -36,7 +36,7 @@ from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetri
 from skiplock.queue import Failure, check_connect
 from skiplock.settings import Settings
 from skiplock.worker.claimer import Claimer
-from skiplock.worker.completer import Completer, failure_for, warn_lost
+from skiplock.worker.completer import Completer, failure_for
 from skiplock.worker.control import Control
 from skiplock.worker.executor import (
     AsyncExecutor,
@@ -53,6 +53,8 @@ from skiplock.worker.pools import APPLICATION_NAME, async_pool, sync_pool
 
 __all__ = ["APPLICATION_NAME", "Outcome", "Worker", "serve_queues"]
 log = logging.getLogger(__name__)
+CONTROL_WORDS = ("cancel", "pause")
+"""Payloads of the control channel (``Settings.control_channel``): what the workers recheck."""
 
 
 def serve_queues(settings: Settings, app: App | None, handler: Handler | None) -> tuple[str, ...]:
@@ -249,6 +251,7 @@ class Worker:
             tracked=lambda: slots.jobs() + completer.jobs(),
             holds=lambda job: slots.holds(job) or completer.holds(job),
             wake=lambda: self._wake("recovered"),
+            cancelled=self._on_cancelled,
         )
         claimer = self._claimer = Claimer(
             control, s, self.identity, self.queues, overrides, slots, completer, leases, self._start_jobs,
@@ -273,6 +276,7 @@ class Worker:
                 asyncio.create_task(self._ticker(), name="ticker"),
                 asyncio.create_task(leases.heartbeats(), name="heartbeat"),
                 asyncio.create_task(leases.recoverer(), name="recoverer"),
+                asyncio.create_task(leases.cancellations(), name="cancellations"),
             ]
             self.metrics.listener_enabled.set(1 if s.listen else 0)
             if s.listen and not until_idle:
@@ -287,6 +291,10 @@ class Worker:
                     on_unsupported=lambda: self.metrics.listener_enabled.set(0),
                 )
                 tasks.append(asyncio.create_task(self.listener.run(), name="listener"))
+                controls = Listener(
+                    dsn, s.control_channel, CONTROL_WORDS, self._on_control, application_name=APPLICATION_NAME
+                )
+                tasks.append(asyncio.create_task(controls.run(), name="control-listener"))
             if exporter is not None:
                 exporter.start()
             self._log_started()
@@ -412,7 +420,9 @@ class Worker:
             return
         m = self._bound[job.queue]
         m.duration.observe(r.finished - entry.started)
-        if r.outcome == "deferred":
+        if r.outcome == "cancelled" or (entry.cancelled and r.outcome != "done"):
+            self._completer.count_cancelled(job)  # the row says cancelled already; its writes were rolled back
+        elif r.outcome == "deferred":
             self._completer.defer(job)
         elif r.outcome == "failed":
             assert r.error is not None
@@ -421,12 +431,23 @@ class Worker:
             m.finished["done"].inc()
             self.observe(job, "done")
             log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
-        elif r.outcome == "lease_lost":
-            m.finished["lease_lost"].inc()
-            self.observe(job, "lease_lost")
-            warn_lost(job, "completion refused: the lease was lost while the handler ran")
+        elif r.outcome == "lease_lost":  # lost, or cancelled before this worker was told: the completer asks
+            self._completer.refused(job)
         elif r.outcome == "released":
             self._to_release.append(job)
+
+    def _on_cancelled(self, ids: set[int]) -> None:
+        """Jobs of this worker found cancelled in the database (control notification or heartbeat)."""
+        assert self._slots is not None
+        for e in self._slots.cancel(ids):
+            log.info(
+                "cancelling a running job", extra={"action": "job_cancelling", "queue": e.job.queue, "job_id": e.job.id}
+            )
+
+    def _on_control(self) -> None:
+        """A notification on the control channel (cancel, pause): each seam rechecks what it owns."""
+        if self._leases is not None:
+            self._leases.poke()
 
     def _in_flight_changed(self, queue: str, delta: int) -> None:
         self._bound[queue].in_flight.inc(delta)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 
@@ -61,6 +61,7 @@ class Completer:
         self._identity = identity
         self._done: list[Job] = []
         self._failed: list[Failure] = []
+        self._refused: list[Job] = []  # completions the fence refused in the handler's transaction
         self._needed = asyncio.Event()
         self._closing = False
 
@@ -71,6 +72,12 @@ class Completer:
 
     def fail(self, failure: Failure) -> None:
         self._failed.append(failure)
+        self._needed.set()
+
+    def refused(self, job: Job) -> None:
+        """The fence refused a completion in the handler's transaction: counted as cancelled or lease_lost once the
+        database says which."""
+        self._refused.append(job)
         self._needed.set()
 
     def take_done(self, limit: int = FLUSH_MAX) -> list[Job]:
@@ -93,7 +100,7 @@ class Completer:
 
     @property
     def pending(self) -> int:
-        return len(self._done) + len(self._failed)
+        return len(self._done) + len(self._failed) + len(self._refused)
 
     # ------------------------------------------------------------------ counting
     async def settle(self, done: list[Job], completed: set[int]) -> None:
@@ -105,19 +112,36 @@ class Completer:
                 "complete", lambda: self._control.queue.confirm_done(refused, worker=self._identity)
             )
             completed = completed | (confirmed or set())
-        self.count_done(done, completed)
+        cancelled = await self.cancelled_among([j for j in done if j.id not in completed])
+        self.count_done(done, completed, cancelled)
 
-    def count_done(self, done: list[Job], completed: set[int]) -> None:
+    async def cancelled_among(self, jobs: list[Job]) -> set[int]:
+        """Of jobs whose write the fence refused, the ones cancelled meanwhile (not lost: counted as cancelled)."""
+        if not jobs:
+            return set()
+        found = await self._control.call(
+            "complete", lambda: self._control.queue.cancelled_among(jobs, worker=self._identity)
+        )
+        return found or set()
+
+    def count_done(self, done: list[Job], completed: set[int], cancelled: Collection[int] = ()) -> None:
         for job in done:
             m = self._m[job.queue]
             if job.id in completed:
                 m.finished["done"].inc()
                 self._observe(job, "done")
                 log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
+            elif job.id in cancelled:
+                self.count_cancelled(job)
             else:
                 m.finished["lease_lost"].inc()
                 self._observe(job, "lease_lost")
                 warn_lost(job, "completion refused: the lease was lost before it was written")
+
+    def count_cancelled(self, job: Job) -> None:
+        self._m[job.queue].finished["cancelled"].inc()
+        self._observe(job, "cancelled")
+        log.info("job cancelled while it ran", extra={"action": "job_cancelled", "queue": job.queue, "job_id": job.id})
 
     def _count_failure(self, f: Failure, status: str | None) -> None:
         job = f.job
@@ -132,7 +156,9 @@ class Completer:
         }
         unknown = f.error.startswith(UnknownTaskError.__name__)
         prefix = "unknown_" if unknown else ""
-        if status is None:
+        if status == "cancelled":
+            self.count_cancelled(job)
+        elif status is None:
             m.finished["lease_lost"].inc()
             self._observe(job, "lease_lost")
             warn_lost(job, "failure not recorded: the lease was lost before it was written")
@@ -164,6 +190,16 @@ class Completer:
 
     async def flush(self) -> bool:
         ok = True
+        if self._refused:
+            refused, self._refused = self._refused, []
+            cancelled = await self.cancelled_among(refused)
+            for job in refused:
+                if job.id in cancelled:
+                    self.count_cancelled(job)
+                else:
+                    self._m[job.queue].finished["lease_lost"].inc()
+                    self._observe(job, "lease_lost")
+                    warn_lost(job, "completion refused: the lease was lost while the handler ran")
         while ok and self._done:
             batch = self.take_done()
             ok = False
@@ -186,8 +222,10 @@ class Completer:
                     "fail", partial(self._control.queue.fail, fails, worker=self._identity)
                 )
                 if statuses is not None:
+                    cancelled = await self.cancelled_among([f.job for f in fails if f.job.id not in statuses])
                     for f in fails:
-                        self._count_failure(f, statuses.get(f.job.id))
+                        status = "cancelled" if f.job.id in cancelled else statuses.get(f.job.id)
+                        self._count_failure(f, status)
                     ok = True
             finally:
                 if not ok:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import psycopg
@@ -33,9 +33,10 @@ from skiplock.sql import Queries
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["done", "deferred", "failed", "lease_lost", "released"]
+Outcome = Literal["done", "deferred", "failed", "lease_lost", "released", "cancelled"]
 """done: completed in the handler's transaction; deferred: to be completed in a batch; failed: the handler raised
-(or the job cannot run); lease_lost: the fence refused the completion (writes rolled back); released: handed back."""
+(or the job cannot run); lease_lost: the fence refused the completion (writes rolled back); released: handed back;
+cancelled: the job was cancelled while it ran (its writes rolled back, the row already says so)."""
 
 
 class UnknownTaskError(Exception):
@@ -101,6 +102,11 @@ class Entry:
     job: Job
     started: float
     handle: asyncio.Task[None] | None = None  # async jobs only; sync ones run on the handler threads
+    cancel: threading.Event = field(default_factory=threading.Event)  # set when the job is cancelled (job.cancelled)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel.is_set()
 
 
 class Slots:
@@ -136,6 +142,16 @@ class Slots:
     def holds(self, job: Job) -> bool:
         entry = self._running.get(job.id)
         return entry is not None and entry.job.attempts == job.attempts
+
+    def cancel(self, ids: set[int]) -> list[Entry]:
+        """Tell the running jobs of ``ids`` they were cancelled: sync handlers see ``job.cancelled``, async ones
+        are cancelled. Their results come back as ``cancelled``."""
+        hit = [e for e in self._running.values() if e.job.id in ids and not e.cancelled]
+        for e in hit:
+            e.cancel.set()
+            if e.handle is not None:
+                e.handle.cancel()
+        return hit
 
     def entries(self) -> list[Entry]:
         return list(self._running.values())
@@ -189,25 +205,29 @@ class AsyncExecutor:
         self._report = report
 
     def submit(self, job: Job, target: Target, entry: Entry) -> None:
-        entry.handle = asyncio.create_task(self._run(job, target), name=f"job-{job.id}")
+        entry.handle = asyncio.create_task(self._run(job, target, entry.cancel), name=f"job-{job.id}")
 
-    async def _run(self, job: Job, target: Target) -> None:
+    async def _run(self, job: Job, target: Target, cancel: threading.Event) -> None:
         try:
-            outcome = await self._unit(job, target)
+            outcome = await self._unit(job, target, cancel)
             result = Result(job, outcome, None, time.monotonic(), target.task)
-        except asyncio.CancelledError:  # only past the grace period of a drain: the job is handed back
+        except asyncio.CancelledError:
+            if cancel.is_set():  # the job was cancelled: its writes are rolled back, the row says cancelled
+                self._report(Result(job, "cancelled", None, time.monotonic(), target.task))
+                return
+            # past the grace period of a drain: the job is handed back
             self._report(Result(job, "released", None, time.monotonic(), target.task))
             raise
         except BaseException as exc:  # the handler raised: retry or fail, fenced
             result = Result(job, "failed", exc, time.monotonic(), target.task)
         self._report(result)
 
-    async def _unit(self, job: Job, target: Target) -> Outcome:
+    async def _unit(self, job: Job, target: Target, cancel: threading.Event) -> Outcome:
         pool = self.pool
         lazy = AsyncLazyConnection(pool.getconn)
         try:
             try:
-                await target.func(job.with_conn(lazy))
+                await target.func(job.with_conn(lazy, cancel))
             except BaseException:
                 if lazy.conn is not None:
                     with contextlib.suppress(psycopg.Error):  # keep the handler's exception
@@ -242,7 +262,7 @@ class ThreadExecutor:
         self._worker = worker
         self._report = report
         self._loop = asyncio.get_running_loop()
-        self._inbox: queue.SimpleQueue[tuple[Job, Target] | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[Job, Target, threading.Event] | None] = queue.SimpleQueue()
         self._outbox: deque[Result] = deque()
         self._scheduled = False
         self.skip: Callable[[Job], bool] = lambda job: False  # a job handed back before its thread got to it
@@ -254,15 +274,15 @@ class ThreadExecutor:
             thread.start()
 
     def submit(self, job: Job, target: Target, entry: Entry) -> None:
-        self._inbox.put((job, target))
+        self._inbox.put((job, target, entry.cancel))
 
     def _thread(self) -> None:
         while (item := self._inbox.get()) is not None:
-            job, target = item
+            job, target, cancel = item
             if self.skip(job):
                 continue
             try:
-                outcome = self._unit(job, target)
+                outcome = self._unit(job, target, cancel)
                 result = Result(job, outcome, None, time.monotonic(), target.task)
             except BaseException as exc:
                 result = Result(job, "failed", exc, time.monotonic(), target.task)
@@ -281,12 +301,12 @@ class ThreadExecutor:
         if results:
             self._report(results)
 
-    def _unit(self, job: Job, target: Target) -> Outcome:
+    def _unit(self, job: Job, target: Target, cancel: threading.Event) -> Outcome:
         pool = self.pool
         lazy = LazyConnection(pool.getconn)
         try:
             try:
-                target.func(job.with_conn(lazy))
+                target.func(job.with_conn(lazy, cancel))
             except BaseException:
                 if lazy.conn is not None:
                     with contextlib.suppress(psycopg.Error):

@@ -29,6 +29,7 @@ class Leases:
         tracked: Callable[[], list[Job]],
         holds: Callable[[Job], bool],
         wake: Callable[[], None],
+        cancelled: Callable[[set[int]], None] = lambda ids: None,
     ) -> None:
         self._control = control
         self._settings = settings
@@ -40,6 +41,8 @@ class Leases:
         self._tracked = tracked  # every job this worker holds a lease for (running or finished but unwritten)
         self._holds = holds  # whether it still holds this attempt (it may have finished during a round trip)
         self._wake = wake
+        self._cancelled = cancelled  # told the ids of held jobs found cancelled in the database
+        self._check = asyncio.Event()
         self._warned: set[tuple[int, int]] = set()
         self.released = 0
         lease = settings.lease_seconds
@@ -63,11 +66,15 @@ class Leases:
         if not jobs:
             return
         leases = [self.lease_for(j) for j in jobs]
-        lost = await self._control.call(
+        held = await self._control.call(
             "heartbeat", lambda: self._control.queue.heartbeat(jobs, worker=self._identity, leases=leases)
         )
-        if lost is None:
+        if held is None:
             return
+        lost = {j.id for j in jobs} - held  # heartbeat() returns the ids still held
+        if lost:  # the polling fallback of the control channel: a lost lease may be a cancellation
+            cancelled = await self.check_cancelled([j for j in jobs if j.id in lost])
+            lost = lost - cancelled
         for job in jobs:
             key = (job.id, job.attempts)
             # A job that finished during the round trip is not lost: only warn for attempts still held now.
@@ -78,6 +85,29 @@ class Leases:
                     extra={"action": "lease_lost", "job_id": job.id, "queue": job.queue, "attempt": job.attempts},
                 )
         self._warned &= {(j.id, j.attempts) for j in jobs}
+
+    # ------------------------------------------------------------------ cancellation
+    def poke(self) -> None:
+        """A cancel was announced (control channel): check the held jobs soon."""
+        self._check.set()
+
+    async def cancellations(self) -> None:
+        while True:
+            await self._check.wait()
+            self._check.clear()
+            await self.check_cancelled()
+
+    async def check_cancelled(self, jobs: list[Job] | None = None) -> set[int]:
+        """Of the held jobs (or ``jobs``), the ids cancelled in the database; the worker is told of them."""
+        held = self._tracked() if jobs is None else jobs
+        if not held:
+            return set()
+        found = await self._control.call(
+            "heartbeat", lambda: self._control.queue.cancelled_among(held, worker=self._identity)
+        )
+        if found:
+            self._cancelled(found)
+        return found or set()
 
     # ------------------------------------------------------------------ recovery
     async def recoverer(self) -> None:

@@ -94,13 +94,18 @@ JOIN unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts) ON j.
 WHERE j.status = 'done' AND j.locked_by = %(worker)s;
 
 -- name: job_fail
--- Record failed attempts, fenced: back to pending after a per-job delay, or failed when exhausted or final.
+-- Record failed attempts, fenced: back to pending after a per-job delay, or failed when exhausted or final; each appends {{attempt, at, error, worker}} to the error history (the last 20 kept).
 UPDATE {schema}.jobs AS j
 SET status = CASE WHEN f.retry AND j.attempts < j.max_attempts THEN 'pending' ELSE 'failed' END,
     visible_at = CASE WHEN f.retry AND j.attempts < j.max_attempts
                       THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => f.delay)
                       ELSE j.visible_at END,
     last_error = f.error, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL,
+    errors = jsonb_path_query_array(
+        j.errors || jsonb_build_array(jsonb_build_object(
+            'attempt', j.attempts, 'at', coalesce(%(now)s::timestamptz, now()),
+            'error', left(f.error, %(history_chars)s), 'worker', %(worker)s)),
+        '$[last - 19 to last]'),
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[], %(delays)s::float8[],
             %(retry)s::boolean[]) AS f(id, attempts, error, delay, retry)
@@ -163,16 +168,25 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'pending'
     visible_at = coalesce(%(now)s::timestamptz, now()), locked_by = NULL, locked_at = NULL, lease_expires_at = NULL,
     last_error = format('LeaseExpired: lease expired, recovered (worker %%s stopped heartbeating; attempt %%s of %%s)',
                         j.locked_by, j.attempts, j.max_attempts),
+    errors = jsonb_path_query_array(
+        j.errors || jsonb_build_array(jsonb_build_object(
+            'attempt', j.attempts, 'at', coalesce(%(now)s::timestamptz, now()),
+            'error', 'LeaseExpired: lease expired, recovered', 'worker', j.locked_by)),
+        '$[last - 19 to last]'),
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM expired
 WHERE j.id = expired.id
 RETURNING j.id, j.queue, j.status, j.attempts;
 
 -- name: job_get
--- One job by id, every column (CLI and tests).
-SELECT id, queue, payload, status, priority, attempts, max_attempts, visible_at, locked_by, locked_at,
-       last_error, idempotency_key, created_at, updated_at
+-- One job by id, every column (CLI show and tests).
+SELECT id, queue, task, payload, status, priority, attempts, max_attempts, visible_at, locked_by, locked_at,
+       lease_expires_at, timeout_seconds, last_error, errors, idempotency_key, created_at, updated_at
 FROM {schema}.jobs WHERE id = %(id)s;
+
+-- name: job_get_many
+-- Jobs by id with their status (what cancel and retry report for the ids they did not change).
+SELECT id, queue, status FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id;
 
 -- name: job_list_enqueued
 -- Jobs by task, queue and status (any when NULL), oldest first (skiplock.testing).
@@ -191,27 +205,46 @@ ORDER BY updated_at DESC, id DESC
 LIMIT %(limit)s;
 
 -- name: job_retry_failed
--- Re-drive failed jobs (by ids, or a whole queue) with a fresh set of attempts; keys taken meanwhile are skipped.
+-- Re-drive failed jobs (cancelled ones too only when asked: `statuses`) by ids, or a whole queue, with a fresh set of attempts; keys taken meanwhile are skipped.
 UPDATE {schema}.jobs AS j
 SET status = 'pending', attempts = 0, visible_at = coalesce(%(now)s::timestamptz, now()),
     updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE j.status = 'failed'
+WHERE j.status = ANY(%(statuses)s::text[])
   AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
   AND (j.idempotency_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM {schema}.jobs AS o
-        WHERE o.queue = j.queue AND o.idempotency_key = j.idempotency_key AND o.status <> 'failed'))
+        WHERE o.queue = j.queue AND o.idempotency_key = j.idempotency_key AND o.status <> 'failed'
+          AND o.id <> j.id))
 RETURNING j.id, j.queue;
 
 -- name: job_cancel
--- Cancel pending or processing jobs: they become failed with last_error 'Cancelled'; a running handler's completion is refused.
-UPDATE {schema}.jobs AS j
-SET status = 'failed', locked_by = NULL, locked_at = NULL,
-    last_error = 'Cancelled: ' || %(reason)s, updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE j.status IN ('pending', 'processing')
-  AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
-  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
-RETURNING j.id, j.queue;
+-- Cancel pending and running jobs (by ids, or a queue, optionally one task) at once, locking in id order: a running handler's completion is then refused by the fence, and the workers are told on the control channel.
+WITH picked AS (
+    SELECT id, status FROM {schema}.jobs
+    WHERE status IN ('pending', 'processing')
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+      AND (%(task)s::text IS NULL OR task = %(task)s)
+    ORDER BY id
+    FOR UPDATE
+), cancelled AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'cancelled', lease_expires_at = NULL, last_error = 'Cancelled: ' || %(reason)s,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.id, j.queue, picked.status AS was
+), told AS (
+    SELECT pg_notify(%(control_channel)s, 'cancel') WHERE EXISTS (SELECT 1 FROM cancelled WHERE was = 'processing')
+)
+SELECT c.id, c.queue, c.was, (SELECT count(*) FROM told) AS told FROM cancelled AS c ORDER BY c.id;
+
+-- name: job_cancelled_among
+-- Of these attempts held by this worker, the ids cancelled meanwhile (checked on a control notification and by the heartbeat).
+SELECT j.id FROM {schema}.jobs AS j
+JOIN unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts) ON j.id = c.id AND j.attempts = c.attempts
+WHERE j.status = 'cancelled' AND j.locked_by = %(worker)s;
 
 -- name: job_purge_batch
 -- Delete up to `limit` finished jobs last updated before a cutoff (one batch, its own transaction).

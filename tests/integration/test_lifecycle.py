@@ -1,0 +1,298 @@
+"""Job lifecycle controls against a real PostgreSQL: cancel (pending at once, running cooperatively, the race with
+completion), the error history and ``skiplock show``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from skiplock import AsyncQueue, Queue, Settings
+from skiplock.app import App
+from skiplock.queue import Failure
+from skiplock.worker import Worker
+from support.pg import await_for, wait_for
+
+
+def fast(settings: Settings, **kw: Any) -> Settings:
+    return settings.replace(**{"poll_seconds": 0.2, "backoff_base_seconds": 0.05, "backoff_cap_seconds": 0.1, **kw})
+
+
+def cli(*args: str, dsn: str, schema: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_") and k != "DATABASE_URL"}
+    env |= {"SKIPLOCK_DSN": dsn, "SKIPLOCK_SCHEMA": schema}
+    return subprocess.run(  # noqa: PLW1510 - exit codes are asserted
+        [sys.executable, "-m", "skiplock", *args], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def row(dsn: str, schema: str, job_id: int) -> dict[str, Any]:
+    with psycopg.connect(dsn) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        cur.execute(f'SELECT * FROM "{schema}".jobs WHERE id = %s', (job_id,))
+        found = cur.fetchone()
+    assert found is not None
+    return found
+
+
+def effects_table(dsn: str, schema: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{schema}".effects (job_id bigint PRIMARY KEY)')
+
+
+def effects(dsn: str, schema: str) -> set[int]:
+    with psycopg.connect(dsn) as conn:
+        return {r[0] for r in conn.execute(f'SELECT job_id FROM "{schema}".effects').fetchall()}
+
+
+# ---------------------------------------------------------------------------------------------- cancel: pending
+def test_cancelling_pending_jobs_is_immediate_and_retry_skips_them_unless_asked(queue: Queue, pg_dsn, schema):
+    a, b, c = (queue.enqueue("q", {"n": i}).id for i in range(3))
+    assert sorted(queue.cancel(ids=[a, b])) == [a, b]
+    assert row(pg_dsn, schema, a)["status"] == "cancelled" and row(pg_dsn, schema, c)["status"] == "pending"
+    assert queue.list_failed("q") == [], "a cancelled job is not a failed one"
+    assert [s.failed for s in queue.stats("q")] == [0]
+    assert queue.retry_failed(queue="q") == [], "retry never re-drives a cancelled job by default"
+    assert sorted(queue.retry_failed(ids=[a], include_cancelled=True)) == [a]
+    assert (row(pg_dsn, schema, a)["status"], row(pg_dsn, schema, b)["status"]) == ("pending", "cancelled")
+
+
+def test_cancel_by_queue_and_task_leaves_other_tasks_and_finished_jobs(queue: Queue, pg_dsn, schema):
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        ids = [
+            conn.execute(
+                f'INSERT INTO "{schema}".jobs (queue, payload, task) VALUES (%s, %s, %s) RETURNING id',
+                ("q", "{}", task),
+            ).fetchone()[0]  # type: ignore[index]
+            for task in ("t.a", "t.b", "t.a")
+        ]
+        conn.execute(f'UPDATE "{schema}".jobs SET status = %s WHERE id = %s', ("done", ids[2]))
+    assert queue.cancel(queue="q", task="t.a") == [ids[0]]
+    assert queue.statuses(ids) == {ids[0]: "cancelled", ids[1]: "pending", ids[2]: "done"}
+
+
+async def test_the_async_api_cancels_and_retries_like_the_sync_one(aqueue: AsyncQueue):
+    a = (await aqueue.enqueue("q", {})).id
+    assert await aqueue.cancel(ids=[a]) == [a]
+    assert await aqueue.cancel(ids=[a]) == [], "already cancelled: nothing changes"
+    assert await aqueue.statuses([a]) == {a: "cancelled"}
+    assert await aqueue.retry_failed(queue="q") == []
+    assert await aqueue.retry_failed(queue="q", include_cancelled=True) == [a]
+
+
+def test_cli_cancel_reports_finished_jobs_and_exits_1_when_nothing_matched(queue: Queue, pg_dsn, schema):
+    live = queue.enqueue("q", {}).id
+    finished = queue.enqueue("q", {}).id
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'UPDATE "{schema}".jobs SET status = %s WHERE id = %s', ("done", finished))
+
+    out = cli("cancel", str(live), str(finished), "999999", dsn=pg_dsn, schema=schema)
+    assert out.returncode == 0 and "cancelled 1 job(s)" in out.stdout, out
+    assert f"job {finished}: done, left unchanged" in out.stderr and "job 999999: no such job" in out.stderr
+    assert row(pg_dsn, schema, finished)["status"] == "done"
+
+    again = cli("cancel", str(finished), dsn=pg_dsn, schema=schema)
+    assert again.returncode == 1 and "cancelled 0 job(s)" in again.stdout
+    for args in (("cancel", "--queue", "q"), ("retry", "--queue", "q"), ("retry", str(live))):
+        nothing = cli(*args, dsn=pg_dsn, schema=schema)
+        assert nothing.returncode == 1, (args, nothing)  # nothing matched: 1, by ids and by queue alike
+    redo = cli("retry", "--include-cancelled", str(live), dsn=pg_dsn, schema=schema)
+    assert redo.returncode == 0 and "re-queued 1" in redo.stdout, redo
+    assert row(pg_dsn, schema, live)["status"] == "pending"
+
+
+# ---------------------------------------------------------------------------------------------- cancel: running
+async def _cancel_running(settings: Settings, pg_dsn: str, schema: str, *, is_async: bool) -> dict[str, Any]:
+    """Start a handler that writes through job.conn and then blocks; cancel it; return what was seen."""
+    effects_table(pg_dsn, schema)
+    app = App()
+    started = threading.Event()
+    seen: dict[str, Any] = {"outcomes": []}
+
+    if is_async:
+
+        @app.task(name="blocks", queue="q")
+        async def blocks_async(job):
+            await job.conn.execute(f'INSERT INTO "{schema}".effects VALUES (%s)', (job.id,))
+            started.set()
+            try:
+                await asyncio.sleep(120)
+            except asyncio.CancelledError:
+                seen["stopped"] = time.monotonic()
+                raise
+
+    else:
+
+        @app.task(name="blocks", queue="q")
+        def blocks_sync(job):
+            job.conn.execute(f'INSERT INTO "{schema}".effects VALUES (%s)', (job.id,))
+            started.set()
+            deadline = time.monotonic() + 60
+            while not job.cancelled and time.monotonic() < deadline:
+                time.sleep(0.005)
+            seen["stopped"] = time.monotonic()
+            seen["saw_cancelled"] = job.cancelled
+
+    async with await AsyncQueue.open(settings=settings) as aq:
+        job_id = await _insert_task(aq, "blocks")
+        worker = Worker(app, settings=settings)
+        worker.observe = lambda job, outcome: seen["outcomes"].append((job.id, outcome))
+        async with worker:
+            await await_for(started.is_set, timeout=20, what="handler started")
+            cancel_at = time.monotonic()
+            assert await aq.cancel(ids=[job_id]) == [job_id]
+            await await_for(lambda: "stopped" in seen and seen["outcomes"], timeout=20, what="handler stopped")
+            seen["latency"] = seen["stopped"] - cancel_at
+        seen["metric"] = worker.registry.get_sample_value(
+            "skiplock_jobs_finished_total", {"queue": "q", "outcome": "cancelled"}
+        )
+        seen["lost"] = worker.registry.get_sample_value(
+            "skiplock_jobs_finished_total", {"queue": "q", "outcome": "lease_lost"}
+        )
+    seen["job_id"] = job_id
+    return seen
+
+
+async def _insert_task(aq: AsyncQueue, task: str) -> int:
+    """A job of a task, written with plain SQL as any producer may (enqueue by task is the producer API's)."""
+    async with aq.pool.connection() as conn:
+        cur = await conn.execute(
+            f'INSERT INTO "{aq.settings.schema}".jobs (queue, payload, task) VALUES (%s, %s, %s) RETURNING id',
+            ("q", "{}", task),
+        )
+        found = await cur.fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_a_running_job_is_cancelled_cooperatively_and_its_writes_rolled_back(settings, pg_dsn, schema, is_async):
+    seen = await _cancel_running(fast(settings), pg_dsn, schema, is_async=is_async)
+    job_id = seen["job_id"]
+    assert row(pg_dsn, schema, job_id)["status"] == "cancelled"
+    assert effects(pg_dsn, schema) == set(), "the handler's job.conn writes were rolled back"
+    assert seen["outcomes"] == [(job_id, "cancelled")]
+    assert seen["metric"] == 1 and seen["lost"] == 0
+    if not is_async:
+        assert seen["saw_cancelled"] is True
+
+
+async def test_without_listen_the_heartbeat_tells_the_handler(settings, pg_dsn, schema):
+    s = fast(settings, listen=False, lease_seconds=2.0, heartbeat_seconds=None, recover_seconds=None)
+    seen = await _cancel_running(s, pg_dsn, schema, is_async=False)
+    assert seen["outcomes"] == [(seen["job_id"], "cancelled")] and seen["saw_cancelled"] is True
+    assert row(pg_dsn, schema, seen["job_id"])["status"] == "cancelled"
+
+
+async def test_cancel_racing_completion_ends_each_job_done_with_its_effect_or_cancelled_without(
+    settings, pg_dsn, schema
+):
+    """Cancels fired while handlers commit: every job ends in exactly one state, its side effect exactly when done,
+    and the worker counts each one as the database recorded it (never a false lease_lost)."""
+    effects_table(pg_dsn, schema)
+    app = App()
+    rng = random.Random(7)
+
+    @app.task(name="writes", queue="q")
+    def writes(job):
+        job.conn.execute(f'INSERT INTO "{schema}".effects VALUES (%s)', (job.id,))
+        time.sleep(rng.random() * 0.01)
+
+    n = 120
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        ids = [
+            r[0]
+            for r in conn.execute(
+                f'INSERT INTO "{schema}".jobs (queue, payload, task) '
+                "SELECT 'q', '{}', 'writes' FROM generate_series(1, %s) RETURNING id",
+                (n,),
+            ).fetchall()
+        ]
+    outcomes: dict[int, str] = {}
+    worker = Worker(app, settings=fast(settings, concurrency=8))
+    worker.observe = lambda job, outcome: outcomes.__setitem__(job.id, outcome)
+    said_cancelled: set[int] = set()
+    async with worker, await AsyncQueue.open(settings=settings) as aq:
+        order = ids[:]
+        rng.shuffle(order)
+        for job_id in order:
+            said_cancelled |= set(await aq.cancel(ids=[job_id]))
+            await asyncio.sleep(rng.random() * 0.004)
+        await await_for(lambda: worker.in_flight == 0, timeout=30, what="no job running")
+    final = Queue(settings=settings).statuses(ids)
+    assert set(final.values()) <= {"done", "cancelled"}
+    done = {i for i, s in final.items() if s == "done"}
+    cancelled = {i for i, s in final.items() if s == "cancelled"}
+    assert cancelled == said_cancelled
+    assert effects(pg_dsn, schema) == done, "a side effect exactly for each done job"
+    assert done and cancelled, "the race was exercised both ways"
+    assert {i for i, o in outcomes.items() if o == "done"} == done
+    assert {i for i, o in outcomes.items() if o not in ("done", "cancelled")} == set(), outcomes
+    assert {i for i, o in outcomes.items() if o == "cancelled"} <= cancelled
+
+
+# ---------------------------------------------------------------------------------------------- error history
+def test_each_failed_attempt_appends_to_a_bounded_error_history(queue: Queue, pg_dsn, schema):
+    job_id = queue.enqueue("q", {}, max_attempts=25).id
+    for attempt in range(1, 24):
+        [job] = queue.claim("q", limit=1, worker=f"w{attempt}")
+        error = RuntimeError(f"boom {attempt} " + "x" * 5000)
+        failure = Failure.from_exception(job, error, queue.settings)
+        assert queue.fail([Failure(job, failure.error, 0.0, True)], worker=f"w{attempt}") == {job_id: "pending"}
+    r = row(pg_dsn, schema, job_id)
+    history = r["errors"]
+    assert len(history) == 20, "the last 20 attempts are kept"
+    assert [e["attempt"] for e in history] == list(range(4, 24))
+    assert [e["worker"] for e in history] == [f"w{i}" for i in range(4, 24)]
+    assert all(len(e["error"]) <= 1000 for e in history) and history[-1]["error"].startswith("RuntimeError: boom 23")
+    assert r["last_error"].startswith("RuntimeError: boom 23") and len(r["last_error"]) > 1000, "last_error stays"
+    assert all(e["at"] for e in history)
+
+
+async def test_the_worker_records_each_failure_and_show_prints_the_history(settings, pg_dsn, schema):
+    app = App()
+
+    @app.task(name="flaky", queue="q")
+    def flaky(job):
+        raise ValueError(f"attempt {job.attempts} went wrong")
+
+    async with await AsyncQueue.open(settings=settings) as aq:
+        job_id = await _insert_task(aq, "flaky")
+        async with aq.pool.connection() as conn:
+            await conn.execute(f'UPDATE "{schema}".jobs SET max_attempts = 3 WHERE id = %s', (job_id,))
+    worker = Worker(app, settings=fast(settings))
+    async with worker:
+        await await_for(lambda: row(pg_dsn, schema, job_id)["status"] == "failed", timeout=20, what="job failed")
+    history = row(pg_dsn, schema, job_id)["errors"]
+    assert [(e["attempt"], e["error"], e["worker"]) for e in history] == [
+        (i, f"ValueError: attempt {i} went wrong", worker.identity) for i in (1, 2, 3)
+    ]
+
+    text = cli("show", str(job_id), dsn=pg_dsn, schema=schema)
+    assert text.returncode == 0, text
+    assert "status            failed" in text.stdout and "task              flaky" in text.stdout
+    assert "lease_expires_at" in text.stdout and "errors (3, oldest first):" in text.stdout
+    assert "#2 " in text.stdout and "ValueError: attempt 2 went wrong" in text.stdout
+    shown = json.loads(cli("show", str(job_id), "--json", dsn=pg_dsn, schema=schema).stdout)
+    assert shown["id"] == job_id and shown["status"] == "failed" and shown["payload"] == {}
+    assert [e["attempt"] for e in shown["errors"]] == [1, 2, 3] and shown["attempts"] == 3
+    missing = cli("show", "999999", dsn=pg_dsn, schema=schema)
+    assert missing.returncode == 1 and "no job 999999" in missing.stderr
+
+
+def test_a_recovered_lease_is_part_of_the_history(queue: Queue, pg_dsn, schema):
+    job_id = queue.enqueue("q", {}).id
+    queue.claim("q", limit=1, worker="gone", lease_seconds=1)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"UPDATE \"{schema}\".jobs SET lease_expires_at = now() - interval '1 s' WHERE id = %s", (job_id,))
+    wait_for(lambda: queue.recover_expired(queue="q"), timeout=10, what="recovered")
+    [entry] = row(pg_dsn, schema, job_id)["errors"]
+    assert entry["attempt"] == 1 and entry["worker"] == "gone" and entry["error"].startswith("LeaseExpired")
