@@ -296,3 +296,139 @@ def test_a_recovered_lease_is_part_of_the_history(queue: Queue, pg_dsn, schema):
     wait_for(lambda: queue.recover_expired(queue="q"), timeout=10, what="recovered")
     [entry] = row(pg_dsn, schema, job_id)["errors"]
     assert entry["attempt"] == 1 and entry["worker"] == "gone" and entry["error"].startswith("LeaseExpired")
+
+
+# ---------------------------------------------------------------------------------------------- timeouts
+def attempts_table(dsn: str, schema: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{schema}".attempts (job_id bigint, attempt int, PRIMARY KEY (job_id, attempt))')
+
+
+def attempts_written(dsn: str, schema: str) -> set[tuple[int, int]]:
+    with psycopg.connect(dsn) as conn:
+        return {(r[0], r[1]) for r in conn.execute(f'SELECT job_id, attempt FROM "{schema}".attempts').fetchall()}
+
+
+async def test_an_async_task_past_its_timeout_is_cancelled_rolled_back_and_retried(settings, pg_dsn, schema):
+    attempts_table(pg_dsn, schema)
+    app = App()
+    cancelled_at: list[int] = []
+
+    @app.task(name="slow", queue="q", timeout_seconds=0.3)
+    async def slow(job):
+        await job.conn.execute(f'INSERT INTO "{schema}".attempts VALUES (%s, %s)', (job.id, job.attempts))
+        if job.attempts == 1:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled_at.append(job.attempts)
+                raise
+
+    async with await AsyncQueue.open(settings=settings) as aq:
+        job_id = await _insert_task(aq, "slow")
+    worker = Worker(app, settings=fast(settings))
+    async with worker:
+        await await_for(lambda: row(pg_dsn, schema, job_id)["status"] == "done", timeout=20, what="done on retry")
+    r = row(pg_dsn, schema, job_id)
+    assert cancelled_at == [1] and r["attempts"] == 2
+    assert [(e["attempt"], e["error"]) for e in r["errors"]] == [
+        (1, "TimeoutError: the handler ran past its timeout of 0.3s")
+    ]
+    assert attempts_written(pg_dsn, schema) == {(job_id, 2)}, "the timed-out attempt's writes were rolled back"
+    assert worker.registry.get_sample_value("skiplock_jobs_timed_out_total", {"queue": "q"}) == 1
+
+
+async def test_a_sync_job_past_its_own_timeout_is_abandoned_its_slot_stuck_until_the_thread_returns(
+    settings, pg_dsn, schema
+):
+    attempts_table(pg_dsn, schema)
+    app = App()
+    release = threading.Event()
+
+    @app.task(name="hangs", queue="q")
+    def hangs(job):
+        job.conn.execute(f'INSERT INTO "{schema}".attempts VALUES (%s, %s)', (job.id, job.attempts))
+        if job.attempts == 1:
+            release.wait(60)
+
+    with Queue(settings=settings) as q:  # the per-job timeout, set at enqueue
+        assert row(pg_dsn, schema, q.enqueue("other", {}, timeout_seconds=2.5).id)["timeout_seconds"] == 2.5
+        with pytest.raises(ValueError, match="timeout_seconds"):
+            q.enqueue("other", {}, timeout_seconds=0)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        job_id = conn.execute(
+            f'INSERT INTO "{schema}".jobs (queue, payload, task, timeout_seconds) VALUES (%s, %s, %s, %s) RETURNING id',
+            ("q", "{}", "hangs", 0.3),
+        ).fetchone()[0]  # type: ignore[index]
+    worker = Worker(app, settings=fast(settings, concurrency=1))
+    stuck = {"queue": "q"}
+    async with worker:
+        await await_for(
+            lambda: worker.registry.get_sample_value("skiplock_worker_stuck_slots", stuck) == 1,
+            timeout=20,
+            what="slot reported stuck",
+        )
+        r = row(pg_dsn, schema, job_id)
+        assert r["status"] == "pending" and r["errors"][0]["error"].startswith("TimeoutError: the handler ran past")
+        ready, why = worker._ready()
+        assert not ready and "stuck" in why, "every slot is stuck: not ready"
+        assert worker.registry.get_sample_value("skiplock_jobs_timed_out_total", {"queue": "q"}) == 1
+        release.set()  # the thread returns; its completion is refused and its writes rolled back
+        await await_for(lambda: row(pg_dsn, schema, job_id)["status"] == "done", timeout=20, what="retry done")
+        assert worker.registry.get_sample_value("skiplock_worker_stuck_slots", stuck) == 0
+        assert worker._ready()[0]
+    assert attempts_written(pg_dsn, schema) == {(job_id, 2)}
+    lost = {"queue": "q", "outcome": "lease_lost"}
+    assert worker.registry.get_sample_value("skiplock_jobs_finished_total", lost) == 0
+
+
+async def test_timeout_racing_the_handlers_commit_leaves_one_outcome_per_attempt(settings, pg_dsn, schema):
+    """Sync handlers finishing around their timeout: each attempt either committed (done, no timeout recorded) or
+    was timed out (its writes rolled back, TimeoutError in the history, done on the next attempt)."""
+    attempts_table(pg_dsn, schema)
+    app = App()
+    rng = random.Random(3)
+
+    @app.task(name="edge", queue="q", timeout_seconds=0.1)
+    def edge(job):
+        job.conn.execute(f'INSERT INTO "{schema}".attempts VALUES (%s, %s)', (job.id, job.attempts))
+        if job.attempts == 1:
+            time.sleep(0.07 + rng.random() * 0.06)
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        ids = [
+            r[0]
+            for r in conn.execute(
+                f'INSERT INTO "{schema}".jobs (queue, payload, task) '
+                "SELECT 'q', '{}', 'edge' FROM generate_series(1, 40) RETURNING id"
+            ).fetchall()
+        ]
+    async with Worker(app, settings=fast(settings, concurrency=8)):
+        await await_for(
+            lambda: set(Queue(settings=settings).statuses(ids).values()) == {"done"}, timeout=60, what="all done"
+        )
+    written = attempts_written(pg_dsn, schema)
+    kinds = set()
+    for job_id in ids:
+        r = row(pg_dsn, schema, job_id)
+        mine = {a for j, a in written if j == job_id}
+        assert mine == {r["attempts"]}, (job_id, mine, r["attempts"])  # only the attempt that completed wrote
+        timeouts = [e["attempt"] for e in r["errors"] if e["error"].startswith("TimeoutError")]
+        assert timeouts == list(range(1, r["attempts"])), (job_id, r["errors"])
+        kinds.add(r["attempts"] > 1)
+    assert kinds == {True, False}, "the race went both ways"
+
+
+def test_a_lease_is_never_renewed_past_the_jobs_timeout(queue: Queue, pg_dsn, schema):
+    queue.enqueue("q", {}, timeout_seconds=3)
+    with psycopg.connect(pg_dsn) as conn:
+        t0 = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    from datetime import timedelta
+
+    [job] = queue.claim("q", limit=1, worker="w", lease_seconds=2, now=t0)
+    assert job.timeout_seconds == 3
+    for after in (1.5, 2.5):
+        held = queue.heartbeat([job], worker="w", leases=[2], timeouts=[3], now=t0 + timedelta(seconds=after))
+        assert held == {job.id}
+        assert row(pg_dsn, schema, job.id)["lease_expires_at"] == t0 + timedelta(seconds=3)
+    assert queue.recover_expired(queue="q", now=t0 + timedelta(seconds=3.5))[0].id == job.id

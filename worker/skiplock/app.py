@@ -32,6 +32,8 @@ class TaskOptions:
     backoff_cap_seconds: float | None = None
     backoff_jitter: float | None = None
     non_retryable: tuple[type[BaseException], ...] = ()
+    timeout_seconds: float | None = None
+    """Longest run of one attempt: an async handler is cancelled, a sync one abandoned, the job retried."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -46,7 +48,7 @@ class TaskOptions:
             or not 1 <= self.max_attempts <= 1000
         ):
             problems.append(f"max_attempts must be an integer within 1..1000 (got {self.max_attempts!r})")
-        for name in ("lease_seconds", "backoff_base_seconds", "backoff_cap_seconds"):
+        for name in ("lease_seconds", "backoff_base_seconds", "backoff_cap_seconds", "timeout_seconds"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value <= 0):
                 problems.append(f"{name} must be a number > 0 (got {value!r})")
@@ -103,8 +105,9 @@ class App:
         """Register ``func`` (usable as ``@app.task`` or ``@app.task(name=..., queue=..., ...)``).
 
         ``name`` defaults to ``module.function``. Defaults: ``queue``, ``priority``, ``max_attempts``,
-        ``lease_seconds``, ``backoff_base_seconds``, ``backoff_cap_seconds``, ``backoff_jitter`` and
-        ``non_retryable`` (exception types that fail the job at once). Two tasks under one name is an error.
+        ``lease_seconds``, ``backoff_base_seconds``, ``backoff_cap_seconds``, ``backoff_jitter``,
+        ``non_retryable`` (exception types that fail the job at once) and ``timeout_seconds``. Two tasks under
+        one name is an error.
         """
         unknown = set(defaults) - OPTION_NAMES
         if unknown:

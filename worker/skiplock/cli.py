@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-attempts", type=_positive_int, help="attempts before failed (default SKIPLOCK_MAX_ATTEMPTS or 5)"
     )
     e.add_argument("--idempotency-key", help="a second enqueue with the same key returns the first job")
+    e.add_argument("--timeout", type=float, dest="timeout_seconds", help="seconds one attempt may run (default none)")
 
     st = sub.add_parser("stats", parents=[common], help="health of each queue")
     st.add_argument("--queue")
@@ -245,6 +246,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             priority=args.priority,
             max_attempts=args.max_attempts,
             idempotency_key=args.idempotency_key,
+            timeout_seconds=args.timeout_seconds,
         )
     note = " (duplicate: a live job with this idempotency key exists)" if result.duplicate else ""
     print(f"{result.id}{note}")

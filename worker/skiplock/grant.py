@@ -46,7 +46,16 @@ LEASE_COLUMNS = (
 )
 """The columns the worker role may update: the lease and outcome of a job, never its content."""
 
-ENQUEUE_COLUMNS = ("queue", "payload", "priority", "max_attempts", "visible_at", "idempotency_key", "task")
+ENQUEUE_COLUMNS = (
+    "queue",
+    "payload",
+    "priority",
+    "max_attempts",
+    "visible_at",
+    "idempotency_key",
+    "task",
+    "timeout_seconds",
+)
 """The columns the producer role may insert; every other column takes its default (id, status, attempts...)."""
 
 PRODUCER_READ_COLUMNS = ("id", "queue", "status", "visible_at", "idempotency_key")

@@ -23,6 +23,7 @@ CLAIM_COLUMNS = (
     "visible_at",
     "idempotency_key",
     "task",
+    "timeout_seconds",
 )
 
 
@@ -145,6 +146,8 @@ class Job:
     idempotency_key: str | None = None
     task: str | None = None
     """The registered task this job runs (``None``: the queue's default handler)."""
+    timeout_seconds: float | None = None
+    """Longest run of one attempt set at enqueue (``None``: the task's ``timeout_seconds``, else no limit)."""
     _conn: Any = field(default=None, compare=False, repr=False)
     _decode_error: str | None = field(default=None, compare=False, repr=False)
     _cancel: Any = field(default=None, compare=False, repr=False)

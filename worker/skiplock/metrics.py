@@ -65,6 +65,18 @@ class WorkerMetrics:
             ["queue"],
             registry=registry,
         )
+        self.jobs_timed_out = Counter(
+            "skiplock_jobs_timed_out",
+            "Attempts stopped at their timeout (async: cancelled; sync: abandoned), then retried or failed.",
+            ["queue"],
+            registry=registry,
+        )
+        self.stuck_slots = Gauge(
+            "skiplock_worker_stuck_slots",
+            "Slots held by sync handlers still running past their timeout (their jobs were already retried).",
+            ["queue"],
+            registry=registry,
+        )
         self.job_duration = Histogram(
             "skiplock_job_duration_seconds",
             "Handler run time including completion.",
@@ -143,6 +155,8 @@ class BoundMetrics:
         self.duration = m.job_duration.labels(queue)
         self.wait = m.job_wait.labels(queue)
         self.in_flight = m.in_flight.labels(queue)
+        self.timed_out = m.jobs_timed_out.labels(queue)
+        self.stuck = m.stuck_slots.labels(queue)
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ def enqueue_params(
     priority: int,
     max_attempts: int | None,
     idempotency_key: str | None,
+    timeout_seconds: float | None = None,
 ) -> dict[str, Any]:
     check_queue_name(queue)
     attempts = settings.max_attempts if max_attempts is None else max_attempts
@@ -102,6 +103,9 @@ def enqueue_params(
         raise ValueError("run_at must be a timezone-aware datetime")
     if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
         raise ValueError("idempotency_key must be a non-empty string")
+    t = timeout_seconds
+    if t is not None and (not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t <= 0):
+        raise ValueError(f"timeout_seconds must be a finite number of seconds > 0 (got {timeout_seconds!r})")
     return {
         "queue": queue,
         "payload": encode_payload(payload, settings.max_payload_bytes),
@@ -111,6 +115,7 @@ def enqueue_params(
         "run_at": run_at,
         "idempotency_key": idempotency_key,
         "channel": settings.channel,
+        "timeout_seconds": None if t is None else float(t),
     }
 
 
@@ -174,10 +179,18 @@ def fence_params(jobs: Sequence[Job], worker: str, now: datetime | None) -> dict
     return {"ids": [j.id for j in jobs], "attempts": [j.attempts for j in jobs], "worker": worker, "now": now}
 
 
-def heartbeat_params(jobs: Sequence[Job], worker: str, leases: Sequence[float], now: datetime | None) -> dict[str, Any]:
+def heartbeat_params(
+    jobs: Sequence[Job],
+    worker: str,
+    leases: Sequence[float],
+    now: datetime | None,
+    timeouts: Sequence[float | None] | None = None,
+) -> dict[str, Any]:
+    """``timeouts``: each job's timeout (None: none), past which its lease is no longer renewed."""
     if len(leases) != len(jobs):
         raise ValueError(f"{len(leases)} leases for {len(jobs)} jobs")
-    return fence_params(jobs, worker, now) | {"leases": [float(x) for x in leases]}
+    limits = [None] * len(jobs) if timeouts is None else [None if t is None else float(t) for t in timeouts]
+    return fence_params(jobs, worker, now) | {"leases": [float(x) for x in leases], "timeouts": limits}
 
 
 def complete_and_claim_params(
@@ -358,6 +371,7 @@ class Queue:
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
         conn: psycopg.Connection[Any] | None = None,
+        timeout_seconds: float | None = None,
     ) -> EnqueueResult:
         params = enqueue_params(
             self.settings,
@@ -368,6 +382,7 @@ class Queue:
             priority=priority,
             max_attempts=max_attempts,
             idempotency_key=idempotency_key,
+            timeout_seconds=timeout_seconds,
         )
         rows = self._run(self._q.job_enqueue, params, conn)
         if not rows:  # a concurrent insert with the same key committed after our snapshot
@@ -440,10 +455,12 @@ class Queue:
         worker: str,
         leases: Sequence[float] | None = None,
         now: datetime | None = None,
+        timeouts: Sequence[float | None] | None = None,
     ) -> set[int]:
         """Renew the leases of ``jobs`` (each by its lease, default the settings'); returns the ids still held."""
         lease = [self.settings.lease_seconds] * len(jobs) if leases is None else leases
-        lost = {r["id"] for r in self._run(self._q.job_heartbeat, heartbeat_params(jobs, worker, lease, now), None)}
+        params = heartbeat_params(jobs, worker, lease, now, timeouts)
+        lost = {r["id"] for r in self._run(self._q.job_heartbeat, params, None)}
         return {j.id for j in jobs} - lost
 
     def recover_expired(
@@ -631,6 +648,7 @@ class AsyncQueue:
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
+        timeout_seconds: float | None = None,
     ) -> EnqueueResult:
         params = enqueue_params(
             self.settings,
@@ -641,6 +659,7 @@ class AsyncQueue:
             priority=priority,
             max_attempts=max_attempts,
             idempotency_key=idempotency_key,
+            timeout_seconds=timeout_seconds,
         )
         rows = await self._run(self._q.job_enqueue, params, conn)
         if not rows:
@@ -733,9 +752,10 @@ class AsyncQueue:
         worker: str,
         leases: Sequence[float] | None = None,
         now: datetime | None = None,
+        timeouts: Sequence[float | None] | None = None,
     ) -> set[int]:
         lease = [self.settings.lease_seconds] * len(jobs) if leases is None else leases
-        rows = await self._run(self._q.job_heartbeat, heartbeat_params(jobs, worker, lease, now), None)
+        rows = await self._run(self._q.job_heartbeat, heartbeat_params(jobs, worker, lease, now, timeouts), None)
         return {j.id for j in jobs} - {r["id"] for r in rows}
 
     async def recover_expired(

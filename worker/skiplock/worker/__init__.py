@@ -252,6 +252,7 @@ class Worker:
             holds=lambda job: slots.holds(job) or completer.holds(job),
             wake=lambda: self._wake("recovered"),
             cancelled=self._on_cancelled,
+            timeouts=self.router.timeouts(),
         )
         claimer = self._claimer = Claimer(
             control, s, self.identity, self.queues, overrides, slots, completer, leases, self._start_jobs,
@@ -415,11 +416,22 @@ class Worker:
     def _on_result(self, r: Result) -> None:
         assert self._slots is not None and self._completer is not None
         job = r.job
+        if r.outcome == "timed_out":
+            self._on_timeout(r)
+            return
         entry = self._slots.pop(job)
         if entry is None:  # handed back meanwhile (drain): the late result is dropped
             return
         m = self._bound[job.queue]
         m.duration.observe(r.finished - entry.started)
+        if entry.stuck:  # the thread of a timed-out job returned: its slot is free again
+            m.stuck.dec()
+            if r.outcome == "done":  # it committed before the timeout was recorded (that write was refused)
+                m.finished["done"].inc()
+                self.observe(job, "done")
+            return  # otherwise its job was already failed at the timeout and its writes are rolled back
+        if r.timed_out:
+            m.timed_out.inc()
         if r.outcome == "cancelled" or (entry.cancelled and r.outcome != "done"):
             self._completer.count_cancelled(job)  # the row says cancelled already; its writes were rolled back
         elif r.outcome == "deferred":
@@ -435,6 +447,24 @@ class Worker:
             self._completer.refused(job)
         elif r.outcome == "released":
             self._to_release.append(job)
+
+    def _on_timeout(self, r: Result) -> None:
+        """A sync handler ran past its timeout: the job is failed (retried) now; the thread cannot be stopped, so
+        its slot stays taken, reported stuck, until it returns (its late writes are fenced out)."""
+        assert self._slots is not None and self._completer is not None
+        entry = self._slots.get(r.job)
+        if entry is None or entry.stuck:
+            return
+        entry.stuck = True
+        m = self._bound[r.job.queue]
+        m.timed_out.inc()
+        m.stuck.inc()
+        assert r.error is not None
+        self._completer.fail(failure_for(r.job, r.error, r.task, self.settings))
+        log.warning(
+            "sync handler past its timeout: job failed, slot stuck until the thread returns",
+            extra={"action": "job_timed_out", "queue": r.job.queue, "job_id": r.job.id, "stuck": self._slots.stuck()},
+        )
 
     def _on_cancelled(self, ids: set[int]) -> None:
         """Jobs of this worker found cancelled in the database (control notification or heartbeat)."""
@@ -480,8 +510,12 @@ class Worker:
     def _ready(self) -> tuple[bool, str]:
         if self._stopping is not None and self._stopping.is_set():
             return False, "draining"
+        stuck = self._slots.stuck() if self._slots is not None else 0
+        if stuck and self._slots is not None and stuck >= self._slots.capacity:
+            return False, f"all {stuck} slots stuck in handlers past their timeout"
         ok = self._control is not None and self._control.ok
-        return (ok, "database reachable" if ok else "database unreachable")
+        note = f"; {stuck} slot(s) stuck past their timeout" if stuck else ""
+        return (ok, ("database reachable" if ok else "database unreachable") + note)
 
     def _log_started(self) -> None:
         s = self.settings

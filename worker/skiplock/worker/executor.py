@@ -33,10 +33,33 @@ from skiplock.sql import Queries
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["done", "deferred", "failed", "lease_lost", "released", "cancelled"]
+Outcome = Literal["done", "deferred", "failed", "lease_lost", "released", "cancelled", "timed_out"]
 """done: completed in the handler's transaction; deferred: to be completed in a batch; failed: the handler raised
 (or the job cannot run); lease_lost: the fence refused the completion (writes rolled back); released: handed back;
-cancelled: the job was cancelled while it ran (its writes rolled back, the row already says so)."""
+cancelled: the job was cancelled while it ran (its writes rolled back, the row already says so); timed_out: a sync
+handler ran past its timeout (reported at the deadline while its thread goes on: the slot is stuck until it returns).
+"""
+
+
+def timeout_for(job: Job, target: Target) -> float | None:
+    """The job's own timeout, else its task's, else none."""
+    if job.timeout_seconds is not None:
+        return job.timeout_seconds
+    return target.task.options.timeout_seconds if target.task is not None else None
+
+
+TIMEOUT_NOTE = "skiplock: the job's timeout"
+
+
+def timed_out_error(timeout: float) -> TimeoutError:
+    """The error recorded for an attempt stopped at its timeout (a plain TimeoutError, tagged with a note)."""
+    exc = TimeoutError(f"the handler ran past its timeout of {timeout:g}s")
+    exc.add_note(TIMEOUT_NOTE)
+    return exc
+
+
+def is_timeout(exc: BaseException | None) -> bool:
+    return isinstance(exc, TimeoutError) and TIMEOUT_NOTE in getattr(exc, "__notes__", ())
 
 
 class UnknownTaskError(Exception):
@@ -63,6 +86,7 @@ class Result:
     error: BaseException | None
     finished: float  # time.monotonic()
     task: Task | None = None
+    timed_out: bool = False  # the error is the job's timeout
 
 
 class Router:
@@ -96,6 +120,9 @@ class Router:
     def lease_overrides(self) -> dict[str, float]:
         return {t.name: t.options.lease_seconds for t in (self.app or ()) if t.options.lease_seconds is not None}
 
+    def timeouts(self) -> dict[str, float]:
+        return {t.name: t.options.timeout_seconds for t in (self.app or ()) if t.options.timeout_seconds is not None}
+
 
 @dataclass(slots=True)
 class Entry:
@@ -103,6 +130,8 @@ class Entry:
     started: float
     handle: asyncio.Task[None] | None = None  # async jobs only; sync ones run on the handler threads
     cancel: threading.Event = field(default_factory=threading.Event)  # set when the job is cancelled (job.cancelled)
+    stuck: bool = False  # a sync handler past its timeout: its job was failed, its thread still runs
+    timer: asyncio.TimerHandle | None = None  # the sync handler's timeout
 
     @property
     def cancelled(self) -> bool:
@@ -135,13 +164,22 @@ class Slots:
         if entry is None or entry.job.attempts != job.attempts:
             return None
         del self._running[job.id]
+        if entry.timer is not None:
+            entry.timer.cancel()
         self._on_change(job.queue, -1)
         self.freed.set()
         return entry
 
     def holds(self, job: Job) -> bool:
         entry = self._running.get(job.id)
-        return entry is not None and entry.job.attempts == job.attempts
+        return entry is not None and entry.job.attempts == job.attempts and not entry.stuck
+
+    def get(self, job: Job) -> Entry | None:
+        entry = self._running.get(job.id)
+        return entry if entry is not None and entry.job.attempts == job.attempts else None
+
+    def stuck(self) -> int:
+        return sum(1 for e in self._running.values() if e.stuck)
 
     def cancel(self, ids: set[int]) -> list[Entry]:
         """Tell the running jobs of ``ids`` they were cancelled: sync handlers see ``job.cancelled``, async ones
@@ -157,7 +195,8 @@ class Slots:
         return list(self._running.values())
 
     def jobs(self) -> list[Job]:
-        return [e.job for e in self._running.values()]
+        """Jobs whose lease this worker holds (a stuck one's job was already failed)."""
+        return [e.job for e in self._running.values() if not e.stuck]
 
 
 def _finish_sync(conn: psycopg.Connection[Any] | None, job: Job, worker: str, q: Queries) -> Outcome:
@@ -219,15 +258,26 @@ class AsyncExecutor:
             self._report(Result(job, "released", None, time.monotonic(), target.task))
             raise
         except BaseException as exc:  # the handler raised: retry or fail, fenced
-            result = Result(job, "failed", exc, time.monotonic(), target.task)
+            result = Result(job, "failed", exc, time.monotonic(), target.task, is_timeout(exc))
         self._report(result)
 
     async def _unit(self, job: Job, target: Target, cancel: threading.Event) -> Outcome:
         pool = self.pool
         lazy = AsyncLazyConnection(pool.getconn)
+        timeout = timeout_for(job, target)
         try:
             try:
-                await target.func(job.with_conn(lazy, cancel))
+                if timeout is None:
+                    await target.func(job.with_conn(lazy, cancel))
+                else:
+                    deadline = asyncio.timeout(timeout)  # cancels the handler at the deadline
+                    try:
+                        async with deadline:
+                            await target.func(job.with_conn(lazy, cancel))
+                    except TimeoutError:
+                        if deadline.expired():
+                            raise timed_out_error(timeout) from None
+                        raise
             except BaseException:
                 if lazy.conn is not None:
                     with contextlib.suppress(psycopg.Error):  # keep the handler's exception
@@ -274,7 +324,13 @@ class ThreadExecutor:
             thread.start()
 
     def submit(self, job: Job, target: Target, entry: Entry) -> None:
+        timeout = timeout_for(job, target)
+        if timeout is not None:  # the thread cannot be interrupted: at the deadline the job is reported timed out
+            entry.timer = self._loop.call_later(timeout, self._expire, job, target, timeout)
         self._inbox.put((job, target, entry.cancel))
+
+    def _expire(self, job: Job, target: Target, timeout: float) -> None:
+        self._report([Result(job, "timed_out", timed_out_error(timeout), time.monotonic(), target.task, True)])
 
     def _thread(self) -> None:
         while (item := self._inbox.get()) is not None:

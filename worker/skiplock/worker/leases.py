@@ -30,6 +30,7 @@ class Leases:
         holds: Callable[[Job], bool],
         wake: Callable[[], None],
         cancelled: Callable[[set[int]], None] = lambda ids: None,
+        timeouts: dict[str, float] | None = None,
     ) -> None:
         self._control = control
         self._settings = settings
@@ -43,6 +44,7 @@ class Leases:
         self._wake = wake
         self._cancelled = cancelled  # told the ids of held jobs found cancelled in the database
         self._check = asyncio.Event()
+        self._timeouts = timeouts or {}  # task -> timeout: no lease is renewed past it
         self._warned: set[tuple[int, int]] = set()
         self.released = 0
         lease = settings.lease_seconds
@@ -54,6 +56,11 @@ class Leases:
 
     def lease_for(self, job: Job) -> float:
         return self._overrides.get(job.task, self._settings.lease_seconds) if job.task else self._settings.lease_seconds
+
+    def timeout_for(self, job: Job) -> float | None:
+        if job.timeout_seconds is not None:
+            return job.timeout_seconds
+        return self._timeouts.get(job.task) if job.task else None
 
     # ------------------------------------------------------------------ heartbeats
     async def heartbeats(self) -> None:
@@ -67,7 +74,10 @@ class Leases:
             return
         leases = [self.lease_for(j) for j in jobs]
         held = await self._control.call(
-            "heartbeat", lambda: self._control.queue.heartbeat(jobs, worker=self._identity, leases=leases)
+            "heartbeat",
+            lambda: self._control.queue.heartbeat(
+                jobs, worker=self._identity, leases=leases, timeouts=[self.timeout_for(j) for j in jobs]
+            ),
         )
         if held is None:
             return

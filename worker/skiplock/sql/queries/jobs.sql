@@ -1,9 +1,10 @@
 -- name: job_enqueue
 -- Insert one job, or find the live job with the same idempotency key; wake workers when it is visible now.
 WITH ins AS (
-    INSERT INTO {schema}.jobs (queue, payload, priority, max_attempts, visible_at, idempotency_key)
+    INSERT INTO {schema}.jobs (queue, payload, priority, max_attempts, visible_at, idempotency_key, timeout_seconds)
     VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
-            coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), %(idempotency_key)s)
+            coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), %(idempotency_key)s,
+            %(timeout_seconds)s)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL AND status <> 'failed' DO NOTHING
     RETURNING id, visible_at
 ), woke AS (
@@ -73,11 +74,11 @@ WITH done AS (
     FROM picked
     WHERE j.id = picked.id
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-              j.created_at, j.visible_at, j.idempotency_key
+              j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds
 )
 SELECT false AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
+SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
 
 -- name: job_complete
 -- Mark claimed jobs done, fenced (the UPDATE of job_complete_and_claim, alone: that statement costs a handler's transaction 1.2x).
@@ -131,18 +132,21 @@ WHERE j.status = 'processing' AND j.locked_by = %(worker)s AND j.queue = ANY(%(q
 RETURNING j.id, j.queue;
 
 -- name: job_heartbeat
--- Extend the leases of in-flight jobs (each by its own lease, locking in id order and skipping rows being completed, so it never waits or deadlocks); returns the ids whose lease is lost.
+-- Extend the leases of in-flight jobs (each by its own lease, never past its timeout counted from the claim, which set updated_at; locking in id order and skipping rows being completed, so it never waits or deadlocks); returns the ids whose lease is lost.
 WITH h AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(leases)s::float8[]) AS h(id, attempts, lease)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(leases)s::float8[], %(timeouts)s::float8[])
+        AS h(id, attempts, lease, timeout)
 ), mine AS (
-    SELECT j.id, h.lease FROM {schema}.jobs AS j JOIN h ON j.id = h.id AND j.attempts = h.attempts
+    SELECT j.id, h.lease, j.updated_at + make_interval(secs => h.timeout) AS timeout_at
+    FROM {schema}.jobs AS j JOIN h ON j.id = h.id AND j.attempts = h.attempts
     WHERE j.status = 'processing' AND j.locked_by = %(worker)s
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 ), renewed AS (
     UPDATE {schema}.jobs AS j
     SET locked_at = coalesce(%(now)s::timestamptz, now()),
-        lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => mine.lease)
+        lease_expires_at = least(coalesce(%(now)s::timestamptz, now()) + make_interval(secs => mine.lease),
+                                 greatest(coalesce(mine.timeout_at, 'infinity'), j.lease_expires_at))
     FROM mine WHERE j.id = mine.id
     RETURNING j.id
 )
