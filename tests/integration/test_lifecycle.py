@@ -4,6 +4,7 @@ completion), the error history and ``skiplock show``."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -16,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from skiplock import AsyncQueue, Queue, Settings
+from skiplock import AsyncQueue, Queue, Settings, Snooze
 from skiplock.app import App
 from skiplock.queue import Failure
 from skiplock.worker import Worker
@@ -432,3 +433,59 @@ def test_a_lease_is_never_renewed_past_the_jobs_timeout(queue: Queue, pg_dsn, sc
         assert held == {job.id}
         assert row(pg_dsn, schema, job.id)["lease_expires_at"] == t0 + timedelta(seconds=3)
     assert queue.recover_expired(queue="q", now=t0 + timedelta(seconds=3.5))[0].id == job.id
+
+
+# ---------------------------------------------------------------------------------------------- snooze
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_snooze_on_the_last_attempt_reschedules_without_using_it(settings, pg_dsn, schema, is_async):
+    attempts_table(pg_dsn, schema)
+    app = App()
+    runs: list[tuple[int, float]] = []
+
+    def body(job: Any) -> None:
+        runs.append((job.attempts, time.monotonic()))
+        if len(runs) <= 2:
+            raise Snooze(0.3)
+
+    if is_async:
+
+        @app.task(name="later", queue="q")
+        async def later_async(job):
+            await job.conn.execute(f'INSERT INTO "{schema}".attempts VALUES (%s, %s)', (job.id, len(runs)))
+            body(job)
+
+    else:
+
+        @app.task(name="later", queue="q")
+        def later_sync(job):
+            job.conn.execute(f'INSERT INTO "{schema}".attempts VALUES (%s, %s)', (job.id, len(runs)))
+            body(job)
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        job_id = conn.execute(
+            f'INSERT INTO "{schema}".jobs (queue, payload, task, max_attempts) VALUES (%s, %s, %s, 1) RETURNING id',
+            ("q", "{}", "later"),
+        ).fetchone()[0]  # type: ignore[index]
+    worker = Worker(app, settings=fast(settings))
+    async with worker:
+        await await_for(lambda: row(pg_dsn, schema, job_id)["status"] == "done", timeout=20, what="done at last")
+    r = row(pg_dsn, schema, job_id)
+    assert [a for a, _ in runs] == [1, 1, 1], "every run was attempt 1 of 1: a snooze uses no attempt"
+    assert all(b - a >= 0.3 for (_, a), (_, b) in itertools.pairwise(runs)), "each waited its snooze"
+    assert r["attempts"] == 1 and r["errors"] == [] and r["last_error"] is None
+    assert attempts_written(pg_dsn, schema) == {(job_id, 2)}, "the snoozed runs' writes were rolled back"
+    snoozed = {"queue": "q", "outcome": "snoozed"}
+    assert worker.registry.get_sample_value("skiplock_jobs_finished_total", snoozed) == 2
+    assert worker.registry.get_sample_value("skiplock_jobs_finished_total", {"queue": "q", "outcome": "failed"}) == 0
+
+
+def test_snooze_is_fenced_and_checks_its_delay(queue: Queue, pg_dsn, schema):
+    job_id = queue.enqueue("q", {}).id
+    [job] = queue.claim("q", limit=1, worker="w")
+    assert queue.snooze([job], [60], worker="other") == set(), "fenced: only the lease holder snoozes"
+    assert queue.snooze([job], [60], worker="w") == {job_id}
+    r = row(pg_dsn, schema, job_id)
+    assert (r["status"], r["attempts"]) == ("pending", 0) and r["visible_at"] > r["updated_at"]
+    for bad in (-1, float("nan"), True):
+        with pytest.raises(ValueError, match="Snooze"):
+            Snooze(bad)

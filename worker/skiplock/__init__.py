@@ -7,6 +7,7 @@ from skiplock.errors import (
     NonRetryableError,
     PayloadError,
     SkiplockError,
+    Snooze,
 )
 from skiplock.job import EnqueueResult, Job, JobStatus, QueueStats
 from skiplock.queue import AsyncQueue, Queue
@@ -28,5 +29,6 @@ __all__ = [
     "QueueStats",
     "Settings",
     "SkiplockError",
+    "Snooze",
     "__version__",
 ]

@@ -33,3 +33,14 @@ class LeaseLostError(SkiplockError):
 
 class NonRetryableError(Exception):
     """Raise from a handler to fail the job at once, without further attempts."""
+
+
+class Snooze(Exception):
+    """Raise from a handler to run the job again in ``seconds`` without using up an attempt (its ``job.conn``
+    writes are rolled back). Counted as ``snoozed``, never as a failure."""
+
+    def __init__(self, seconds: float) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < 10**9:
+            raise ValueError(f"Snooze needs a number of seconds within [0, 1e9) (got {seconds!r})")
+        super().__init__(f"snoozed for {seconds:g}s")
+        self.seconds = float(seconds)

@@ -27,7 +27,7 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
-OUTCOMES = ("done", "retried", "failed", "lease_lost", "unknown_task", "cancelled")
+OUTCOMES = ("done", "retried", "failed", "lease_lost", "unknown_task", "cancelled", "snoozed")
 FAILURE_REASONS = ("non_retryable", "exhausted", "unknown_task")
 DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release")
 WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered")
@@ -43,7 +43,7 @@ class WorkerMetrics:
         )
         self.jobs_finished = Counter(
             "skiplock_jobs_finished",
-            "Finished attempts by outcome (done, retried, failed, lease_lost, unknown_task, cancelled).",
+            "Finished attempts by outcome (done, retried, failed, lease_lost, unknown_task, cancelled, snoozed).",
             ["queue", "outcome"],
             registry=registry,
         )

@@ -445,6 +445,12 @@ class Queue:
         """Record failed attempts (fenced). Returns id -> new status for the jobs whose lease was still held."""
         return {r["id"]: r["status"] for r in self._run(self._q.job_fail, fail_params(failures, worker, now), None)}
 
+    def snooze(
+        self, jobs: Sequence[Job], delays: Sequence[float], *, worker: str, now: datetime | None = None
+    ) -> set[int]:
+        """Reschedule claimed jobs after ``delays`` seconds without using an attempt (fenced); returns the ids."""
+        return {r["id"] for r in self._run(self._q.job_snooze, snooze_params(jobs, delays, worker, now), None)}
+
     def release(self, jobs: Sequence[Job], *, worker: str, now: datetime | None = None) -> set[int]:
         return {r["id"] for r in self._run(self._q.job_release, fence_params(jobs, worker, now), None)}
 
@@ -742,6 +748,13 @@ class AsyncQueue:
         rows = await self._run(self._q.job_fail, fail_params(failures, worker, now), None)
         return {r["id"]: r["status"] for r in rows}
 
+    async def snooze(
+        self, jobs: Sequence[Job], delays: Sequence[float], *, worker: str, now: datetime | None = None
+    ) -> set[int]:
+        """Reschedule claimed jobs after ``delays`` seconds without using an attempt (fenced); returns the ids."""
+        params = snooze_params(jobs, delays, worker, now)
+        return {r["id"] for r in await self._run(self._q.job_snooze, params, None)}
+
     async def release(self, jobs: Sequence[Job], *, worker: str, now: datetime | None = None) -> set[int]:
         return {r["id"] for r in await self._run(self._q.job_release, fence_params(jobs, worker, now), None)}
 
@@ -830,6 +843,12 @@ class AsyncQueue:
         async with self._pool.connection() as conn:
             version = await migrations.acurrent_version(conn, self.settings.schema)
         migrations.check_version(version, self.settings.schema)
+
+
+def snooze_params(jobs: Sequence[Job], delays: Sequence[float], worker: str, now: datetime | None) -> dict[str, Any]:
+    if len(delays) != len(jobs):
+        raise ValueError(f"{len(delays)} delays for {len(jobs)} jobs")
+    return fence_params(jobs, worker, now) | {"delays": [float(d) for d in delays]}
 
 
 def retry_params(

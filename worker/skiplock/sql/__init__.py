@@ -69,6 +69,7 @@ class Queries:
     job_complete: LiteralString
     job_confirm_done: LiteralString
     job_fail: LiteralString
+    job_snooze: LiteralString
     job_release: LiteralString
     job_release_orphans: LiteralString
     job_heartbeat: LiteralString

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from skiplock import __version__
 from skiplock.app import App, is_async_callable
-from skiplock.errors import ConfigError
+from skiplock.errors import ConfigError, Snooze
 from skiplock.handlers import Handler
 from skiplock.job import Job
 from skiplock.listener import Listener
@@ -434,6 +434,9 @@ class Worker:
             m.timed_out.inc()
         if r.outcome == "cancelled" or (entry.cancelled and r.outcome != "done"):
             self._completer.count_cancelled(job)  # the row says cancelled already; its writes were rolled back
+        elif r.outcome == "snoozed":
+            assert isinstance(r.error, Snooze)
+            self._completer.snooze(job, r.error.seconds)
         elif r.outcome == "deferred":
             self._completer.defer(job)
         elif r.outcome == "failed":

@@ -62,6 +62,7 @@ class Completer:
         self._done: list[Job] = []
         self._failed: list[Failure] = []
         self._refused: list[Job] = []  # completions the fence refused in the handler's transaction
+        self._snoozed: list[tuple[Job, float]] = []  # jobs to reschedule without using an attempt
         self._needed = asyncio.Event()
         self._closing = False
 
@@ -72,6 +73,10 @@ class Completer:
 
     def fail(self, failure: Failure) -> None:
         self._failed.append(failure)
+        self._needed.set()
+
+    def snooze(self, job: Job, seconds: float) -> None:
+        self._snoozed.append((job, seconds))
         self._needed.set()
 
     def refused(self, job: Job) -> None:
@@ -93,14 +98,14 @@ class Completer:
 
     def jobs(self) -> list[Job]:
         """Jobs finished here but not yet written: their leases must still be renewed."""
-        return self._done + [f.job for f in self._failed]
+        return self._done + [f.job for f in self._failed] + [j for j, _ in self._snoozed]
 
     def holds(self, job: Job) -> bool:
         return any(j.id == job.id and j.attempts == job.attempts for j in self.jobs())
 
     @property
     def pending(self) -> int:
-        return len(self._done) + len(self._failed) + len(self._refused)
+        return len(self._done) + len(self._failed) + len(self._refused) + len(self._snoozed)
 
     # ------------------------------------------------------------------ counting
     async def settle(self, done: list[Job], completed: set[int]) -> None:
@@ -213,6 +218,8 @@ class Completer:
             finally:  # on failure keep the results for the next or final flush
                 if not ok:
                     self._done[:0] = batch
+        if ok and self._snoozed:
+            ok = await self._write_snoozes()
         while ok and self._failed:
             fails, self._failed = self._failed[:FLUSH_MAX], self._failed[FLUSH_MAX:]
             fails.sort(key=lambda f: f.job.id)
@@ -231,6 +238,30 @@ class Completer:
                 if not ok:
                     self._failed[:0] = fails
         return ok
+
+    async def _write_snoozes(self) -> bool:
+        batch, self._snoozed = sorted(self._snoozed, key=lambda s: s[0].id), []
+        jobs = [j for j, _ in batch]
+        written = await self._control.call(
+            "fail",
+            lambda: self._control.queue.snooze(jobs, [d for _, d in batch], worker=self._identity),
+        )
+        if written is None:
+            self._snoozed[:0] = batch
+            return False
+        cancelled = await self.cancelled_among([j for j in jobs if j.id not in written])
+        for job, seconds in batch:
+            if job.id in written:
+                self._m[job.queue].finished["snoozed"].inc()
+                self._observe(job, "snoozed")
+                log.info("job snoozed for %.1fs", seconds, extra={"action": "job_snoozed", "job_id": job.id})
+            elif job.id in cancelled:
+                self.count_cancelled(job)
+            else:
+                self._m[job.queue].finished["lease_lost"].inc()
+                self._observe(job, "lease_lost")
+                warn_lost(job, "snooze not recorded: the lease was lost before it was written")
+        return True
 
     async def close(self, flusher: asyncio.Task[None] | None) -> None:
         """Stop the flush loop after its current flush, then write what is left (a few tries)."""

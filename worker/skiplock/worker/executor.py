@@ -26,6 +26,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from skiplock.app import App, Task
+from skiplock.errors import Snooze
 from skiplock.handlers import Handler
 from skiplock.job import AsyncLazyConnection, Job, LazyConnection
 from skiplock.queue import fence_params
@@ -33,11 +34,12 @@ from skiplock.sql import Queries
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["done", "deferred", "failed", "lease_lost", "released", "cancelled", "timed_out"]
+Outcome = Literal["done", "deferred", "failed", "lease_lost", "released", "cancelled", "timed_out", "snoozed"]
 """done: completed in the handler's transaction; deferred: to be completed in a batch; failed: the handler raised
 (or the job cannot run); lease_lost: the fence refused the completion (writes rolled back); released: handed back;
 cancelled: the job was cancelled while it ran (its writes rolled back, the row already says so); timed_out: a sync
-handler ran past its timeout (reported at the deadline while its thread goes on: the slot is stuck until it returns).
+handler ran past its timeout (reported at the deadline while its thread goes on: the slot is stuck until it returns);
+snoozed: the handler raised Snooze (its writes rolled back; to run again later without using an attempt).
 """
 
 
@@ -257,6 +259,8 @@ class AsyncExecutor:
             # past the grace period of a drain: the job is handed back
             self._report(Result(job, "released", None, time.monotonic(), target.task))
             raise
+        except Snooze as exc:
+            result = Result(job, "snoozed", exc, time.monotonic(), target.task)
         except BaseException as exc:  # the handler raised: retry or fail, fenced
             result = Result(job, "failed", exc, time.monotonic(), target.task, is_timeout(exc))
         self._report(result)
@@ -340,6 +344,8 @@ class ThreadExecutor:
             try:
                 outcome = self._unit(job, target, cancel)
                 result = Result(job, outcome, None, time.monotonic(), target.task)
+            except Snooze as exc:
+                result = Result(job, "snoozed", exc, time.monotonic(), target.task)
             except BaseException as exc:
                 result = Result(job, "failed", exc, time.monotonic(), target.task)
             self._outbox.append(result)

@@ -113,6 +113,16 @@ FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[], %(de
 WHERE j.id = f.id AND j.attempts = f.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
 RETURNING j.id, j.status, j.visible_at;
 
+-- name: job_snooze
+-- Reschedule claimed jobs whose handlers snoozed them, fenced, after a per-job delay and without using an attempt (nothing is added to the error history).
+UPDATE {schema}.jobs AS j
+SET status = 'pending', attempts = j.attempts - 1,
+    visible_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => s.delay),
+    locked_by = NULL, locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::float8[]) AS s(id, attempts, delay)
+WHERE j.id = s.id AND j.attempts = s.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
+RETURNING j.id;
+
 -- name: job_release
 -- Hand back claimed jobs unfinished (graceful shutdown) without burning an attempt, fenced.
 UPDATE {schema}.jobs AS j
