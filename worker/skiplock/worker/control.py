@@ -56,13 +56,16 @@ class Control:
                 result = await fn()
                 break
             except TRANSIENT as exc:
+                _raise_if_cancelling()
                 if attempt < ATTEMPTS:
                     continue
                 self._error(operation, exc, logging.WARNING)
                 return None
             except psycopg.Error as exc:  # not transient: a bug, a privilege, a standby
+                _raise_if_cancelling()
                 self._error(operation, exc, logging.ERROR)
                 return None
+        _raise_if_cancelling()  # a cancel swallowed on the way (by the driver or the pool) still ends the task
         self.last_failed = False
         if not self.ok:
             if self.failures:
@@ -95,3 +98,11 @@ class Control:
         delay = backoff_seconds(max(self.failures, 1), base=min(0.2, cap), cap=cap, jitter=0.5)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), timeout=delay)
+
+
+def _raise_if_cancelling() -> None:
+    """psycopg may turn a cancelled call into an error (the query was cancelled): the task's cancel must win, or
+    a stopping worker would wait for the next round of a loop that was told to end."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
