@@ -68,6 +68,8 @@ def test_expected_indexes_follow_the_migrations() -> None:
         "jobs_retention_idx",
         "jobs_idempotency_idx",
         "jobs_lease_deadline_idx",
+        "jobs_cancelled_idx",
+        "jobs_done_idx",
     )
     later = "CREATE INDEX jobs_x_idx ON {schema}.jobs (queue);\nDROP INDEX {schema}.jobs_failed_idx;"
     assert expected_indexes(["CREATE INDEX jobs_failed_idx ON {schema}.jobs (queue);", later]) == (

@@ -489,3 +489,112 @@ def test_snooze_is_fenced_and_checks_its_delay(queue: Queue, pg_dsn, schema):
     for bad in (-1, float("nan"), True):
         with pytest.raises(ValueError, match="Snooze"):
             Snooze(bad)
+
+
+# ---------------------------------------------------------------------------------------------- pause / resume
+def _insert(dsn: str, schema: str, queue: str, task: str, n: int = 1) -> list[int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            f'INSERT INTO "{schema}".jobs (queue, payload, task) '
+            "SELECT %s, '{}', %s FROM generate_series(1, %s) RETURNING id",
+            (queue, task, n),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+async def test_pause_lets_running_jobs_finish_claims_nothing_new_and_resume_picks_up(settings, pg_dsn, schema):
+    app = App()
+    release = threading.Event()
+
+    @app.task(name="a.slow", queue="a")
+    def slow(job):
+        if job.payload.get("hold", True):
+            release.wait(30)
+
+    @app.task(name="b.mark", queue="b")
+    def mark(job):
+        pass
+
+    [running] = _insert(pg_dsn, schema, "a", "a.slow")
+    worker = Worker(app, settings=fast(settings, concurrency=4))
+    gauge = {"queue": "a"}
+    async with worker, await AsyncQueue.open(settings=settings) as aq:
+        await await_for(lambda: row(pg_dsn, schema, running)["status"] == "processing", timeout=20, what="running")
+        await aq.pause("a")
+        assert await aq.paused() == ["a"]
+        later = _insert(pg_dsn, schema, "a", "a.slow", 3)
+        release.set()
+        await await_for(lambda: row(pg_dsn, schema, running)["status"] == "done", timeout=20, what="running finished")
+        [marker] = _insert(pg_dsn, schema, "b", "b.mark")
+        await await_for(lambda: row(pg_dsn, schema, marker)["status"] == "done", timeout=20, what="other queue served")
+        assert {row(pg_dsn, schema, i)["status"] for i in later} == {"pending"}, "nothing claimed from a paused queue"
+        await await_for(
+            lambda: worker.registry.get_sample_value("skiplock_worker_queue_paused", gauge) == 1,
+            timeout=10,
+            what="paused gauge",
+        )
+        [stats] = await aq.stats("a")
+        assert stats.paused and stats.ready == 3
+        await aq.resume("a")
+        await await_for(
+            lambda: {row(pg_dsn, schema, i)["status"] for i in later} == {"done"}, timeout=20, what="resumed"
+        )
+        await await_for(
+            lambda: worker.registry.get_sample_value("skiplock_worker_queue_paused", gauge) == 0,
+            timeout=10,
+            what="gauge back to 0",
+        )
+    assert Queue(settings=settings).paused() == []
+
+
+async def test_pause_during_claims_stops_every_claim_that_starts_after_it(settings, pg_dsn, schema):
+    app = App()
+
+    @app.task(name="a.quick", queue="a")
+    def quick(job):
+        time.sleep(0.002)
+
+    @app.task(name="b.mark", queue="b")
+    def mark(job):
+        pass
+
+    ids = _insert(pg_dsn, schema, "a", "a.quick", 400)
+
+    def claimed() -> set[int]:
+        with psycopg.connect(pg_dsn) as conn:
+            rows = conn.execute(
+                f"SELECT id FROM \"{schema}\".jobs WHERE queue = 'a' AND status <> 'pending'"
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    async with (
+        Worker(app, settings=fast(settings, concurrency=4, batch=4)),
+        await AsyncQueue.open(settings=settings) as aq,
+    ):
+        await await_for(lambda: len(claimed()) >= 20, timeout=20, what="claims under way")
+        await aq.pause("a")  # while the claim loop runs flat out
+
+        async def served_b() -> set[int]:
+            """A job of the other queue done: the worker claimed since; returns the paused queue's claimed jobs."""
+            [marker] = _insert(pg_dsn, schema, "b", "b.mark")
+            await await_for(lambda: row(pg_dsn, schema, marker)["status"] == "done", timeout=20, what="marker")
+            return claimed()
+
+        first = await served_b()
+        seen = await served_b()
+        assert seen == first, "no claim after the pause took a job of the paused queue"
+        assert 20 <= len(first) < len(ids), "the pause landed mid-stream"
+
+
+def test_cli_pause_resume_and_stats(queue: Queue, pg_dsn, schema):
+    queue.enqueue("q", {})
+    queue.enqueue("q", {}, delay=3600)
+    out = cli("pause", "q", dsn=pg_dsn, schema=schema)
+    assert out.returncode == 0 and "paused" in out.stdout, out
+    table = cli("stats", dsn=pg_dsn, schema=schema)
+    assert "paused" in table.stdout.splitlines()[0] and "yes" in table.stdout.splitlines()[2], table.stdout
+    [shown] = json.loads(cli("stats", "--json", dsn=pg_dsn, schema=schema).stdout)
+    assert shown["paused"] is True and shown["next_due"] is not None and shown["avg_attempts_done"] is None
+    assert cli("pause", "bad name;", dsn=pg_dsn, schema=schema).returncode == 2
+    assert cli("resume", "q", dsn=pg_dsn, schema=schema).returncode == 0
+    assert queue.paused() == [] and [s.paused for s in queue.stats("q")] == [False]

@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             r.add_argument("--include-cancelled", action="store_true", help="re-drive cancelled jobs too")
 
+    for name, helptext in (
+        ("pause", "stop claiming from a queue (running jobs finish)"),
+        ("resume", "claim from a paused queue again"),
+    ):
+        pa = sub.add_parser(name, parents=[common], help=helptext)
+        pa.add_argument("queue", help="queue name")
+
     sh = sub.add_parser("show", parents=[common], help="one job: payload, status, lease, timestamps, error history")
     sh.add_argument("id", type=int, help="job id")
     sh.add_argument("--json", action="store_true")
@@ -262,7 +269,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         _guard_schema(q, settings)
         rows = q.stats(args.queue)
     if args.json:
-        print(json.dumps([vars(r) | {"backlog": r.backlog} for r in rows], indent=2))
+        print(json.dumps([vars(r) | {"backlog": r.backlog} for r in rows], indent=2, default=str))
         return EXIT_OK
     print(render_stats(rows))
     if args.queue and not rows:
@@ -271,11 +278,14 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def render_stats(rows: Sequence[Any]) -> str:
-    head = ("queue", "ready", "delayed", "processing", "stalled", "failed", "oldest_ready_s")
+    head = ("queue", "ready", "delayed", "processing", "stalled", "failed", "oldest_ready_s", "next_due",
+            "avg_attempts_done", "paused")  # fmt: skip
     body = [
-        (r.queue, r.ready, r.delayed, r.processing, r.stalled, r.failed, f"{r.oldest_ready_age_seconds:.1f}")
+        (r.queue, r.ready, r.delayed, r.processing, r.stalled, r.failed, f"{r.oldest_ready_age_seconds:.1f}",
+         r.next_due.isoformat(timespec="seconds") if r.next_due else "-",
+         "-" if r.avg_attempts_done is None else f"{r.avg_attempts_done:.2f}", "yes" if r.paused else "no")
         for r in rows
-    ]
+    ]  # fmt: skip
     return _table(head, body) if body else "no pending, processing or failed jobs"
 
 
@@ -341,6 +351,22 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     return _by_selection(args, settings, "cancelled", "job(s)")
+
+
+def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
+    with _queue(settings) as q:
+        _guard_schema(q, settings)
+        q.pause(args.queue)
+    print(f"queue {args.queue!r} paused: running jobs finish, nothing new is claimed (skiplock resume {args.queue})")
+    return EXIT_OK
+
+
+def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
+    with _queue(settings) as q:
+        _guard_schema(q, settings)
+        q.resume(args.queue)
+    print(f"queue {args.queue!r} resumed")
+    return EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
@@ -483,6 +509,8 @@ COMMANDS = {
     "retry": cmd_retry,
     "cancel": cmd_cancel,
     "show": cmd_show,
+    "pause": cmd_pause,
+    "resume": cmd_resume,
     "purge": cmd_purge,
     "worker": cmd_worker,
     "demo": cmd_demo,

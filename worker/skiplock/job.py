@@ -254,6 +254,12 @@ class QueueStats:
     stalled: int
     failed: int
     oldest_ready_age_seconds: float
+    next_due: datetime | None = None
+    """When the next delayed job becomes visible (None: none is delayed)."""
+    paused: bool = False
+    """Paused with ``skiplock pause``: workers claim nothing from it."""
+    avg_attempts_done: float | None = None
+    """Average attempts of the queue's last 1000 done jobs (None: none kept)."""
 
     @property
     def backlog(self) -> int:

@@ -77,6 +77,12 @@ class WorkerMetrics:
             ["queue"],
             registry=registry,
         )
+        self.queue_paused = Gauge(
+            "skiplock_worker_queue_paused",
+            "1 while this worker sees the queue paused (skiplock pause): it claims nothing from it.",
+            ["queue"],
+            registry=registry,
+        )
         self.job_duration = Histogram(
             "skiplock_job_duration_seconds",
             "Handler run time including completion.",
@@ -157,6 +163,7 @@ class BoundMetrics:
         self.in_flight = m.in_flight.labels(queue)
         self.timed_out = m.jobs_timed_out.labels(queue)
         self.stuck = m.stuck_slots.labels(queue)
+        self.paused = m.queue_paused.labels(queue)
 
 
 @dataclass(frozen=True)

@@ -533,6 +533,18 @@ class Queue:
         rows = self._run(self._q.job_cancel, cancel_params(self.settings, ids, queue, task, reason, now), None)
         return [r["id"] for r in rows]
 
+    def pause(self, queue: str, *, now: datetime | None = None) -> None:
+        """Pause a queue: running jobs finish, no worker claims from it until :meth:`resume`."""
+        self._run(self._q.queue_set_paused, pause_params(self.settings, queue, True, now), None)
+
+    def resume(self, queue: str, *, now: datetime | None = None) -> None:
+        self._run(self._q.queue_set_paused, pause_params(self.settings, queue, False, now), None)
+
+    def paused(self, queues: Sequence[str] | None = None) -> list[str]:
+        """The paused queues (of ``queues``, or all)."""
+        params = {"queues": list(queues) if queues is not None else None}
+        return [r["queue"] for r in self._run(self._q.queue_paused, params, None)]
+
     def statuses(self, ids: Sequence[int]) -> dict[int, str]:
         """The status of each existing job of ``ids`` (what cancel and retry report for the ones they left)."""
         return {r["id"]: r["status"] for r in self._run(self._q.job_get_many, {"ids": list(ids)}, None)}
@@ -826,6 +838,16 @@ class AsyncQueue:
         params = cancel_params(self.settings, ids, queue, task, reason, now)
         return [r["id"] for r in await self._run(self._q.job_cancel, params, None)]
 
+    async def pause(self, queue: str, *, now: datetime | None = None) -> None:
+        await self._run(self._q.queue_set_paused, pause_params(self.settings, queue, True, now), None)
+
+    async def resume(self, queue: str, *, now: datetime | None = None) -> None:
+        await self._run(self._q.queue_set_paused, pause_params(self.settings, queue, False, now), None)
+
+    async def paused(self, queues: Sequence[str] | None = None) -> list[str]:
+        params = {"queues": list(queues) if queues is not None else None}
+        return [r["queue"] for r in await self._run(self._q.queue_paused, params, None)]
+
     async def statuses(self, ids: Sequence[int]) -> dict[int, str]:
         return {r["id"]: r["status"] for r in await self._run(self._q.job_get_many, {"ids": list(ids)}, None)}
 
@@ -849,6 +871,16 @@ def snooze_params(jobs: Sequence[Job], delays: Sequence[float], worker: str, now
     if len(delays) != len(jobs):
         raise ValueError(f"{len(delays)} delays for {len(jobs)} jobs")
     return fence_params(jobs, worker, now) | {"delays": [float(d) for d in delays]}
+
+
+def pause_params(settings: Settings, queue: str, paused: bool, now: datetime | None) -> dict[str, Any]:
+    return {
+        "queue": check_queue_name(queue),
+        "paused": paused,
+        "now": now,
+        "control_channel": settings.control_channel,
+        "channel": settings.channel,
+    }
 
 
 def retry_params(

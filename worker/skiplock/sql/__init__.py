@@ -83,6 +83,8 @@ class Queries:
     job_cancelled_among: LiteralString
     job_purge_batch: LiteralString
     queue_stats: LiteralString
+    queue_set_paused: LiteralString
+    queue_paused: LiteralString
     schema_lock: LiteralString
     schema_exists: LiteralString
     schema_create: LiteralString

@@ -278,6 +278,7 @@ class Worker:
                 asyncio.create_task(leases.heartbeats(), name="heartbeat"),
                 asyncio.create_task(leases.recoverer(), name="recoverer"),
                 asyncio.create_task(leases.cancellations(), name="cancellations"),
+                asyncio.create_task(claimer.watch_paused(self._bound), name="paused"),
             ]
             self.metrics.listener_enabled.set(1 if s.listen else 0)
             if s.listen and not until_idle:
@@ -481,6 +482,8 @@ class Worker:
         """A notification on the control channel (cancel, pause): each seam rechecks what it owns."""
         if self._leases is not None:
             self._leases.poke()
+        if self._claimer is not None:
+            self._claimer.poke_paused()
 
     def _in_flight_changed(self, queue: str, delta: int) -> None:
         self._bound[queue].in_flight.inc(delta)

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from skiplock.job import Job
-from skiplock.metrics import WorkerMetrics
+from skiplock.metrics import BoundMetrics, WorkerMetrics
 from skiplock.settings import Settings
 from skiplock.worker.completer import Completer
 from skiplock.worker.control import Control
@@ -59,6 +59,8 @@ class Claimer:
         self._metrics = metrics
         self._stopping = stopping
         self._wake = asyncio.Event()
+        self._paused_changed = asyncio.Event()
+        self.paused: set[str] = set()  # this worker's view of its paused queues (for metrics and logs)
         self._conn: psycopg.AsyncConnection[Any] | None = None  # kept between claims: no pool checkout per claim
         self._orphans_possible = False
         self._quiet_until = 0.0
@@ -68,6 +70,25 @@ class Claimer:
 
     def wake(self) -> None:
         self._wake.set()
+
+    # ------------------------------------------------------------------ pause
+    def poke_paused(self) -> None:
+        """A queue was paused or resumed (control channel): look again now."""
+        self._paused_changed.set()
+
+    async def watch_paused(self, bound: dict[str, BoundMetrics]) -> None:
+        """Keep ``paused`` (and its gauge) current: on each control notification, else every few polls. The claim
+        statement itself skips paused queues, so this view never decides what is claimed."""
+        every = max(1.0, self._settings.poll_seconds * 5)
+        while True:
+            rows = await self._control.call("claim", lambda: self._control.queue.paused(self._queues))
+            if rows is not None:
+                self.paused = set(rows)
+                for queue, m in bound.items():
+                    m.paused.set(1 if queue in self.paused else 0)
+            self._paused_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._paused_changed.wait(), timeout=every)
 
     async def run(self) -> None:
         s = self._settings

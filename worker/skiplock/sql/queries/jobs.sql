@@ -43,7 +43,7 @@ SELECT ins.id, (SELECT count(*) FROM woke) AS notified FROM ins ORDER BY ins.id;
 SELECT pg_notify(%(channel)s, %(queue)s);
 
 -- name: job_complete_and_claim
--- Mark claimed jobs done, fenced (rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of the given queues, round-robin across queues so a busy queue never starves a quiet one: one statement, one commit (claim alone: no ids).
+-- Mark claimed jobs done, fenced (rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of the given queues that are not paused, round-robin across queues so a busy queue never starves a quiet one: one statement, one commit (claim alone: no ids).
 WITH done AS (
     UPDATE {schema}.jobs AS j
     SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
@@ -63,6 +63,7 @@ WITH done AS (
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = q.queue AND p.paused)
 ), picked AS (
     SELECT id FROM candidates ORDER BY turn, priority DESC, visible_at, id LIMIT %(limit)s
 ), claimed AS (
@@ -272,3 +273,22 @@ WITH doomed AS (
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM {schema}.jobs AS j USING doomed WHERE j.id = doomed.id;
+
+-- name: queue_set_paused
+-- Pause or resume a queue (stored in the queues table); tells the workers on the control channel and, on resume, wakes those serving it.
+WITH upsert AS (
+    INSERT INTO {schema}.queues AS q (queue, paused, updated_at)
+    VALUES (%(queue)s, %(paused)s, coalesce(%(now)s::timestamptz, now()))
+    ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, updated_at = excluded.updated_at
+    RETURNING q.queue, q.paused
+), told AS (
+    SELECT pg_notify(%(control_channel)s, 'pause') UNION ALL
+    SELECT pg_notify(%(channel)s, %(queue)s) WHERE NOT %(paused)s
+)
+SELECT u.queue, u.paused, (SELECT count(*) FROM told) AS told FROM upsert AS u;
+
+-- name: queue_paused
+-- The paused queues among the given ones (all when NULL).
+SELECT queue, updated_at FROM {schema}.queues
+WHERE paused AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+ORDER BY queue;

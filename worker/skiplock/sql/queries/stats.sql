@@ -1,5 +1,5 @@
 -- name: queue_stats
--- Health of each queue (ready, delayed, processing, stalled = past the stored lease deadline, failed, oldest ready age) from partial indexes only.
+-- Health of each queue (ready, delayed, processing, stalled = past the stored lease deadline, failed, oldest ready age, next due, paused, average attempts of the last 1000 done jobs) from partial indexes only.
 WITH live AS (
     SELECT queue, status, visible_at, locked_at, lease_expires_at FROM {schema}.jobs
     WHERE status = 'pending' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
@@ -9,7 +9,7 @@ WITH live AS (
     UNION ALL
     SELECT queue, status, visible_at, locked_at, lease_expires_at FROM {schema}.jobs
     WHERE status = 'failed' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-)
+), counts AS (
 SELECT queue,
        count(*) FILTER (WHERE status = 'pending' AND visible_at <= coalesce(%(now)s::timestamptz, now())) AS ready,
        count(*) FILTER (WHERE status = 'pending' AND visible_at > coalesce(%(now)s::timestamptz, now())) AS delayed,
@@ -21,8 +21,23 @@ SELECT queue,
        coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now())
                 - min(visible_at) FILTER (WHERE status = 'pending'
                                           AND visible_at <= coalesce(%(now)s::timestamptz, now()))), 0)::float8
-           AS oldest_ready_age_seconds
+           AS oldest_ready_age_seconds,
+       min(visible_at) FILTER (WHERE status = 'pending' AND visible_at > coalesce(%(now)s::timestamptz, now()))
+           AS next_due
 FROM live
 GROUP BY queue
+), paused AS (
+    SELECT queue FROM {schema}.queues WHERE paused AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+)
+SELECT queue, coalesce(c.ready, 0) AS ready, coalesce(c.delayed, 0) AS delayed,
+       coalesce(c.processing, 0) AS processing, coalesce(c.stalled, 0) AS stalled, coalesce(c.failed, 0) AS failed,
+       coalesce(c.oldest_ready_age_seconds, 0)::float8 AS oldest_ready_age_seconds, c.next_due,
+       p.queue IS NOT NULL AS paused,
+       (SELECT avg(d.attempts)::float8 FROM (
+            SELECT attempts FROM {schema}.jobs
+            WHERE status = 'done' AND queue = coalesce(c.queue, p.queue)
+            ORDER BY updated_at DESC LIMIT 1000) AS d) AS avg_attempts_done
+FROM counts AS c
+FULL JOIN paused AS p USING (queue)
 ORDER BY queue;
 
