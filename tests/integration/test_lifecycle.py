@@ -598,3 +598,78 @@ def test_cli_pause_resume_and_stats(queue: Queue, pg_dsn, schema):
     assert cli("pause", "bad name;", dsn=pg_dsn, schema=schema).returncode == 2
     assert cli("resume", "q", dsn=pg_dsn, schema=schema).returncode == 0
     assert queue.paused() == [] and [s.paused for s in queue.stats("q")] == [False]
+
+
+# ---------------------------------------------------------------------------------------------- retention
+def _old_rows(dsn: str, schema: str, status: str, n: int, age: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f'INSERT INTO "{schema}".jobs (queue, payload, status, updated_at) '
+            f"SELECT 'old', '{{}}', %s, now() - %s::interval FROM generate_series(1, %s)",
+            (status, age, n),
+        )
+
+
+def _count(dsn: str, schema: str, status: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return int(conn.execute(f'SELECT count(*) FROM "{schema}".jobs WHERE status = %s', (status,)).fetchone()[0])  # type: ignore[index]
+
+
+async def test_scheduled_retention_keeps_each_status_its_own_time_one_worker_at_a_time(settings, pg_dsn, schema):
+    from prometheus_client import CollectorRegistry
+
+    from skiplock.metrics import WorkerMetrics
+    from skiplock.worker.retention import Retention, retention_lock_key
+
+    _old_rows(pg_dsn, schema, "done", 12, "8 days")
+    _old_rows(pg_dsn, schema, "done", 5, "6 days")  # kept: done jobs live 7 days
+    _old_rows(pg_dsn, schema, "failed", 7, "8 days")  # kept: failed jobs live 30 days
+    _old_rows(pg_dsn, schema, "failed", 4, "31 days")
+    _old_rows(pg_dsn, schema, "cancelled", 3, "8 days")
+    _old_rows(pg_dsn, schema, "pending", 2, "90 days")  # never purged, whatever its age
+    metrics = WorkerMetrics(CollectorRegistry())
+    retention = Retention(settings, metrics, batch=5)  # several batches, each its own transaction
+    with psycopg.connect(pg_dsn, autocommit=True) as holder:  # another worker is purging
+        holder.execute("SELECT pg_advisory_lock(%s)", (retention_lock_key(schema),))
+        assert await retention.purge_once() is None and _count(pg_dsn, schema, "done") == 17
+    purged = await retention.purge_once()
+    assert purged == {"done": 12, "failed": 4, "cancelled": 3}
+    assert [_count(pg_dsn, schema, s) for s in ("done", "failed", "cancelled", "pending")] == [5, 7, 0, 2]
+    samples = {s: metrics.registry.get_sample_value("skiplock_jobs_purged_total", {"status": s}) for s in purged}
+    assert samples == {"done": 12, "failed": 4, "cancelled": 3}
+    assert await retention.purge_once() == {}, "nothing left to purge"
+
+
+async def test_purge_during_a_drain_loses_nothing_and_stops_the_worker(settings, pg_dsn, schema):
+    """A worker stopped while its scheduled purge deletes batches drains normally: only old finished rows are
+    deleted, each batch committed or not at all, and the next round finishes the job."""
+    _old_rows(pg_dsn, schema, "done", 60_000, "10 days")
+    app = App()
+    started = threading.Event()
+
+    @app.task(name="work", queue="q")
+    def work(job):
+        started.set()
+        time.sleep(0.3)
+
+    [live] = _insert(pg_dsn, schema, "q", "work")
+    worker = Worker(app, settings=fast(settings, purge_interval_seconds=3600))
+    task = asyncio.create_task(worker.run())
+    await worker.wait_ready(timeout=20)
+    await await_for(started.is_set, timeout=20, what="job running")
+    await await_for(lambda: _count(pg_dsn, schema, "done") < 60_000, timeout=30, what="purge under way")
+    worker.request_stop()  # while batches are being deleted
+    assert await asyncio.wait_for(task, 60) == 0
+    assert row(pg_dsn, schema, live)["status"] == "done", "the running job finished in the drain"
+    purged = worker.registry.get_sample_value("skiplock_jobs_purged_total", {"status": "done"})
+    left = _count(pg_dsn, schema, "done")
+    assert purged is not None and purged > 0 and left == 60_000 + 1 - purged, "every deleted row was counted"
+    assert left > 1, "the stop landed in the middle of the purge"
+    assert purged % 5000 == 0, "whole batches only"
+    from prometheus_client import CollectorRegistry
+
+    from skiplock.metrics import WorkerMetrics
+    from skiplock.worker.retention import Retention
+
+    await Retention(settings, WorkerMetrics(CollectorRegistry())).purge_once()
+    assert _count(pg_dsn, schema, "done") == 1, "the next round purged the rest, never the fresh job"

@@ -116,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     pu = sub.add_parser("purge", parents=[common], help="delete done/failed jobs older than a cutoff, in batches")
     pu.add_argument("--older-than", required=True, type=parse_duration, help="e.g. 7d, 12h")
-    pu.add_argument("--status", choices=["done", "failed"], action="append", help="only these (default both)")
+    pu.add_argument(
+        "--status", choices=["done", "failed", "cancelled"], action="append", help="only these (default done, failed)"
+    )
     pu.add_argument("--queue")
 
     w = sub.add_parser("worker", parents=[common], help="run a worker (every flag also by SKIPLOCK_* env)")
@@ -130,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--recover", type=float, dest="recover_seconds", help="lease recovery interval (default 30)")
     w.add_argument("--grace", type=float, dest="shutdown_grace_seconds", help="drain grace seconds (default 30)")
     w.add_argument("--metrics-port", type=int, help="serve /metrics /healthz /readyz here (default off)")
+    w.add_argument("--retain-done", type=parse_duration, dest="retain_done_seconds", help="keep done jobs (7d)")
+    w.add_argument("--retain-failed", type=parse_duration, dest="retain_failed_seconds", help="keep failed jobs (30d)")
+    w.add_argument(
+        "--retain-cancelled", type=parse_duration, dest="retain_cancelled_seconds", help="keep cancelled jobs (7d)"
+    )
+    w.add_argument(
+        "--purge-interval", type=parse_duration, dest="purge_interval_seconds", help="scheduled purge (1h; 0: off)"
+    )
     w.add_argument(
         "--no-listen",
         dest="listen",
@@ -185,6 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "shutdown_grace_seconds",
                     "metrics_port",
                     "listen",
+                    "retain_done_seconds",
+                    "retain_failed_seconds",
+                    "retain_cancelled_seconds",
+                    "purge_interval_seconds",
                 )
             }
             settings = load_settings(args, **extra)

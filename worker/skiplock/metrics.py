@@ -29,7 +29,7 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 OUTCOMES = ("done", "retried", "failed", "lease_lost", "unknown_task", "cancelled", "snoozed")
 FAILURE_REASONS = ("non_retryable", "exhausted", "unknown_task")
-DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release")
+DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release", "purge")
 WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered")
 
 
@@ -81,6 +81,12 @@ class WorkerMetrics:
             "skiplock_worker_queue_paused",
             "1 while this worker sees the queue paused (skiplock pause): it claims nothing from it.",
             ["queue"],
+            registry=registry,
+        )
+        self.jobs_purged = Counter(
+            "skiplock_jobs_purged",
+            "Old jobs deleted by this worker's scheduled retention, by status (done, failed, cancelled).",
+            ["status"],
             registry=registry,
         )
         self.job_duration = Histogram(
@@ -141,6 +147,8 @@ class WorkerMetrics:
             self.wakeups.labels(source)
         for operation in DB_OPERATIONS:
             self.db_errors.labels(operation)
+        for status in ("done", "failed", "cancelled"):
+            self.jobs_purged.labels(status)
         self.database_up.set(0)
         bound = {}
         for queue in queues:

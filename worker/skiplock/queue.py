@@ -274,9 +274,9 @@ def stats_from_row(row: dict[str, Any]) -> QueueStats:
 def purge_params(
     older_than_seconds: float, statuses: Sequence[str], queue: str | None, now: datetime
 ) -> dict[str, Any]:
-    bad = set(statuses) - {"done", "failed"}
+    bad = set(statuses) - {"done", "failed", "cancelled"}
     if bad or not statuses:
-        raise ValueError(f"purge only removes done and failed jobs, not {sorted(bad) or 'nothing'}")
+        raise ValueError(f"purge only removes done, failed and cancelled jobs, not {sorted(bad) or 'nothing'}")
     if older_than_seconds < 0:
         raise ValueError("older_than must be >= 0")
     return {

@@ -87,6 +87,19 @@ class Settings:
     shutdown_grace_seconds: float = 30.0
     """On SIGTERM, how long in-flight jobs may run before they are handed back (default 30 s)."""
 
+    retain_done_seconds: float = 7 * 86400.0
+    """How long done jobs are kept before the workers' scheduled purge deletes them (default 7 days)."""
+
+    retain_failed_seconds: float = 30 * 86400.0
+    """How long failed jobs are kept (default 30 days): long enough to inspect and retry them."""
+
+    retain_cancelled_seconds: float = 7 * 86400.0
+    """How long cancelled jobs are kept (default 7 days)."""
+
+    purge_interval_seconds: float = 3600.0
+    """How often a worker runs the scheduled purge (default 1 h; one worker of the fleet at a time, under an
+    advisory lock). 0 turns it off (``skiplock purge`` still works)."""
+
     metrics_port: int = 0
     """Port of /metrics, /healthz and /readyz (default 0: off). The operator sets 9464."""
 
@@ -189,6 +202,11 @@ class Settings:
             problems.append(f"backoff_cap_seconds must be at most {MAX_BACKOFF_SECONDS} (one year)")
         if not 0.0 <= self.backoff_jitter <= 1.0:
             problems.append(f"backoff_jitter must be within [0, 1] (got {self.backoff_jitter})")
+        for name in ("retain_done_seconds", "retain_failed_seconds", "retain_cancelled_seconds"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0 (got {getattr(self, name)})")
+        if not self.purge_interval_seconds >= 0:
+            problems.append(f"purge_interval_seconds must be >= 0 (got {self.purge_interval_seconds})")
         if self.shutdown_grace_seconds < 0:
             problems.append("shutdown_grace_seconds must be >= 0")
         assert self.heartbeat_seconds is not None and self.recover_seconds is not None  # set in __post_init__

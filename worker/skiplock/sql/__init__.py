@@ -82,6 +82,9 @@ class Queries:
     job_cancel: LiteralString
     job_cancelled_among: LiteralString
     job_purge_batch: LiteralString
+    job_purge_expired: LiteralString
+    retention_try_lock: LiteralString
+    retention_unlock: LiteralString
     queue_stats: LiteralString
     queue_set_paused: LiteralString
     queue_paused: LiteralString

@@ -5,6 +5,7 @@ Seams (each owns its state; they talk through small methods):
 - ``executor``: routing a job to its task, the slots, and the async and thread executors (one Outcome each)
 - ``completer``: done/failed buffers riding on claims, flushes; the only writer of final states
 - ``leases``: heartbeats, recovery by the stored deadline, hand-back, orphan reclaim
+- ``retention``: the scheduled purge of old jobs, one worker of the fleet at a time
 - ``control``: the control pool and its error handling; ``pools``: the one pool constructor
 
 Embed it in an asyncio program (``await worker.run()``, ``async with Worker(...)``) or in a thread of a sync one
@@ -50,6 +51,7 @@ from skiplock.worker.executor import (
 )
 from skiplock.worker.leases import Leases
 from skiplock.worker.pools import APPLICATION_NAME, async_pool, sync_pool
+from skiplock.worker.retention import Retention
 
 __all__ = ["APPLICATION_NAME", "Outcome", "Worker", "serve_queues"]
 log = logging.getLogger(__name__)
@@ -127,6 +129,7 @@ class Worker:
         self._leases: Leases | None = None
         self._async: AsyncExecutor | None = None
         self._threads: ThreadExecutor | None = None
+        self.retention: Retention | None = None
 
     # ------------------------------------------------------------------------------------------ public
     async def run(self, *, until_idle: bool = False) -> int:
@@ -280,6 +283,9 @@ class Worker:
                 asyncio.create_task(leases.cancellations(), name="cancellations"),
                 asyncio.create_task(claimer.watch_paused(self._bound), name="paused"),
             ]
+            if not until_idle:
+                self.retention = Retention(s, self.metrics)
+                tasks.append(asyncio.create_task(self.retention.run(), name="retention"))
             self.metrics.listener_enabled.set(1 if s.listen else 0)
             if s.listen and not until_idle:
                 self.listener = Listener(

@@ -265,7 +265,7 @@ WHERE j.status = 'cancelled' AND j.locked_by = %(worker)s;
 -- Delete up to `limit` finished jobs last updated before a cutoff (one batch, its own transaction).
 WITH doomed AS (
     SELECT id FROM {schema}.jobs
-    WHERE status IN ('done', 'failed') AND updated_at < %(before)s
+    WHERE (status IN ('done', 'failed') OR status = 'cancelled') AND updated_at < %(before)s
       AND status = ANY(%(statuses)s::text[])
       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
     ORDER BY updated_at
@@ -292,3 +292,31 @@ SELECT u.queue, u.paused, (SELECT count(*) FROM told) AS told FROM upsert AS u;
 SELECT queue, updated_at FROM {schema}.queues
 WHERE paused AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 ORDER BY queue;
+
+-- name: job_purge_expired
+-- One batch of the scheduled retention: up to `limit` done, failed and cancelled jobs each, older than their own retention (database clock); returns the status of each row deleted.
+WITH done AS (
+    SELECT id FROM {schema}.jobs
+    WHERE status = 'done' AND updated_at < now() - make_interval(secs => %(done_seconds)s)
+    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), failed AS (
+    SELECT id FROM {schema}.jobs
+    WHERE status = 'failed' AND updated_at < now() - make_interval(secs => %(failed_seconds)s)
+    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), cancelled AS (
+    SELECT id FROM {schema}.jobs
+    WHERE status = 'cancelled' AND updated_at < now() - make_interval(secs => %(cancelled_seconds)s)
+    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {schema}.jobs AS j
+USING (SELECT id FROM done UNION ALL SELECT id FROM failed UNION ALL SELECT id FROM cancelled) AS doomed
+WHERE j.id = doomed.id
+RETURNING j.status;
+
+-- name: retention_try_lock
+-- Take the fleet-wide retention lock of this schema if free (session level: held by one worker's connection).
+SELECT pg_try_advisory_lock(%(key)s::bigint) AS locked;
+
+-- name: retention_unlock
+-- Release the retention lock.
+SELECT pg_advisory_unlock(%(key)s::bigint) AS unlocked;
