@@ -673,3 +673,49 @@ async def test_purge_during_a_drain_loses_nothing_and_stops_the_worker(settings,
 
     await Retention(settings, WorkerMetrics(CollectorRegistry())).purge_once()
     assert _count(pg_dsn, schema, "done") == 1, "the next round purged the rest, never the fresh job"
+
+
+# ---------------------------------------------------------------------------------------------- inspection
+def test_stalled_lists_jobs_past_their_stored_deadline_whatever_the_observers_lease(queue: Queue, pg_dsn, schema):
+    queue.enqueue_many("q", [{}, {}])
+    queue.enqueue("other", {})
+    short, healthy = queue.claim("q", limit=2, worker="w1", lease_seconds=600)
+    [other] = queue.claim("other", limit=1, worker="w2", lease_seconds=600)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # w1 stopped heartbeating one of them
+        conn.execute(
+            f"UPDATE \"{schema}\".jobs SET lease_expires_at = now() - interval '5 s' WHERE id = ANY(%s)",
+            ([short.id, other.id],),
+        )
+    assert [r["id"] for r in queue.list_stalled(lease_seconds=1)] == [short.id, other.id]  # same deadline: by id
+    assert [r["id"] for r in queue.list_stalled("q", lease_seconds=1)] == [short.id], "a healthy 600 s lease is fine"
+    out = cli("stalled", "--queue", "q", dsn=pg_dsn, schema=schema)
+    assert out.returncode == 1 and str(short.id) in out.stdout and "w1" in out.stdout, out
+    assert str(healthy.id) not in out.stdout.split()
+    [shown] = json.loads(cli("stalled", "--queue", "q", "--json", dsn=pg_dsn, schema=schema).stdout)
+    assert shown["id"] == short.id and shown["locked_by"] == "w1" and shown["lease_expires_at"]
+    none = cli("stalled", "--queue", "nosuch", dsn=pg_dsn, schema=schema)
+    assert none.returncode == 0 and "no stalled jobs" in none.stdout
+
+
+async def test_async_list_stalled_matches(aqueue: AsyncQueue):
+    await aqueue.enqueue("q", {})
+    [job] = await aqueue.claim("q", limit=1, worker="w", lease_seconds=600)
+    assert await aqueue.list_stalled("q") == []
+    from datetime import timedelta
+
+    later = job.created_at + timedelta(seconds=3600)  # type: ignore[operator]
+    assert [r["id"] for r in await aqueue.list_stalled("q", now=later)] == [job.id]
+
+
+def test_stats_next_due_and_avg_attempts_done(queue: Queue, pg_dsn, schema):
+    queue.enqueue("q", {})
+    later = queue.enqueue("q", {}, delay=600).id
+    queue.enqueue("q", {}, delay=1200)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f'INSERT INTO "{schema}".jobs (queue, payload, status, attempts) VALUES '
+            "('q', '{}', 'done', 1), ('q', '{}', 'done', 2), ('q', '{}', 'done', 3)"
+        )
+    [s] = queue.stats("q")
+    assert s.next_due == row(pg_dsn, schema, later)["visible_at"] and s.avg_attempts_done == 2.0
+    assert (s.ready, s.delayed, s.paused) == (1, 2, False)

@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             r.add_argument("--include-cancelled", action="store_true", help="re-drive cancelled jobs too")
 
+    sl = sub.add_parser("stalled", parents=[common], help="running jobs past their lease deadline (exit 1 if any)")
+    sl.add_argument("--queue")
+    sl.add_argument("--limit", type=_positive_int, default=100)
+    sl.add_argument("--json", action="store_true")
+
     for name, helptext in (
         ("pause", "stop claiming from a queue (running jobs finish)"),
         ("resume", "claim from a paused queue again"),
@@ -367,6 +372,30 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     return _by_selection(args, settings, "cancelled", "job(s)")
 
 
+def cmd_stalled(args: argparse.Namespace, settings: Settings) -> int:
+    with _queue(settings) as q:
+        _guard_schema(q, settings)
+        rows = q.list_stalled(args.queue, limit=args.limit)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    elif not rows:
+        print("no stalled jobs")
+    else:
+        body = [
+            (
+                r["id"],
+                r["queue"],
+                r["task"] or "-",
+                r["locked_by"],
+                (r["lease_expires_at"] or r["locked_at"]).isoformat(timespec="seconds"),
+                f"{r['attempts']}/{r['max_attempts']}",
+            )
+            for r in rows
+        ]
+        print(_table(("id", "queue", "task", "locked_by", "lease_expired_at", "attempts"), body))
+    return EXIT_PROBLEMS if rows else EXIT_OK
+
+
 def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
     with _queue(settings) as q:
         _guard_schema(q, settings)
@@ -523,6 +552,7 @@ COMMANDS = {
     "retry": cmd_retry,
     "cancel": cmd_cancel,
     "show": cmd_show,
+    "stalled": cmd_stalled,
     "pause": cmd_pause,
     "resume": cmd_resume,
     "purge": cmd_purge,

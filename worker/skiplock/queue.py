@@ -505,6 +505,19 @@ class Queue:
     def list_failed(self, queue: str | None = None, *, limit: int = 50) -> list[dict[str, Any]]:
         return self._run(self._q.job_list_failed, {"queue": queue, "limit": limit}, None)
 
+    def list_stalled(
+        self,
+        queue: str | None = None,
+        *,
+        lease_seconds: float | None = None,
+        limit: int = 100,
+        now: datetime | None = None,
+    ) -> list[dict[str, Any]]:
+        """Processing jobs past their stored lease deadline (their worker died or hangs), oldest first."""
+        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
+        params = {"queue": queue, "lease_seconds": lease, "limit": limit, "now": now}
+        return self._run(self._q.job_list_stalled, params, None)
+
     def retry_failed(
         self,
         *,
@@ -812,6 +825,18 @@ class AsyncQueue:
     async def get(self, job_id: int) -> dict[str, Any] | None:
         rows = await self._run(self._q.job_get, {"id": job_id}, None)
         return rows[0] if rows else None
+
+    async def list_stalled(
+        self,
+        queue: str | None = None,
+        *,
+        lease_seconds: float | None = None,
+        limit: int = 100,
+        now: datetime | None = None,
+    ) -> list[dict[str, Any]]:
+        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
+        params = {"queue": queue, "lease_seconds": lease, "limit": limit, "now": now}
+        return await self._run(self._q.job_list_stalled, params, None)
 
     async def retry_failed(
         self,

@@ -78,6 +78,7 @@ class Queries:
     job_get_many: LiteralString
     job_list_enqueued: LiteralString
     job_list_failed: LiteralString
+    job_list_stalled: LiteralString
     job_retry_failed: LiteralString
     job_cancel: LiteralString
     job_cancelled_among: LiteralString

@@ -219,6 +219,16 @@ WHERE status = 'failed' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY updated_at DESC, id DESC
 LIMIT %(limit)s;
 
+-- name: job_list_stalled
+-- Processing jobs past their stored lease deadline (rows without one: locked_at plus `lease_seconds`), oldest deadline first: their worker stopped heartbeating.
+SELECT id, queue, task, locked_by, locked_at, lease_expires_at, attempts, max_attempts, last_error, updated_at
+FROM {schema}.jobs
+WHERE status = 'processing' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND coalesce(lease_expires_at, locked_at + make_interval(secs => %(lease_seconds)s))
+      < coalesce(%(now)s::timestamptz, now())
+ORDER BY coalesce(lease_expires_at, locked_at + make_interval(secs => %(lease_seconds)s)), id
+LIMIT %(limit)s;
+
 -- name: job_retry_failed
 -- Re-drive failed jobs (cancelled ones too only when asked: `statuses`) by ids, or a whole queue, with a fresh set of attempts; keys taken meanwhile are skipped.
 UPDATE {schema}.jobs AS j
