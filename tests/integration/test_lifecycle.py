@@ -719,3 +719,18 @@ def test_stats_next_due_and_avg_attempts_done(queue: Queue, pg_dsn, schema):
     [s] = queue.stats("q")
     assert s.next_due == row(pg_dsn, schema, later)["visible_at"] and s.avg_attempts_done == 2.0
     assert (s.ready, s.delayed, s.paused) == (1, 2, False)
+
+
+def test_run_jobs_reports_snoozed_jobs(settings, pg_dsn, schema):
+    from skiplock.testing import run_jobs
+
+    app = App()
+
+    @app.task(name="wait", queue="q")
+    def wait(job):
+        raise Snooze(3600)
+
+    [job_id] = _insert(pg_dsn, schema, "q", "wait")
+    report = run_jobs(app, settings=settings, timeout=30)
+    assert report.snoozed == [job_id] and report.done == report.failed == []
+    assert row(pg_dsn, schema, job_id)["status"] == "pending"

@@ -45,6 +45,10 @@ class RunReport:
     failed: list[int] = field(default_factory=list)
     unknown: list[int] = field(default_factory=list)
     """Jobs whose task the app does not register (retried or failed as a worker would)."""
+    snoozed: list[int] = field(default_factory=list)
+    """Jobs whose handler raised Snooze (due again later: not run again in this call unless due)."""
+    cancelled: list[int] = field(default_factory=list)
+    lease_lost: list[int] = field(default_factory=list)
     timed_out: bool = False
 
     @property
