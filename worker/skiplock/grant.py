@@ -12,7 +12,8 @@ also how a role loses a right.
   check). It cannot set ``id`` (with ``OVERRIDING SYSTEM VALUE`` or otherwise), ``status``, ``attempts``,
   ``locked_by``, ``last_error`` or the timestamps, cannot read payloads or errors, and has no ``UPDATE``: it
   cannot claim, finish or cancel. The identity column needs no sequence privilege, so none is granted.
-- worker: ``USAGE`` on the schema, ``SELECT`` on ``jobs`` plus ``UPDATE`` of the lease and outcome columns only
+- worker: ``USAGE`` on the schema, ``SELECT`` on ``jobs`` and ``queues`` (paused queues) plus ``UPDATE`` of the
+  lease and outcome columns only
   (:data:`LEASE_COLUMNS`: claim, heartbeat, complete, fail, release, lease recovery), ``SELECT`` on
   ``schema_migrations``. No ``INSERT``, no ``DELETE``, no DDL, and the payload, task, queue, priority and key of
   a job cannot be changed. Within its schema a worker role may claim any queue: the schema is the isolation
@@ -82,6 +83,7 @@ def grant_sql(
     s = sql.Identifier(schema)
     jobs = sql.Identifier(schema, "jobs")
     versions = sql.Identifier(schema, "schema_migrations")
+    queues = sql.Identifier(schema, "queues")  # per-queue controls (pause): read by workers, written by operators
     out: list[sql.Composed] = []
     if operator is not None:
         op = sql.Identifier(operator)
@@ -89,13 +91,14 @@ def grant_sql(
             sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(s, op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(jobs, op),  # its identity sequence follows
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(versions, op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(queues, op),
             sql.SQL("ALTER FUNCTION {}() OWNER TO {}").format(sql.Identifier(schema, "jobs_payload_bound"), op),
         ]
-    out.append(sql.SQL("REVOKE ALL ON {}, {} FROM PUBLIC").format(jobs, versions))
+    out.append(sql.SQL("REVOKE ALL ON {}, {}, {} FROM PUBLIC").format(jobs, versions, queues))
     members = [sql.Identifier(r) for r in dict.fromkeys(r for r in (producer, worker) if r is not None)]
     for member in members:  # converge: start from nothing, then grant exactly
         out += [
-            sql.SQL("REVOKE ALL ON {}, {} FROM {}").format(jobs, versions, member),
+            sql.SQL("REVOKE ALL ON {}, {}, {} FROM {}").format(jobs, versions, queues, member),
             sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(s, member),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, member),
             sql.SQL("GRANT SELECT ON {} TO {}").format(versions, member),
@@ -110,6 +113,7 @@ def grant_sql(
         w = sql.Identifier(worker)
         out += [
             sql.SQL("GRANT SELECT ON {} TO {}").format(jobs, w),
+            sql.SQL("GRANT SELECT ON {} TO {}").format(queues, w),
             sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(LEASE_COLUMNS), jobs, w),
         ]
     return out

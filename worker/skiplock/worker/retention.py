@@ -40,6 +40,7 @@ class Retention:
         self._key = retention_lock_key(settings.schema)
         self._batch = batch
         self.rounds = 0  # purges this worker ran (it held the lock)
+        self.refused = False  # the role may not delete: no further rounds
 
     def _params(self) -> dict[str, Any]:
         s = self._settings
@@ -55,7 +56,7 @@ class Retention:
         interval = self._settings.purge_interval_seconds
         if not interval:
             return
-        while True:
+        while not self.refused:
             await self.purge_once()
             await asyncio.sleep(interval)
 
@@ -71,6 +72,15 @@ class Retention:
                     return None  # another worker purges this round
                 self.rounds += 1
                 return await self._batches(conn)
+        except psycopg.errors.InsufficientPrivilege:
+            # A least-privilege worker role has no DELETE: retention is then the operator role's job.
+            self.refused = True
+            log.info(
+                "scheduled purge off: this worker's database role may not delete jobs (a least-privilege worker "
+                "role); run `skiplock purge` as the operator role, or set purge_interval_seconds=0",
+                extra={"action": "purge_disabled"},
+            )
+            return None
         except (psycopg.Error, OSError) as exc:
             self._metrics.db_errors.labels("purge").inc()
             log.warning(
