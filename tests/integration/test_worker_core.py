@@ -403,7 +403,7 @@ async def test_a_notify_flood_costs_a_bounded_number_of_claims_and_jobs_still_st
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_notify(%s, 'default')", (settings.channel,))
         await await_for(lambda: ran == ids, timeout=10, what="a real job after the flood")
-    assert claims <= elapsed / 0.1 + 3, f"{claims} claims in {elapsed:.1f}s of notifications"
+    assert claims <= elapsed / 0.1 + 4, f"{claims} claims in {elapsed:.1f}s of notifications"
 
 
 async def test_a_worker_exports_only_the_queues_it_serves(settings, aqueue):

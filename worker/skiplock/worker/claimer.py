@@ -25,8 +25,11 @@ log = logging.getLogger(__name__)
 # With jobs in flight and work waiting, wait up to this long for a whole batch of slots to free before claiming,
 # so one claim statement carries several jobs instead of one per finished job.
 CLAIM_GATHER_SECONDS = 0.005
-# After a claim that found nothing, wake-ups are folded for this long: a flood of notifications (anyone may
-# NOTIFY the channel) costs at most ten empty claims a second, and a real job waits at most this long.
+# After EMPTY_STREAK claims in a row found nothing, wake-ups are folded for EMPTY_CLAIM_QUIET_SECONDS: a flood of
+# notifications (anyone may NOTIFY the channel) costs at most ten empty claims a second. A worker that loses a
+# race now and then (several idle workers wake on each NOTIFY) stays eager, so pick-up latency is unchanged: a
+# worker that keeps losing goes quiet, and the one that wins keeps winning.
+EMPTY_STREAK = 3
 EMPTY_CLAIM_QUIET_SECONDS = 0.1
 # All slots busy this long: the claim connection goes back to the pool (a slow job may run for hours).
 BUSY_RETURN_SECONDS = 1.0
@@ -62,6 +65,7 @@ class Claimer:
         self._conn: psycopg.AsyncConnection[Any] | None = None  # kept between claims: no pool checkout per claim
         self._orphans_possible = False
         self._quiet_until = 0.0
+        self._empty_streak = 0
         self.until_idle = False  # stop once nothing is due and nothing runs (skiplock.testing)
         self.claims = 0
         self.empty_claims = 0
@@ -116,10 +120,13 @@ class Claimer:
         await self._completer.settle(done, completed)
         self.claims += 1
         if jobs:
+            self._empty_streak = 0
             self._start(jobs)
         else:
             self.empty_claims += 1
-            self._quiet_until = time.monotonic() + EMPTY_CLAIM_QUIET_SECONDS
+            self._empty_streak += 1
+            if self._empty_streak >= EMPTY_STREAK:
+                self._quiet_until = time.monotonic() + EMPTY_CLAIM_QUIET_SECONDS
         full = len(jobs) == want
         if full:
             self._metrics.wakeups.labels("busy").inc()
