@@ -432,3 +432,24 @@ async def test_the_metrics_server_answers_404_for_unknown_paths(settings):
 
         codes = {p: await asyncio.to_thread(get, p) for p in ("/metrics", "/healthz", "/nosuch", "/")}
     assert codes == {"/metrics": 200, "/healthz": 200, "/nosuch": 404, "/": 404}
+
+
+@pytest.mark.parametrize(("mode", "listens"), [("transaction", False), ("session", True)])
+async def test_behind_pgbouncer_the_listener_proves_itself_and_reports_what_it_can_do(settings, pg_dsn, mode, listens):
+    from support.bouncer import run_pgbouncer
+
+    ran: list[int] = []
+    with run_pgbouncer(pg_dsn, mode, pool_size=20) as bouncer:
+        s = fast(settings, dsn=bouncer, concurrency=1, batch=1)
+        worker = Worker(settings=s, handler=lambda job: ran.append(job.id))
+        async with worker:
+            await await_for(
+                lambda: worker.listener is not None and (worker.listener.connected or worker.listener.unsupported),
+                timeout=20,
+                what="the listener's self-probe",
+            )
+            [job_id] = insert(pg_dsn, worker.settings.schema, "default", [{}])
+            await await_for(lambda: ran == [job_id], timeout=15, what="a job run (by NOTIFY or by the poll)")
+            connected = worker.registry.get_sample_value("skiplock_listener_connected")
+            enabled = worker.registry.get_sample_value("skiplock_listener_enabled")
+    assert (connected, enabled) == ((1.0, 1.0) if listens else (0.0, 0.0))
