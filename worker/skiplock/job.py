@@ -21,6 +21,7 @@ CLAIM_COLUMNS = (
     "created_at",
     "visible_at",
     "idempotency_key",
+    "task",
 )
 
 
@@ -63,6 +64,8 @@ class Job:
     created_at: datetime | None = None
     visible_at: datetime | None = None
     idempotency_key: str | None = None
+    task: str | None = None
+    """The job's task name (``None``: the queue's default handler)."""
     _conn: Any = field(default=None, compare=False, repr=False)
 
     @property
