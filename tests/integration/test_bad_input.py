@@ -24,7 +24,7 @@ from psycopg import sql
 from skiplock import NonRetryableError, Queue, Settings
 from skiplock.errors import ConfigError, DatabaseUnavailableError, HandlerImportError, PayloadError
 from skiplock.handlers import Handler, load_handler
-from skiplock.migrate import migrate
+from skiplock.migrate import latest_version, migrate
 from skiplock.queue import MAX_ERROR_CHARS, encode_payload
 from skiplock.runtime import Worker
 from skiplock.sql import queries_for
@@ -181,6 +181,7 @@ def test_cli_unknown_queue_names_change_nothing_and_say_so(pg_dsn, schema, seede
     env = {"SKIPLOCK_DSN": pg_dsn, "SKIPLOCK_SCHEMA": schema}
     stats = run_main("stats", "--queue", "nosuch", env=env)
     assert stats.returncode == 0 and "'nosuch' has no pending, processing or failed jobs" in stats.stderr
+    assert (stats.stdout + stats.stderr).count("no pending, processing or failed jobs") == 1  # said once
     assert "no failed jobs" in run_main("failed", "--queue", "nosuch", env=env).stdout
     for command, words in (("retry", "re-queued 0"), ("cancel", "cancelled 0"), ("purge", "purged 0")):
         args = [command, "--queue", "nosuch"] + (["--older-than", "0s"] if command == "purge" else [])
@@ -350,7 +351,8 @@ def test_hostile_schema_names_are_quoted_even_past_validation(pg_dsn):
     assert 'FROM "we""ird; DROP SCHEMA public; --".jobs' in queries_for(name).job_complete_and_claim
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         try:
-            assert migrate(conn, name).applied == ("0001_initial",)
+            applied = migrate(conn, name).applied
+            assert applied[0] == "0001_initial" and len(applied) == latest_version()
             assert conn.execute("SELECT to_regnamespace('public') IS NOT NULL").fetchone() == (True,)
         finally:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))

@@ -1,8 +1,10 @@
 """skiplock: a job queue inside PostgreSQL, claimed with FOR UPDATE SKIP LOCKED."""
 
+from skiplock.app import App, Task
 from skiplock.errors import (
     ConfigError,
     DatabaseUnavailableError,
+    EnqueueError,
     LeaseLostError,
     NonRetryableError,
     PayloadError,
@@ -12,12 +14,16 @@ from skiplock.job import EnqueueResult, Job, JobStatus, QueueStats
 from skiplock.queue import AsyncQueue, Queue
 from skiplock.settings import Settings
 
+# Worker: exported here by the integrator once the embeddable worker lands (from skiplock.worker import Worker).
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "AsyncQueue",
     "ConfigError",
     "DatabaseUnavailableError",
+    "EnqueueError",
     "EnqueueResult",
     "Job",
     "JobStatus",
@@ -28,5 +34,6 @@ __all__ = [
     "QueueStats",
     "Settings",
     "SkiplockError",
+    "Task",
     "__version__",
 ]

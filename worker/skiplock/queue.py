@@ -40,25 +40,40 @@ MAX_DELAY_SECONDS = 100 * 365 * 86400
 T = TypeVar("T")
 
 
-class EnqueueOptions(TypedDict, total=False):
-    """Options of one enqueue, all optional. A task's defaults fill what is not given; explicit options win."""
-
-    task: str | None
+class _Visibility(TypedDict, total=False):
     delay: float | timedelta
     run_at: datetime | None
     priority: int | None
     max_attempts: int | None
+
+
+class EnqueueOptions(_Visibility, total=False):
+    """Options of one enqueue, all optional: ``task``, ``delay`` (seconds or timedelta), ``run_at`` (aware
+    datetime), ``priority``, ``max_attempts``, ``idempotency_key``."""
+
+    task: str | None
     idempotency_key: str | None
 
 
-class EnqueueManyOptions(TypedDict, total=False):
+class EnqueueManyOptions(_Visibility, total=False):
     """Options of ``enqueue_many``: those of one enqueue, with one idempotency key per payload."""
 
     task: str | None
-    delay: float | timedelta
-    run_at: datetime | None
-    priority: int | None
-    max_attempts: int | None
+    idempotency_keys: Sequence[str | None] | None
+
+
+class TaskEnqueueOptions(_Visibility, total=False):
+    """Options of ``task.enqueue``: those of one enqueue with the queue (the task is the task itself).
+    The task's defaults (queue, priority, max_attempts) fill what is not given; explicit options win."""
+
+    queue: str
+    idempotency_key: str | None
+
+
+class TaskEnqueueManyOptions(_Visibility, total=False):
+    """Options of ``task.enqueue_many``."""
+
+    queue: str
     idempotency_keys: Sequence[str | None] | None
 
 
