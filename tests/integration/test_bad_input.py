@@ -22,7 +22,14 @@ import pytest
 from psycopg import sql
 
 from skiplock import NonRetryableError, Queue, Settings
-from skiplock.errors import ConfigError, DatabaseUnavailableError, HandlerImportError, PayloadError
+from skiplock.errors import (
+    ConfigError,
+    DatabaseUnavailableError,
+    EnqueueError,
+    HandlerImportError,
+    PayloadError,
+    SkiplockError,
+)
 from skiplock.handlers import Handler, load_handler
 from skiplock.migrate import latest_version, migrate
 from skiplock.queue import MAX_ERROR_CHARS, encode_payload
@@ -313,29 +320,54 @@ def test_api_payload_at_the_limit_is_accepted_one_byte_more_is_not(queue: Queue,
         {"max_attempts": 2.5},
         {"priority": 1 << 20},
         {"run_at": datetime(2030, 1, 1)},  # naive: ambiguous
+        {"max_attempts": 1001},
+        {"priority": True},
+        {"delay": 1e300},
         {"idempotency_key": ""},
+        {"idempotency_key": "k" * 9000},
+        {"task": ""},
+        {"task": "t" * 201},
+        {"unknown_option": 1},
     ],
-    ids=lambda k: f"{next(iter(k))}={next(iter(k.values()))!r}",
+    ids=lambda k: f"{next(iter(k))}={str(next(iter(k.values())))[:12]!r}",
 )
-def test_api_bad_enqueue_arguments_raise_value_error_and_write_nothing(queue: Queue, seeded, kwargs):
-    with pytest.raises(ValueError):
+def test_api_bad_enqueue_arguments_raise_enqueue_error_and_write_nothing(queue: Queue, seeded, kwargs):
+    """EnqueueError is the one documented type (a SkiplockError and a ValueError), with a short clear message."""
+    with pytest.raises(EnqueueError) as info:
         queue.enqueue("q", {}, **kwargs)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, SkiplockError)
+    assert next(iter(kwargs)) in str(info.value) and len(str(info.value)) < 300
     if "idempotency_key" not in kwargs:  # enqueue_many: see the next test
-        with pytest.raises(ValueError):
+        with pytest.raises(EnqueueError):
             queue.enqueue_many("q", [{}, {}], **kwargs)
+
+
+async def test_async_bad_enqueue_arguments_raise_enqueue_error(aqueue, seeded):
+    for kwargs in (
+        {"delay": -1},
+        {"max_attempts": 0},
+        {"run_at": datetime(2030, 1, 1)},
+        {"idempotency_key": "k" * 9000},
+    ):
+        with pytest.raises(EnqueueError):
+            await aqueue.enqueue("q", {}, **kwargs)
+    with pytest.raises(EnqueueError, match="queue name"):
+        await aqueue.enqueue_many("bad name", [{}])
 
 
 def test_api_enqueue_many_rejects_empty_idempotency_keys(queue: Queue, pg_dsn, schema):
     try:
-        with pytest.raises(ValueError):
+        with pytest.raises(EnqueueError):
             queue.enqueue_many("q", [{}, {}], idempotency_keys=["", "k"])
+        with pytest.raises(EnqueueError, match=r"1\.\.255"):
+            queue.enqueue_many("q", [{}, {}], idempotency_keys=["k" * 9000, "k"])
     finally:
         assert snapshot(pg_dsn, schema) == [] or queue.cancel(queue="q")
 
 
 @pytest.mark.parametrize("name", ["", "bad name", "x" * 129, None, 7, "q\x00"])
 def test_api_bad_queue_names(queue: Queue, seeded, name):
-    with pytest.raises(ValueError, match="queue name"):
+    with pytest.raises(EnqueueError, match="queue name"):
         queue.enqueue(name, {})
 
 
