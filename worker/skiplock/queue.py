@@ -453,8 +453,51 @@ def pool_options(name: str, max_size: int, connect_timeout: float) -> dict[str, 
     }
 
 
+P = TypeVar("P", ConnectionPool[Any], AsyncConnectionPool[Any])
+
+
+class _QueueState(Generic[P]):
+    """What :class:`Queue` and :class:`AsyncQueue` hold: settings, their statements and the pool (if any)."""
+
+    settings: Settings
+    _s: Statements
+    _pool: P | None
+    _owned: bool
+    _closed: bool
+
+    def _setup(self, settings: Settings, pool: P | None, *, owned: bool) -> None:
+        self.settings, self._s, self._pool, self._owned, self._closed = (
+            settings,
+            Statements(settings),
+            pool,
+            owned,
+            False,
+        )
+
+    @classmethod
+    def detached(cls, settings: Settings) -> Self:
+        """A queue with no pool: every call must pass ``conn=`` (enqueue inside the caller's transaction)."""
+        q = cls.__new__(cls)
+        q._setup(settings, None, owned=False)
+        return q
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def pool(self) -> P:
+        if self._pool is None:
+            raise ConfigError(NOT_CONNECTED)
+        return self._pool
+
+    @property
+    def queries(self) -> Queries:
+        return self._s.q
+
+
 # ---------------------------------------------------------------------------------------------- sync
-class Queue:
+class Queue(_QueueState[ConnectionPool[Any]]):
     """Synchronous queue API. ``Queue(dsn)`` / ``Queue.open(dsn | settings=)`` make and own a pool; or pass your
     own ``psycopg_pool.ConnectionPool`` as ``pool=``. Settings come from the arguments only.
 
@@ -470,11 +513,7 @@ class Queue:
         max_size: int = 4,
         connect_timeout: float = 10.0,
     ) -> None:
-        self.settings = _settings(dsn, settings)
-        self._s = Statements(self.settings)
-        self._owned = pool is None
-        self._closed = False
-        self._pool: ConnectionPool[Any] | None = pool
+        self._setup(_settings(dsn, settings), pool, owned=pool is None)
         if pool is None:
             dsn = self.settings.require_dsn()
             check_connect(dsn, connect_timeout)
@@ -500,38 +539,17 @@ class Queue:
         """Connect (the same as the constructor; the twin of ``await AsyncQueue.open(...)``)."""
         return cls(dsn, settings=settings, pool=pool, max_size=max_size, connect_timeout=connect_timeout)
 
-    @classmethod
-    def detached(cls, settings: Settings) -> Self:
-        """A queue with no pool: every call must pass ``conn=`` (enqueue inside the caller's transaction)."""
-        q = cls.__new__(cls)
-        q.settings, q._s, q._owned, q._closed, q._pool = settings, Statements(settings), False, False, None
-        return q
-
     # context management
     def close(self) -> None:
         if self._owned and self._pool is not None:
             self._pool.close()
         self._closed = True
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @property
-    def pool(self) -> ConnectionPool[Any]:
-        if self._pool is None:
-            raise ConfigError(NOT_CONNECTED)
-        return self._pool
-
-    @property
-    def queries(self) -> Queries:
-        return self._s.q
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -684,7 +702,7 @@ class Queue:
 
 
 # ---------------------------------------------------------------------------------------------- async
-class AsyncQueue:
+class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
     """Asynchronous twin of :class:`Queue`: the same methods, awaited. Open with ``await AsyncQueue.open(dsn |
     settings=)``, or wrap your own ``psycopg_pool.AsyncConnectionPool``: ``AsyncQueue(pool, settings)``."""
 
@@ -721,35 +739,16 @@ class AsyncQueue:
             raise unavailable(exc, dsn) from None
         return cls(own, settings, owned=True)
 
-    @classmethod
-    def detached(cls, settings: Settings) -> Self:
-        """A queue with no pool: every call must pass ``conn=`` (enqueue inside the caller's transaction)."""
-        return cls(None, settings)
-
     async def close(self) -> None:
         if self._owned and self._pool is not None:
             await self._pool.close()
         self._closed = True
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
-
-    @property
-    def pool(self) -> AsyncConnectionPool[Any]:
-        if self._pool is None:
-            raise ConfigError(NOT_CONNECTED)
-        return self._pool
-
-    @property
-    def queries(self) -> Queries:
-        return self._s.q
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
