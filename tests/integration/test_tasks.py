@@ -124,6 +124,15 @@ def test_task_enqueue_inside_the_callers_transaction_needs_no_binding(settings: 
     assert queue.get(dropped) is None  # rolled back with the caller's transaction: no job
 
 
+async def test_a_connection_of_the_wrong_kind_is_a_clear_error(settings: Settings, pg_dsn):
+    _, send, _ = make_app(settings.schema)
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as aconn:
+        with pytest.raises(ConfigError, match=r"must be a psycopg\.Connection"):
+            send.enqueue({}, conn=aconn)  # type: ignore[arg-type]
+    with psycopg.connect(pg_dsn) as conn, pytest.raises(ConfigError, match=r"must be a psycopg\.AsyncConnection"):
+        await send.aenqueue({}, conn=conn)  # type: ignore[arg-type]
+
+
 def test_enqueue_many_by_task_writes_the_task_on_every_job(tasks, queue: Queue):
     _, send, _ = tasks
     ids = send.enqueue_many([{"i": i} for i in range(3)], idempotency_keys=["a", "b", "a"])

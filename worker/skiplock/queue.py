@@ -563,6 +563,8 @@ class Queue(_QueueState[ConnectionPool[Any]]):
 
     def _call(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
         if conn is not None:
+            if not isinstance(conn, psycopg.Connection):
+                raise ConfigError(f"conn= of a sync call must be a psycopg.Connection, not {type(conn).__name__}")
             return _execute(conn, call)
         with self._connection() as own:
             return _execute(own, call)
@@ -762,6 +764,10 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
 
     async def _call(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
         if conn is not None:
+            if not isinstance(conn, psycopg.AsyncConnection):
+                raise ConfigError(
+                    f"conn= of an async call must be a psycopg.AsyncConnection, not {type(conn).__name__}"
+                )
             return await _aexecute(conn, call)
         async with self._connection() as own:
             return await _aexecute(own, call)
