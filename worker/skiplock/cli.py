@@ -78,7 +78,7 @@ def _add_common(parser: argparse.ArgumentParser, *, after: bool) -> None:
 
 
 def _help(k: Knob) -> str:
-    default = "" if k.default in (None, "", ()) or k.flag == "--no-listen" else f"; default {k.default}"
+    default = "" if k.default in (None, "", ()) or k.type is bool else f"; default {k.default}"
     return f"{k.help} ({k.env}{default})".replace("%", "%%")
 
 
@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-WORKER_KNOBS = tuple(k.name for k in KNOBS if k.flag is not None)
+WORKER_KNOBS = tuple(k.name for k in KNOBS if k.flag is not None and not k.common)
+"""Settings the worker's own flags set (the common ones are read for every command)."""
 
 
 def read_dsn_file(path: str) -> str:
@@ -196,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings: Settings | None = None
     try:
         if args.command == "worker":
-            settings = load_settings(args, **{name: getattr(args, name) for name in WORKER_KNOBS if name != "dsn"})
+            settings = load_settings(args, **{name: getattr(args, name) for name in WORKER_KNOBS})
         elif args.command == "stats":
             settings = load_settings(args, lease_seconds=args.lease)
         else:
