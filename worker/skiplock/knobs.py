@@ -156,6 +156,37 @@ def knob_crd_fields() -> dict[str, Knob]:
     return {k.crd: k for k in KNOBS if k.crd is not None}
 
 
+OPENAPI_TYPES: Mapping[type, str] = {int: "integer", float: "number", bool: "boolean", str: "string", tuple: "array"}
+
+
+def crd_field_problems(k: Knob, field: Mapping[str, Any]) -> list[str]:
+    """How a CRD field's OpenAPI schema disagrees with its knob: type, default, bounds, enum, pattern.
+
+    The CRD may be narrower than the worker (a smaller maximum), never wider. A knob whose default is ``None``
+    (derived) must have no CRD default. Pure: the operator's tests and the chart's can check their copy with it.
+    """
+    where = f"spec.{k.crd}"
+    problems = []
+    if field.get("type") != OPENAPI_TYPES[k.type]:
+        problems.append(f"{where} is of type {field.get('type')!r}, the knob {k.name} is {OPENAPI_TYPES[k.type]!r}")
+    if "default" in field and field["default"] != k.default:
+        problems.append(f"{where} defaults to {field['default']!r}, the worker to {k.default!r}")
+    if k.min is not None:
+        low = field.get("minimum")
+        if low is None or not (low > k.min if k.min_exclusive else low >= k.min):
+            problems.append(f"{where} minimum {low} allows values the worker refuses ({k.name} {k.bounds})")
+    if k.max is not None and (field.get("maximum") is None or field["maximum"] > k.max):
+        problems.append(f"{where} maximum {field.get('maximum')} allows values the worker refuses ({k.bounds})")
+    enum = field.get("enum")
+    if k.choices and (not enum or not set(enum) <= set(k.choices)):
+        problems.append(f"{where} enum {enum} is not within the worker's choices {list(k.choices)}")
+    if k.pattern is not None:
+        node = field.get("items", {}) if k.type is tuple else field
+        if node.get("pattern") != k.pattern.pattern:
+            problems.append(f"{where} pattern {node.get('pattern')!r} is not the worker's {k.pattern.pattern!r}")
+    return problems
+
+
 def knob_flags() -> dict[str, Knob]:
     """CLI flag -> knob."""
     return {k.flag: k for k in KNOBS if k.flag is not None}
