@@ -1,8 +1,8 @@
 -- name: job_enqueue
 -- Insert one job, or find the live job with the same idempotency key; wake workers when it is visible now.
 WITH ins AS (
-    INSERT INTO {schema}.jobs (queue, payload, priority, max_attempts, visible_at, idempotency_key)
-    VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
+    INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, idempotency_key)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
             coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), %(idempotency_key)s)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL AND status <> 'failed' DO NOTHING
     RETURNING id, visible_at
@@ -17,14 +17,14 @@ WHERE NOT EXISTS (SELECT 1 FROM ins)
 
 -- name: job_find_by_key
 -- The live job of a queue with an idempotency key (used when a concurrent insert won the race).
-SELECT id FROM {schema}.jobs
+SELECT id, task FROM {schema}.jobs
 WHERE queue = %(queue)s AND idempotency_key = %(idempotency_key)s AND status <> 'failed';
 
 -- name: job_enqueue_many
 -- Insert many jobs of one queue in one statement (payloads as one JSON array; duplicate keys skipped); wake once.
 WITH ins AS (
-    INSERT INTO {schema}.jobs (queue, payload, priority, max_attempts, visible_at, idempotency_key)
-    SELECT %(queue)s, p.payload, %(priority)s, %(max_attempts)s,
+    INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, idempotency_key)
+    SELECT %(queue)s, %(task)s, p.payload, %(priority)s, %(max_attempts)s,
            coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), k.key
     FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, n)
     LEFT JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, n) USING (n)
@@ -170,8 +170,8 @@ RETURNING j.id, j.queue, j.status, j.attempts;
 
 -- name: job_get
 -- One job by id, every column (CLI and tests).
-SELECT id, queue, payload, status, priority, attempts, max_attempts, visible_at, locked_by, locked_at,
-       last_error, idempotency_key, created_at, updated_at
+SELECT id, queue, task, payload, status, priority, attempts, max_attempts, visible_at, locked_by, locked_at,
+       lease_expires_at, last_error, idempotency_key, created_at, updated_at
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_list_enqueued
