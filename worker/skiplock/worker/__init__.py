@@ -53,6 +53,7 @@ from skiplock.worker.pools import APPLICATION_NAME, async_pool, sync_pool
 
 __all__ = ["APPLICATION_NAME", "Outcome", "Worker", "serve_queues"]
 log = logging.getLogger(__name__)
+STOP_WAIT_SECONDS = 5.0
 
 
 def serve_queues(settings: Settings, app: App | None, handler: Handler | None) -> tuple[str, ...]:
@@ -64,6 +65,17 @@ def serve_queues(settings: Settings, app: App | None, handler: Handler | None) -
         extra = (settings.queue,) if handler is not None else ()
         return tuple(dict.fromkeys((*app.queues, *extra)))
     return (settings.queue,)
+
+
+async def _settle(tasks: list[asyncio.Task[Any]]) -> None:
+    """Wait for background tasks to end (a few seconds at most: one may be inside a database call)."""
+    done, pending = await asyncio.wait(tasks, timeout=STOP_WAIT_SECONDS)
+    for t in pending:
+        log.warning("background task %s did not stop in time", t.get_name(), extra={"action": "task_left"})
+        t.cancel()
+    for t in done:
+        if not t.cancelled() and t.exception() is not None:
+            log.error("background task %s failed: %r", t.get_name(), t.exception(), extra={"action": "task_failed"})
 
 
 def _as_handler(handler: Handler | Callable[..., Any] | None) -> Handler | None:
@@ -269,11 +281,12 @@ class Worker:
                 )
                 self._threads.skip = lambda job: not slots.holds(job)
             flusher = asyncio.create_task(completer.run(stopping), name="completer")
-            tasks = [
-                asyncio.create_task(self._ticker(), name="ticker"),
-                asyncio.create_task(leases.heartbeats(), name="heartbeat"),
-                asyncio.create_task(leases.recoverer(), name="recoverer"),
+            halt = asyncio.Event()  # set once the drain is over: heartbeats and recovery end by themselves
+            loops = [
+                asyncio.create_task(leases.heartbeats(halt), name="heartbeat"),
+                asyncio.create_task(leases.recoverer(halt), name="recoverer"),
             ]
+            tasks = [asyncio.create_task(self._ticker(), name="ticker")]
             self.metrics.listener_enabled.set(1 if s.listen else 0)
             if s.listen and not until_idle:
                 self.listener = Listener(
@@ -295,9 +308,10 @@ class Worker:
                 await claimer.run()
                 await self._drain()
             finally:
+                halt.set()
                 for t in tasks:
                     t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await _settle(tasks + loops)
                 if self._threads is not None:
                     self._threads.collect()  # results posted meanwhile are written, not rerun
                 await completer.close(flusher)

@@ -5,6 +5,7 @@ committed but whose reply was lost with the connection."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
@@ -53,9 +54,10 @@ class Leases:
         return self._overrides.get(job.task, self._settings.lease_seconds) if job.task else self._settings.lease_seconds
 
     # ------------------------------------------------------------------ heartbeats
-    async def heartbeats(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_seconds)
+    async def heartbeats(self, halt: asyncio.Event) -> None:
+        """Until ``halt``: a loop that ends by itself, not by cancellation (a cancel that lands inside a database
+        call can surface as a query error, be survived, and be lost)."""
+        while not await _halted(halt, self.heartbeat_seconds):
             await self.beat()
 
     async def beat(self) -> None:
@@ -80,10 +82,10 @@ class Leases:
         self._warned &= {(j.id, j.attempts) for j in jobs}
 
     # ------------------------------------------------------------------ recovery
-    async def recoverer(self) -> None:
-        while True:
+    async def recoverer(self, halt: asyncio.Event) -> None:
+        while not halt.is_set():
             await self.recover()
-            await asyncio.sleep(self.recover_seconds)
+            await _halted(halt, self.recover_seconds)
 
     async def recover(self) -> int:
         recovered = await self._control.call(
@@ -140,3 +142,11 @@ class Leases:
             )
             self._wake()
         return True
+
+
+async def _halted(halt: asyncio.Event, seconds: float) -> bool:
+    """Sleep ``seconds`` or until ``halt`` is set; True when halted."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await halt.wait()
+    return halt.is_set()
