@@ -282,7 +282,7 @@ async def test_pick_up_after_every_worker_connection_is_terminated_stays_within_
 
 async def test_heartbeats_and_a_mid_drain_stop_report_no_false_lease_loss(settings, pg_dsn, schema, caplog):
     caplog.set_level(logging.WARNING, logger="skiplock")
-    s = fast(settings, lease_seconds=1.0, heartbeat_seconds=0.25, concurrency=8, batch=8)  # beats while jobs finish
+    s = fast(settings, lease_seconds=3.0, heartbeat_seconds=0.2, concurrency=8, batch=8)  # beats while jobs finish
 
     async def handler(job):
         await asyncio.sleep(0.001)
