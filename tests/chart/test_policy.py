@@ -76,9 +76,7 @@ def admission_errors(policy: dict[str, Any], jobqueue: dict[str, Any]) -> list[s
     for var in policy["spec"]["variables"]:
         program = env.program(env.compile(var["expression"]))
         variables[var["name"]] = program.evaluate({**activation, "variables": celpy.json_to_cel({})})
-    activation["variables"] = celpy.celtypes.MapType(
-        {celpy.celtypes.StringType(k): v for k, v in variables.items()}
-    )
+    activation["variables"] = celpy.celtypes.MapType({celpy.celtypes.StringType(k): v for k, v in variables.items()})
     failed = []
     for rule in policy["spec"]["validations"]:
         result = env.program(env.compile(rule["expression"])).evaluate(activation)
@@ -89,10 +87,18 @@ def admission_errors(policy: dict[str, Any], jobqueue: dict[str, Any]) -> list[s
 
 
 def jobqueue(**spec: Any) -> dict[str, Any]:
-    base = {"queue": "emails", "handler": "shop.jobs:send", "image": "ghcr.io/acme/shop:1.0",
-            "dsnSecretRef": {"name": "db"}}
-    return {"apiVersion": "skiplock.io/v1alpha1", "kind": "JobQueue",
-            "metadata": {"name": "emails", "namespace": "team-a"}, "spec": {**base, **spec}}
+    base = {
+        "queue": "emails",
+        "handler": "shop.jobs:send",
+        "image": "ghcr.io/acme/shop:1.0",
+        "dsnSecretRef": {"name": "db"},
+    }
+    return {
+        "apiVersion": "skiplock.io/v1alpha1",
+        "kind": "JobQueue",
+        "metadata": {"name": "emails", "namespace": "team-a"},
+        "spec": {**base, **spec},
+    }
 
 
 def test_admission_policy_is_off_by_default(render: Render) -> None:
@@ -103,8 +109,14 @@ def test_admission_policy_is_off_by_default(render: Render) -> None:
 def test_admission_policy_matches_jobqueues_and_is_bound(render: Render) -> None:
     policy, binding = policy_objects(render)
     rules = policy["spec"]["matchConstraints"]["resourceRules"]
-    assert rules == [{"apiGroups": ["skiplock.io"], "apiVersions": ["v1alpha1"],
-                      "operations": ["CREATE", "UPDATE"], "resources": ["jobqueues"]}]
+    assert rules == [
+        {
+            "apiGroups": ["skiplock.io"],
+            "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["jobqueues"],
+        }
+    ]
     assert policy["spec"]["failurePolicy"] == "Fail"
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
@@ -140,8 +152,16 @@ def test_admission_policy_admits_good_jobqueues(render: Render, spec: dict[str, 
         ({"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}, "spec.tolerations"),
         ({"affinity": {"nodeAffinity": {}}}, "spec.tolerations"),
     ],
-    ids=["foreign-registry", "lookalike-prefix", "short-image", "service-account", "annotation", "tolerations",
-         "node-selector", "affinity"],
+    ids=[
+        "foreign-registry",
+        "lookalike-prefix",
+        "short-image",
+        "service-account",
+        "annotation",
+        "tolerations",
+        "node-selector",
+        "affinity",
+    ],
 )
 def test_admission_policy_refuses_bad_jobqueues(render: Render, spec: dict[str, Any], message: str) -> None:
     policy, _ = policy_objects(render)
@@ -186,17 +206,24 @@ def test_operator_network_policy(render: Render) -> None:
     assert ingress["ports"] == [{"port": 9465, "protocol": "TCP"}, {"port": 8080, "protocol": "TCP"}]
     assert ingress["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     api, dns, postgres = operator["egress"]
-    assert api == {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}],
-                   "to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}]}
+    assert api == {
+        "ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}],
+        "to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}],
+    }
     assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
-    assert postgres == {"ports": [{"port": 5432, "protocol": "TCP"}, {"port": 6432, "protocol": "TCP"}],
-                        "to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}]}
+    assert postgres == {
+        "ports": [{"port": 5432, "protocol": "TCP"}, {"port": 6432, "protocol": "TCP"}],
+        "to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}],
+    }
 
 
 def test_worker_network_policies_allow_only_metrics_in(render: Render) -> None:
     docs = render(*MULTI)
-    workers = {p["metadata"]["namespace"]: p["spec"] for p in of_kind(docs, "NetworkPolicy")
-               if p["metadata"]["name"] == "sl-skiplock-workers"}
+    workers = {
+        p["metadata"]["namespace"]: p["spec"]
+        for p in of_kind(docs, "NetworkPolicy")
+        if p["metadata"]["name"] == "sl-skiplock-workers"
+    }
     assert set(workers) == {"team-a", "team-b"}  # the watched namespaces
     for spec in workers.values():
         assert spec["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "skiplock-worker"}}

@@ -109,15 +109,16 @@ def test_cluster_mode_grants_exactly_what_the_operator_uses(render: Render) -> N
     role = by_name(docs, "ClusterRole")["sl-skiplock"]
     assert grants(role) == CLUSTER
     binding = only(docs, "ClusterRoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": "sl-skiplock"}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "sl-skiplock"}
     assert binding["subjects"] == [SA]
     assert "--all-namespaces" in operator_args(docs)
     assert not [a for a in operator_args(docs) if a.startswith("--namespace")]
 
 
 @pytest.mark.parametrize("mode", [(), MULTI], ids=["namespaced", "multi-namespace"])
-def test_no_cluster_role_reads_secrets_or_deployments_outside_cluster_mode(render: Render, mode: tuple[str, ...]) -> None:
+def test_no_cluster_role_reads_secrets_or_deployments_outside_cluster_mode(
+    render: Render, mode: tuple[str, ...]
+) -> None:
     docs = render(*mode)
     assert not of_kind(docs, "ClusterRoleBinding"), "the operator is bound to nothing cluster-wide"
     for role in of_kind(docs, "ClusterRole"):

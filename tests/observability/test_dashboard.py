@@ -19,7 +19,8 @@ def test_dashboard_identity_and_variables() -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     queue = variables["queue"]
-    assert queue["query"]["query"] == "label_values(skiplock_queue_jobs, queue)"
+    # The operator's series (jobqueue label) list every managed queue, at zero replicas too.
+    assert queue["query"]["query"] == 'label_values(skiplock_queue_jobs{jobqueue!=""}, queue)'
     assert queue["multi"] and queue["includeAll"]
 
 

@@ -1,8 +1,11 @@
-"""End to end: a real ``skiplock worker`` process, a real Prometheus scraping it every second, the real rules.
+"""End to end: a real ``skiplock worker`` process and the operator's metrics endpoint, a real Prometheus
+scraping both every second, the real rules.
 
-Every query of every dashboard panel must return data after a short run, the queue selector must list the
-queue, and Prometheus must load and evaluate files/alerts.yaml without errors. About 10 s, mostly the
-fixed target-sync delay of Prometheus before its first scrape (shared/TOOLING.md section 3).
+Workers export only their per-process series; the queue-wide gauges come from the operator's exposition
+(observability/operator_exposition.py: the operator's metric names and labels, values read from the same
+PostgreSQL at every scrape). Every query of every dashboard panel must return data after a short run, the
+queue selector must list the queue, and Prometheus must load and evaluate files/alerts.yaml without errors.
+About 10 s, mostly the fixed target-sync delay of Prometheus before its first scrape.
 """
 
 from __future__ import annotations
@@ -22,13 +25,16 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
+from prometheus_client import start_http_server
 
+from observability.operator_exposition import operator_registry
 from observability.promsupport import ALERTS, panel_queries, require_binary
 from skiplock import Queue, Settings
 from support.pg import wait_for
 
 HERE = Path(__file__).resolve().parent
 QUEUE = "observed"
+NAMESPACE = "shop"  # what the PodMonitor and the operator put on the series of a JobQueue's namespace
 
 
 def free_port() -> int:
@@ -113,14 +119,38 @@ def worker(settings: Settings, tmp_path: Path) -> Iterator[int]:
 
 
 @pytest.fixture
-def prometheus(worker: int, tmp_path: Path) -> Iterator[str]:
-    """A Prometheus that scrapes the worker every second and evaluates the alert rules; yields its base URL."""
+def operator_metrics(settings: Settings) -> Iterator[int]:
+    """The operator's /metrics with the queue-wide gauges of JobQueue shop/observed; yields the port."""
+    registry = operator_registry(settings, namespace=NAMESPACE, jobqueue=QUEUE, queues=[QUEUE])
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def prometheus(worker: int, operator_metrics: int, tmp_path: Path) -> Iterator[str]:
+    """A Prometheus that scrapes the worker and the operator every second and evaluates the alert rules;
+    yields its base URL."""
     binary = require_binary("prometheus")
     port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
         "rule_files": [str(ALERTS)],
-        "scrape_configs": [{"job_name": "skiplock", "static_configs": [{"targets": [f"127.0.0.1:{worker}"]}]}],
+        "scrape_configs": [
+            {
+                "job_name": "skiplock",
+                "static_configs": [{"targets": [f"127.0.0.1:{worker}"], "labels": {"namespace": NAMESPACE}}],
+            },
+            {
+                "job_name": "skiplock-operator",
+                "honor_labels": True,  # the JobQueue's namespace label wins over the target's
+                "static_configs": [{"targets": [f"127.0.0.1:{operator_metrics}"]}],
+            },
+        ],
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
     log = (tmp_path / "prometheus.log").open("wb")
@@ -205,14 +235,18 @@ def test_every_dashboard_query_returns_data_from_a_real_worker(
     except AssertionError:
         pytest.fail(f"panel queries without data: {missing}")
 
-    values = query(prometheus, f'max by (queue) (skiplock_queue_jobs{{queue="{QUEUE}", state="failed"}})')
-    assert float(values[0]["value"][1]) == 2
+    where = f'jobqueue="{QUEUE}", namespace="{NAMESPACE}", queue="{QUEUE}"'
+    values = query(prometheus, f'skiplock_queue_jobs{{{where}, state="failed"}}')
+    assert [float(v["value"][1]) for v in values] == [2]  # one series: the operator's
+    delayed = query(prometheus, f'skiplock_queue_jobs{{{where}, state="delayed"}}')
+    assert [float(v["value"][1]) for v in delayed] == [1]
     done = query(prometheus, f'sum(skiplock_jobs_finished_total{{queue="{QUEUE}", outcome="done"}})')
     assert float(done[0]["value"][1]) >= 13  # twelve enqueued ok jobs and the recovered one
 
     labels = json.loads(
         http_get(
-            f"{prometheus}/api/v1/label/queue/values?" + urllib.parse.urlencode({"match[]": "skiplock_queue_jobs"})
+            f"{prometheus}/api/v1/label/queue/values?"
+            + urllib.parse.urlencode({"match[]": 'skiplock_queue_jobs{jobqueue!=""}'})
         )
     )
     assert QUEUE in labels["data"], "the dashboard's queue selector would not list the queue"

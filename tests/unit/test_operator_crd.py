@@ -276,8 +276,16 @@ def test_app_handler_queue_and_queues_combine(spec: dict[str, Any]) -> None:
         {"recoverSeconds": 100000},
         {"serviceAccountName": "Not_A_Name"},
     ],
-    ids=["app-pattern", "queues-empty", "queues-pattern", "queues-too-many", "operator-dsn-no-name",
-         "heartbeat-zero", "recover-too-long", "service-account-pattern"],
+    ids=[
+        "app-pattern",
+        "queues-empty",
+        "queues-pattern",
+        "queues-too-many",
+        "operator-dsn-no-name",
+        "heartbeat-zero",
+        "recover-too-long",
+        "service-account-pattern",
+    ],
 )
 def test_schema_rejects_bad_new_fields(change: dict[str, Any]) -> None:
     assert list(jsonschema.Draft7Validator(SPEC_SCHEMA).iter_errors({**BASE, **change})), change
