@@ -240,3 +240,14 @@ def test_cluster_mode_puts_worker_policies_where_listed(render: Render) -> None:
 def test_bad_cidr_is_refused(template: Template) -> None:
     proc = template("--set", "networkPolicy.enabled=true", "--set", "networkPolicy.postgres.cidrs={10.0.0.0}")
     assert proc.returncode != 0 and "cidrs" in proc.stderr
+
+
+def test_security_docs_name_every_operator_setting_the_chart_renders(render: Render) -> None:
+    text = (ROOT / "docs" / "security-kubernetes.md").read_text(encoding="utf-8")
+    assert text.startswith("## Kubernetes: install modes and RBAC\n")
+    on = [a for f in ("Tolerations", "Affinity", "NodeSelector") for a in ("--set", f"policy.allow{f}=true")]
+    names = {name for name in operator_env(render(*POLICY, *on)) if name.startswith("SKIPLOCK_OPERATOR_")}
+    names.discard("SKIPLOCK_OPERATOR_METRICS_PORT")
+    assert len(names) == 6
+    for name in names:
+        assert f"`{name}`" in text, name
