@@ -95,6 +95,8 @@ def test_service_monitor_scrapes_the_operator_service(render: Render) -> None:
     assert selector.items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
+    # Queue-wide series are labelled with the JobQueue's namespace, not the operator's: keep theirs.
+    assert [e["honorLabels"] for e in monitor["spec"]["endpoints"]] == [True]
 
 
 @pytest.mark.parametrize(
