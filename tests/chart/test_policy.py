@@ -36,7 +36,7 @@ def test_allow_lists_are_rendered_comma_separated(render: Render) -> None:
     env = operator_env(render(*POLICY))
     assert env["SKIPLOCK_OPERATOR_ALLOWED_IMAGES"] == "ghcr.io/acme/,registry.example.com/jobs/"
     assert env["SKIPLOCK_OPERATOR_ALLOWED_SERVICE_ACCOUNTS"] == "jobs-worker"
-    assert env["SKIPLOCK_OPERATOR_ALLOWED_ANNOTATION_KEYS"] == "prometheus.io/scrape"
+    assert env["SKIPLOCK_OPERATOR_ALLOWED_ANNOTATION_KEYS"] == "prometheus.io/scrape,example.com/"
     assert env["SKIPLOCK_OPERATOR_ALLOWED_DSN_HOSTS"] == "db.internal.example.com,10.20.0.5"
     assert json.loads(env["SKIPLOCK_OPERATOR_DEFAULT_WORKER_RESOURCES"] or "") == {
         "requests": {"cpu": "200m", "memory": "256Mi"},
@@ -130,8 +130,9 @@ def test_admission_policy_matches_jobqueues_and_is_bound(render: Render) -> None
         {"image": "registry.example.com/jobs/report@sha256:" + "a" * 64},
         {"serviceAccountName": "jobs-worker"},
         {"podAnnotations": {"prometheus.io/scrape": "true"}},
+        {"podAnnotations": {"example.com/team": "a", "example.com/cost": "b"}},
     ],
-    ids=["plain", "second-prefix-by-digest", "allowed-service-account", "allowed-annotation"],
+    ids=["plain", "second-prefix-by-digest", "allowed-service-account", "allowed-annotation", "annotation-prefix"],
 )
 def test_admission_policy_admits_good_jobqueues(render: Render, spec: dict[str, Any]) -> None:
     policy, _ = policy_objects(render)
@@ -148,6 +149,8 @@ def test_admission_policy_admits_good_jobqueues(render: Render, spec: dict[str, 
         ({"image": "ghcr.io/acm"}, "spec.image"),
         ({"serviceAccountName": "cluster-admin-sa"}, "spec.serviceAccountName"),
         ({"podAnnotations": {"sidecar.istio.io/inject": "false"}}, "spec.podAnnotations"),
+        ({"podAnnotations": {"prometheus.io/scrape": "1", "prometheus.io/port": "1"}}, "spec.podAnnotations"),
+        ({"podAnnotations": {"example.community/x": "1"}}, "spec.podAnnotations"),
         ({"tolerations": [{"key": "dedicated", "operator": "Exists"}]}, "spec.tolerations"),
         ({"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}, "spec.tolerations"),
         ({"affinity": {"nodeAffinity": {}}}, "spec.tolerations"),
@@ -158,6 +161,8 @@ def test_admission_policy_admits_good_jobqueues(render: Render, spec: dict[str, 
         "short-image",
         "service-account",
         "annotation",
+        "exact-key-only",
+        "lookalike-annotation-prefix",
         "tolerations",
         "node-selector",
         "affinity",
