@@ -5,11 +5,13 @@ Workers export only their per-process series; the queue-wide gauges come from th
 (observability/operator_exposition.py: the operator's metric names and labels, values read from the same
 PostgreSQL at every scrape). Every query of every dashboard panel must return data after a short run, the
 queue selector must list the queue, and Prometheus must load and evaluate files/alerts.yaml without errors.
-About 10 s, mostly the fixed target-sync delay of Prometheus before its first scrape.
+Two more runs scrape only the operator (zero replicas: the stall and no-worker alerts go pending) and nothing
+at all (the absent() alert goes pending). About 20 s, mostly the fixed target-sync delay of Prometheus.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -131,26 +133,23 @@ def operator_metrics(settings: Settings) -> Iterator[int]:
         thread.join(timeout=5)
 
 
-@pytest.fixture
-def prometheus(worker: int, operator_metrics: int, tmp_path: Path) -> Iterator[str]:
-    """A Prometheus that scrapes the worker and the operator every second and evaluates the alert rules;
-    yields its base URL."""
+WORKER_JOB = "skiplock"
+OPERATOR_JOB = "skiplock-operator"
+
+
+def scrape_job(name: str, port: int, **extra: Any) -> dict[str, Any]:
+    return {"job_name": name, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}], **extra}
+
+
+@contextlib.contextmanager
+def running_prometheus(tmp_path: Path, scrape_configs: list[dict[str, Any]]) -> Iterator[str]:
+    """A Prometheus that scrapes the given jobs every second and evaluates the alert rules; yields its URL."""
     binary = require_binary("prometheus")
     port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
         "rule_files": [str(ALERTS)],
-        "scrape_configs": [
-            {
-                "job_name": "skiplock",
-                "static_configs": [{"targets": [f"127.0.0.1:{worker}"], "labels": {"namespace": NAMESPACE}}],
-            },
-            {
-                "job_name": "skiplock-operator",
-                "honor_labels": True,  # the JobQueue's namespace label wins over the target's
-                "static_configs": [{"targets": [f"127.0.0.1:{operator_metrics}"]}],
-            },
-        ],
+        "scrape_configs": scrape_configs,
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
     log = (tmp_path / "prometheus.log").open("wb")
@@ -178,6 +177,24 @@ def prometheus(worker: int, operator_metrics: int, tmp_path: Path) -> Iterator[s
     finally:
         stop(proc)
         log.close()
+
+
+@pytest.fixture
+def prometheus(worker: int, operator_metrics: int, tmp_path: Path) -> Iterator[str]:
+    """Prometheus scraping the worker (with the namespace label a PodMonitor adds) and the operator."""
+    worker_job = scrape_job(WORKER_JOB, worker)
+    worker_job["static_configs"][0]["labels"] = {"namespace": NAMESPACE}
+    # honor_labels: the JobQueue's namespace label of the operator's series wins over the target's.
+    jobs = [worker_job, scrape_job(OPERATOR_JOB, operator_metrics, honor_labels=True)]
+    with running_prometheus(tmp_path, jobs) as url:
+        yield url
+
+
+def alerts(base: str) -> list[dict[str, Any]]:
+    body = json.loads(http_get(f"{base}/api/v1/alerts"))
+    assert body["status"] == "success", body
+    found: list[dict[str, Any]] = body["data"]["alerts"]
+    return found
 
 
 def query(base: str, promql: str) -> list[dict[str, Any]]:
@@ -265,3 +282,46 @@ def test_prometheus_loads_and_evaluates_the_alert_rules(prometheus: str) -> None
     expected = {r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
     assert names == expected
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
+
+
+def test_zero_replicas_the_stall_and_no_worker_alerts_see_the_operators_numbers(
+    settings: Settings, operator_metrics: int, tmp_path: Path
+) -> None:
+    """No worker runs at all (a JobQueue at zero replicas): only the operator is scraped, and still the stall
+    and backlog-without-workers alerts become pending (they fire after their `for:`)."""
+    with psycopg.connect(settings.require_dsn(), autocommit=True) as conn:
+        conn.execute(  # a job whose worker died an hour ago, and a ready job nobody takes
+            f'INSERT INTO "{settings.schema}".jobs (queue, payload, status, attempts, locked_by, locked_at) '
+            "VALUES (%s, '{}', 'processing', 1, 'gone:1:x', now() - interval '1 hour')",
+            [QUEUE],
+        )
+    with Queue(settings=settings, max_size=1) as queue:
+        queue.enqueue(QUEUE, {"kind": "ok"})
+    with running_prometheus(tmp_path, [scrape_job(OPERATOR_JOB, operator_metrics, honor_labels=True)]) as url:
+        assert query(url, "skiplock_worker_concurrency") == []  # no worker series whatsoever
+
+        def pending() -> dict[str, dict[str, str]] | None:
+            found = {a["labels"]["alertname"]: a["labels"] for a in alerts(url) if a["state"] in ("pending", "firing")}
+            wanted = {"SkiplockStalledJobs", "SkiplockBacklogWithoutWorkers"}
+            return found if wanted <= set(found) else None
+
+        found = wait_for(pending, timeout=20, interval=0.2, what="the stall and no-worker alerts pending")
+        assert found is not None
+        for name in ("SkiplockStalledJobs", "SkiplockBacklogWithoutWorkers"):
+            labels = found[name]
+            assert (labels["namespace"], labels["jobqueue"], labels["queue"]) == (NAMESPACE, QUEUE, QUEUE), labels
+        assert "SkiplockOperatorAbsent" not in found
+        stalled = query(url, f'skiplock_queue_jobs{{queue="{QUEUE}", state="stalled"}}')
+        assert [float(s["value"][1]) for s in stalled] == [1]
+
+
+def test_without_any_operator_series_the_absence_alert_goes_pending(tmp_path: Path) -> None:
+    """No data at all (the operator is down or not scraped): the absent() alert, and only it, is pending."""
+    with running_prometheus(tmp_path, []) as url:
+
+        def pending() -> set[str] | None:
+            names = {a["labels"]["alertname"] for a in alerts(url) if a["state"] in ("pending", "firing")}
+            return names or None
+
+        names = wait_for(pending, timeout=15, interval=0.2, what="an alert pending without data")
+        assert names == {"SkiplockOperatorAbsent"}
