@@ -133,6 +133,23 @@ def test_secrets_are_never_listed_or_watched(render: Render, mode: tuple[str, ..
 
 
 @pytest.mark.parametrize("mode", [(), MULTI, CLUSTER_MODE], ids=["namespaced", "multi-namespace", "cluster"])
+def test_watching_secrets_is_an_explicit_choice(render: Render, mode: tuple[str, ...]) -> None:
+    """Secret list/watch (instant DSN rotation) only with rbac.watchSecrets, and the operator is told so."""
+    for watch, verbs in ((False, {"get"}), (True, {"get", "list", "watch"})):
+        docs = render(*mode, "--set", f"rbac.watchSecrets={str(watch).lower()}")
+        operator_roles = [r for r in roles(docs) if "jobqueues-" not in r["metadata"]["name"]]
+        assert operator_roles
+        for role in operator_roles:
+            assert grants(role)[("", "secrets")] == verbs
+        env = {
+            e["name"]: e.get("value")
+            for e in only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert env["SKIPLOCK_OPERATOR_WATCH_SECRETS"] == str(watch).lower()
+        assert env["SKIPLOCK_OPERATOR_WATCH_DEPLOYMENTS"] == "true"  # deployments list/watch are always granted
+
+
+@pytest.mark.parametrize("mode", [(), MULTI, CLUSTER_MODE], ids=["namespaced", "multi-namespace", "cluster"])
 def test_aggregated_jobqueue_roles(render: Render, mode: tuple[str, ...]) -> None:
     cluster_roles = by_name(render(*mode), "ClusterRole")
     view, edit = cluster_roles["sl-skiplock-jobqueues-view"], cluster_roles["sl-skiplock-jobqueues-edit"]

@@ -152,11 +152,11 @@ one per watched namespace). Every verb is one the operator or kopf uses; tests/c
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The database DSN, read from the Secret a JobQueue names (never listed or watched; the operator reads only
-# Secrets labelled skiplock.io/dsn=true).
+# The database DSN, read from the Secret a JobQueue names (the operator reads only Secrets labelled
+# skiplock.io/dsn=true). Listed and watched only with rbac.watchSecrets, so that a rotation is seen at once.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get"]
+  verbs: [{{ if .Values.rbac.watchSecrets }}"get", "list", "watch"{{ else }}"get"{{ end }}]
 # A Kubernetes Event for every scale decision and every error (patch: kopf and the client aggregate repeats).
 - apiGroups: [""]
   resources: ["events"]
