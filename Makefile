@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 K8S_TOOLS := $(CURDIR)/.cache/k8s-tools
 export PATH := $(K8S_TOOLS)/helm:$(K8S_TOOLS)/kubectl:$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: demo test lint bench soak install clean
+.PHONY: demo test lint bench soak install clean lock
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,15 @@ bench: $(STAMP)
 
 soak: $(STAMP)
 	$(BIN)/pytest -q -m soak tests/chaos
+
+## make lock: pin the image's dependencies with their sha256 (requirements/*.lock; needs the package index).
+## Kept pins stay; LOCK_ARGS=--upgrade moves them to the newest allowed versions.
+LOCK = $(BIN)/uv pip compile pyproject.toml --quiet --generate-hashes --universal --python-version 3.11 \
+	--custom-compile-command 'make lock' $(LOCK_ARGS)
+lock: $(STAMP)
+	$(BIN)/pip install -q 'uv>=0.5'
+	$(LOCK) --extra operator -o requirements/operator.lock
+	$(LOCK) --constraint requirements/operator.lock -o requirements/worker.lock
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

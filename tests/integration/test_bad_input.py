@@ -26,8 +26,8 @@ from skiplock.errors import ConfigError, DatabaseUnavailableError, HandlerImport
 from skiplock.handlers import Handler, load_handler
 from skiplock.migrate import migrate
 from skiplock.queue import MAX_ERROR_CHARS, encode_payload
-from skiplock.runtime import Worker
-from skiplock.sql import queries_for
+from skiplock.sql import migrations, queries_for
+from skiplock.worker import Worker
 from support.ci import missing
 from support.pg import await_for
 
@@ -350,7 +350,7 @@ def test_hostile_schema_names_are_quoted_even_past_validation(pg_dsn):
     assert 'FROM "we""ird; DROP SCHEMA public; --".jobs' in queries_for(name).job_complete_and_claim
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         try:
-            assert migrate(conn, name).applied == ("0001_initial",)
+            assert migrate(conn, name).applied == tuple(m.name for m in migrations())
             assert conn.execute("SELECT to_regnamespace('public') IS NOT NULL").fetchone() == (True,)
         finally:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
@@ -442,7 +442,7 @@ async def test_handlers_raising_huge_or_undecodable_errors_fail_cleanly_and_the_
         ok.append(job.id)
 
     ids = {name: (await aqueue.enqueue("default", {"raise": name}, max_attempts=1)).id for name in RAISES}
-    worker = Worker(fast, Handler("t", handler, True))
+    worker = Worker(settings=fast, handler=Handler("t", handler, True))
     task = asyncio.create_task(worker.run())
     try:
         rows: dict[str, Any] = {}
@@ -497,7 +497,7 @@ async def test_one_refused_result_does_not_stop_the_worker_recording_results(set
 
     fast = settings.replace(poll_seconds=0.2, backoff_base_seconds=0.05, backoff_cap_seconds=0.1)
     failing = (await aqueue.enqueue("default", {"fail": True})).id
-    worker = Worker(fast, Handler("t", handler, True))
+    worker = Worker(settings=fast, handler=Handler("t", handler, True))
     task = asyncio.create_task(worker.run())
     try:
         await await_for(lambda: refused, timeout=15, what="job_fail refused once")

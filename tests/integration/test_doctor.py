@@ -67,6 +67,7 @@ def test_expected_indexes_follow_the_migrations() -> None:
         "jobs_failed_idx",
         "jobs_retention_idx",
         "jobs_idempotency_idx",
+        "jobs_lease_deadline_idx",
     )
     later = "CREATE INDEX jobs_x_idx ON {schema}.jobs (queue);\nDROP INDEX {schema}.jobs_failed_idx;"
     assert expected_indexes(["CREATE INDEX jobs_failed_idx ON {schema}.jobs (queue);", later]) == (

@@ -288,9 +288,9 @@ def test_recovery_fails_exhausted_jobs_and_says_why(queue: Queue):
 def test_recovery_is_scoped_to_its_queue(queue: Queue):
     queue.enqueue("a", {})
     queue.enqueue("b", {})
-    queue.claim("a", limit=1, worker="w", now=T0)
-    queue.claim("b", limit=1, worker="w", now=T0)
-    assert [r.queue for r in queue.recover_expired(queue="a", lease_seconds=1, now=T0 + timedelta(seconds=5))] == ["a"]
+    queue.claim("a", limit=1, worker="w", now=T0, lease_seconds=1)
+    queue.claim("b", limit=1, worker="w", now=T0, lease_seconds=1)
+    assert [r.queue for r in queue.recover_expired(queue="a", now=T0 + timedelta(seconds=5))] == ["a"]
 
 
 # ---------------------------------------------------------------------------------------------- stats / admin

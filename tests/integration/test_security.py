@@ -16,9 +16,9 @@ import pytest
 from psycopg import errors, sql
 from psycopg.conninfo import make_conninfo
 
-from skiplock import Queue, Settings
+from skiplock import AsyncQueue, Queue, Settings
 from skiplock.errors import ConfigError, DatabaseUnavailableError
-from skiplock.grant import LEASE_COLUMNS, apply_grants, grant_sql
+from skiplock.grant import ENQUEUE_COLUMNS, LEASE_COLUMNS, PRODUCER_READ_COLUMNS, apply_grants, grant_sql
 from skiplock.migrate import migrate
 from skiplock.settings import mask_dsn, redact
 from support.chaos import Fleet, read_executions, setup_schema, terminate_worker_backends
@@ -33,11 +33,18 @@ def test_grant_sql_quotes_every_name_and_grants_exactly_the_documented_rights():
     joined = "\n".join(text)
     assert '"p""; DROP ROLE x; --"' in joined and '"Worker Role"' in joined
     assert 'ALTER SCHEMA "sk" OWNER TO "op"' in joined
-    assert 'GRANT SELECT, INSERT ON "sk"."jobs" TO "p""; DROP ROLE x; --"' in joined
+    enqueue = ", ".join(f'"{c}"' for c in ENQUEUE_COLUMNS)
+    reads = ", ".join(f'"{c}"' for c in PRODUCER_READ_COLUMNS)
+    assert f'GRANT INSERT ({enqueue}) ON "sk"."jobs" TO "p""; DROP ROLE x; --"' in joined
+    assert f'GRANT SELECT ({reads}) ON "sk"."jobs" TO "p""; DROP ROLE x; --"' in joined
     columns = ", ".join(f'"{c}"' for c in LEASE_COLUMNS)
     assert f'GRANT UPDATE ({columns}) ON "sk"."jobs" TO "Worker Role"' in joined
     assert "DELETE" not in joined and "CREATE" not in joined and "TRUNCATE" not in joined
-    assert "payload" not in joined, "the worker must not be able to rewrite a payload"
+    assert "GRANT USAGE ON ALL SEQUENCES" not in joined, "an identity column needs no sequence privilege"
+    assert '"payload"' not in joined.replace(enqueue, ""), "only the producer's insert names the payload column"
+    assert {"id", "status", "attempts", "locked_by", "last_error"}.isdisjoint(ENQUEUE_COLUMNS)
+    assert {"payload", "last_error", "locked_by", "task"}.isdisjoint(PRODUCER_READ_COLUMNS)
+    assert "lease_expires_at" in LEASE_COLUMNS
 
 
 @pytest.mark.parametrize(
@@ -164,6 +171,282 @@ def test_worker_role_cannot_enqueue_delete_rewrite_payloads_or_change_the_schema
         assert migrate(conn, schema).applied == ()
 
 
+def _denied(conn: psycopg.Connection, statement: sql.Composable, params: object = None) -> None:
+    """The statement fails for want of a privilege, and the failed transaction is rolled back."""
+    with pytest.raises(errors.InsufficientPrivilege):
+        conn.execute(statement, params)  # type: ignore[arg-type]
+    conn.rollback()
+
+
+def _rows(pg_dsn: str, schema: str) -> list[tuple]:
+    with psycopg.connect(pg_dsn) as conn:
+        return conn.execute(
+            sql.SQL("SELECT id, queue, status, attempts, locked_by, last_error FROM {} ORDER BY id").format(
+                sql.Identifier(schema, "jobs")
+            )
+        ).fetchall()
+
+
+def test_producer_inserts_only_the_enqueue_columns_and_reads_back_only_what_enqueue_needs(pg_dsn, schema, roles):
+    _grant(pg_dsn, schema, roles)
+    jobs = sql.Identifier(schema, "jobs")
+    with Queue(settings=Settings.load(env={}, dsn=pg_dsn, schema=schema), max_size=1) as admin:
+        secret = admin.enqueue("other-tenant", {"card": "4111"}).id
+        admin.claim("other-tenant", limit=1, worker="w1")
+    with psycopg.connect(roles.dsn(pg_dsn, roles.producer)) as conn:
+        # Every enqueue column, in plain SQL: allowed (the grant is not narrower than enqueue).
+        own = conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (queue, payload, priority, max_attempts, visible_at, idempotency_key, task) "
+                "VALUES ('q', '{{}}', 3, 7, now(), 'k1', 'send') RETURNING id, visible_at"
+            ).format(jobs)
+        ).fetchone()
+        conn.commit()
+        assert own is not None and own[0] > secret
+        forged = {
+            "id (OVERRIDING SYSTEM VALUE)": "INSERT INTO {} (id, queue, payload) OVERRIDING SYSTEM VALUE "
+            "VALUES (%s, 'q', '{{}}')",
+            "status": "INSERT INTO {} (queue, payload, status) VALUES ('q', '{{}}', 'done')",
+            "locked_by": "INSERT INTO {} (queue, payload, locked_by) VALUES ('q', '{{}}', 'w1')",
+            "attempts": "INSERT INTO {} (queue, payload, attempts) VALUES ('q', '{{}}', 4)",
+            "last_error": "INSERT INTO {} (queue, payload, last_error) VALUES ('q', '{{}}', 'x')",
+            "lease_expires_at": "INSERT INTO {} (queue, payload, lease_expires_at) VALUES ('q', '{{}}', now())",
+            "created_at": "INSERT INTO {} (queue, payload, created_at) VALUES ('q', '{{}}', now() - interval '1 day')",
+        }
+        for what, statement in forged.items():
+            try:
+                _denied(conn, sql.SQL(statement).format(jobs), (own[0] + 1_000,) if "%s" in statement else None)
+            except BaseException as exc:
+                raise AssertionError(f"the producer could forge {what}") from exc
+        for statement in (
+            "SELECT payload FROM {}",
+            "SELECT last_error FROM {}",
+            "SELECT locked_by FROM {}",
+            "SELECT task FROM {}",
+            "SELECT * FROM {}",
+            "SELECT id FROM {} FOR UPDATE",  # no row locks: a producer cannot stall a claim
+            "SELECT id FROM {} FOR KEY SHARE",
+            "INSERT INTO {} (queue, payload) VALUES ('q', '{{}}') RETURNING payload",
+            "INSERT INTO {} (queue, payload, idempotency_key) VALUES ('q', '{{}}', 'k1') "
+            "ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL AND status <> 'failed' "
+            "DO UPDATE SET status = 'done'",
+        ):
+            _denied(conn, sql.SQL(statement).format(jobs))
+        # No sequence privilege either: it cannot burn or move ids (the identity column needs none).
+        _denied(conn, sql.SQL("SELECT nextval(pg_get_serial_sequence({}, 'id'))").format(sql.Literal(f"{schema}.jobs")))
+        # What it may read: ids, queues, statuses and keys (enqueue's RETURNING and the idempotency look-up).
+        seen = conn.execute(
+            sql.SQL("SELECT id, status FROM {} WHERE queue = 'q' AND idempotency_key = 'k1'").format(jobs)
+        ).fetchall()
+        assert seen == [(own[0], "pending")]
+    # Nothing forged landed, and the next id is still the sequence's own: other producers are unharmed.
+    assert _rows(pg_dsn, schema) == [
+        (secret, "other-tenant", "processing", 1, "w1", None),
+        (own[0], "q", "pending", 0, None, None),
+    ]
+    with Queue(settings=Settings.load(env={}, dsn=roles.dsn(pg_dsn, roles.producer), schema=schema)) as q:
+        assert q.enqueue("q", {"n": 2}).id == own[0] + 1
+        # Batches and keys work under the column grants too (the duplicate key is skipped, not an error).
+        many = q.enqueue_many("q", [{"n": 3}, {"n": 4}], idempotency_keys=["k1", "k3"], delay=60)
+        assert len(many) == 1 and many[0] > own[0] + 1
+
+
+async def test_the_async_producer_enqueues_under_the_column_grants(pg_dsn, schema, roles):
+    _grant(pg_dsn, schema, roles)
+    settings = Settings.load(env={}, dsn=roles.dsn(pg_dsn, roles.producer), schema=schema)
+    async with await AsyncQueue.open(settings=settings) as q:
+        first = await q.enqueue("q", {"n": 1}, idempotency_key="k", priority=5, max_attempts=3)
+        again = await q.enqueue("q", {"n": 2}, idempotency_key="k")
+        assert again.id == first.id
+        await q.check_schema()
+    assert _rows(pg_dsn, schema) == [(first.id, "q", "pending", 0, None, None)]
+
+
+TOO_BIG = 6_400_000  # bytes of JSON: the size a producer once stored with plain SQL
+
+
+@pytest.mark.parametrize(
+    ("what", "statement"),
+    [
+        ("a 6.4 MB payload", "INSERT INTO {} (queue, payload) VALUES ('q', jsonb_build_object('a', repeat('x', %s)))"),
+        ("max_attempts 2^31-1", "INSERT INTO {} (queue, payload, max_attempts) VALUES ('q', '{{}}', 2147483647)"),
+        (
+            "a 9,000-character key",
+            "INSERT INTO {} (queue, payload, idempotency_key) VALUES ('q', '{{}}', repeat('k', 9000))",
+        ),
+        ("an empty key", "INSERT INTO {} (queue, payload, idempotency_key) VALUES ('q', '{{}}', '')"),
+        ("a 201-character task", "INSERT INTO {} (queue, payload, task) VALUES ('q', '{{}}', repeat('t', 201))"),
+        ("a 129-character queue", "INSERT INTO {} (queue, payload) VALUES (repeat('q', 129), '{{}}')"),
+    ],
+)
+def test_a_producer_writing_plain_sql_cannot_store_what_a_worker_cannot_handle(pg_dsn, schema, roles, what, statement):
+    _grant(pg_dsn, schema, roles)
+    with psycopg.connect(roles.dsn(pg_dsn, roles.producer)) as conn:
+        params = (TOO_BIG,) if "%s" in statement else None
+        with pytest.raises(errors.CheckViolation):
+            conn.execute(sql.SQL(statement).format(sql.Identifier(schema, "jobs")), params)
+    assert _rows(pg_dsn, schema) == [], f"{what} was stored"
+
+
+def test_a_payload_copied_compressed_from_another_table_is_measured_decompressed(pg_dsn, schema, roles):
+    """Copied from a stored column, 6.4 MB of repetitive JSON reach the table compressed to ~70 kB: the CHECK
+    alone measured that and let it in. The trigger of migration 0003 measures the JSON text of such values."""
+    _grant(pg_dsn, schema, roles)
+    jobs = sql.Identifier(schema, "jobs")
+    with psycopg.connect(roles.dsn(pg_dsn, roles.producer)) as conn:
+        conn.execute("CREATE TEMP TABLE stash (n int, p jsonb)")  # TEMP is granted to PUBLIC by default
+        conn.execute(
+            "INSERT INTO stash VALUES (1, jsonb_build_object('a', repeat('x', %s))), "
+            "(2, jsonb_build_object('a', repeat('x', 500000)))",
+            (TOO_BIG,),
+        )
+        stored = conn.execute("SELECT n, pg_column_size(p), pg_column_compression(p) FROM stash ORDER BY n").fetchall()
+        assert stored[0][1] < 1_048_576 and stored[0][2] is not None, f"the attack needs a compressed value: {stored}"
+        conn.commit()
+        with pytest.raises(errors.CheckViolation) as info:
+            conn.execute(sql.SQL("INSERT INTO {} (queue, payload) SELECT 'q', p FROM stash WHERE n = 1").format(jobs))
+        assert info.value.diag.constraint_name == "jobs_payload_size_check"
+        assert f"{TOO_BIG + 9} bytes" in (info.value.diag.message_detail or "")
+        conn.rollback()
+        # Stored out of line but uncompressed, a value measures its full size: the CHECK alone refuses it.
+        conn.execute("CREATE TEMP TABLE raw (p jsonb)")
+        conn.execute("ALTER TABLE raw ALTER p SET STORAGE EXTERNAL")
+        conn.execute("INSERT INTO raw VALUES (jsonb_build_object('a', repeat('x', %s)))", (TOO_BIG,))
+        assert conn.execute("SELECT pg_column_compression(p) FROM raw").fetchone() == (None,)
+        conn.commit()
+        with pytest.raises(errors.CheckViolation):
+            conn.execute(sql.SQL("INSERT INTO {} (queue, payload) SELECT 'q', p FROM raw").format(jobs))
+        conn.rollback()
+        # Under the bound, a compressed copy is still welcome: the trigger only measures, it does not forbid.
+        conn.execute(sql.SQL("INSERT INTO {} (queue, payload) SELECT 'q', p FROM stash WHERE n = 2").format(jobs))
+        conn.commit()
+    with psycopg.connect(pg_dsn) as conn:
+        sizes = conn.execute(sql.SQL("SELECT octet_length(payload::text) FROM {}").format(jobs)).fetchall()
+    assert sizes == [(500_009,)]
+
+
+def test_the_operator_cannot_rewrite_a_payload_past_the_bound_either(pg_dsn, schema, roles):
+    _grant(pg_dsn, schema, roles)
+    jobs = sql.Identifier(schema, "jobs")
+    with psycopg.connect(roles.dsn(pg_dsn, roles.operator)) as conn:
+        conn.execute("CREATE TEMP TABLE stash (p jsonb)")
+        conn.execute("INSERT INTO stash VALUES (jsonb_build_object('a', repeat('x', %s)))", (TOO_BIG,))
+        conn.execute(sql.SQL("INSERT INTO {} (queue, payload) VALUES ('q', '{{}}')").format(jobs))
+        with pytest.raises(errors.CheckViolation):
+            conn.execute(sql.SQL("UPDATE {} SET payload = (SELECT p FROM stash)").format(jobs))
+
+
+def test_worker_updates_only_lease_and_outcome_columns(pg_dsn, schema, roles):
+    _grant(pg_dsn, schema, roles)
+    jobs = sql.Identifier(schema, "jobs")
+    with Queue(settings=Settings.load(env={}, dsn=pg_dsn, schema=schema), max_size=1) as admin:
+        job_id = admin.enqueue("q", {"n": 1}, idempotency_key="k").id
+    with psycopg.connect(roles.dsn(pg_dsn, roles.worker)) as conn:
+        for column, value in (
+            ("task", "'other'"),
+            ("queue", "'elsewhere'"),
+            ("priority", "100"),
+            ("idempotency_key", "'k2'"),
+            ("created_at", "now()"),
+            ("max_attempts", "1000"),
+        ):
+            _denied(conn, sql.SQL("UPDATE {} SET {} = " + value).format(jobs, sql.Identifier(column)))
+        _denied(conn, sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(jobs))
+        row = conn.execute(
+            sql.SQL(
+                "UPDATE {} SET status = 'processing', attempts = attempts + 1, locked_by = 'w', locked_at = now(), "
+                "lease_expires_at = now() + interval '30 seconds', updated_at = now() WHERE id = %s "
+                "RETURNING lease_expires_at > now()"
+            ).format(jobs),
+            (job_id,),
+        ).fetchone()
+        assert row == (True,), "the lease deadline is the worker's to set"
+        conn.rollback()
+
+
+@pytest.fixture
+def tenants(pg_dsn: str) -> Iterator[dict[str, Roles]]:
+    """Two tenants, each with its own migrated schema and its own roles (the operator role owns the schema)."""
+    tag = uuid.uuid4().hex[:8]
+    made: dict[str, Roles] = {}
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for tenant in ("a", "b"):
+            name = f"t_{tenant}_{tag}"
+            made[name] = Roles(f"{name}_prod", f"{name}_work", f"{name}_op", f"Pw-{tag}")
+            migrate(conn, name)
+            for role in (made[name].producer, made[name].worker, made[name].operator):
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(f"Pw-{tag}"))
+                )
+            apply_grants(
+                conn, name, producer=made[name].producer, worker=made[name].worker, operator=made[name].operator
+            )
+    try:
+        yield made
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            for name, r in made.items():
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+                for role in (r.producer, r.worker, r.operator):
+                    conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+                    conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_the_schema_is_the_tenant_boundary(pg_dsn, tenants):
+    """One schema per tenant, one set of roles per schema: no role of tenant A reads, claims, finishes or enqueues
+    in tenant B's schema, not even through skiplock's own queries. Within a schema, the queue is no boundary."""
+    (a, ra), (b, _) = tenants.items()
+    with Queue(settings=Settings.load(env={}, dsn=pg_dsn, schema=b), max_size=1) as admin_b:
+        victim = admin_b.enqueue("billing", {"card": "4111"}).id
+    jobs_b = sql.Identifier(b, "jobs")
+    for role in (ra.producer, ra.worker, ra.operator):
+        with psycopg.connect(ra.dsn(pg_dsn, role)) as conn:
+            for statement in (
+                sql.SQL("SELECT id FROM {}").format(jobs_b),
+                sql.SQL("SELECT version FROM {}").format(sql.Identifier(b, "schema_migrations")),
+                sql.SQL("UPDATE {} SET status = 'failed', last_error = 'x'").format(jobs_b),
+                sql.SQL("INSERT INTO {} (queue, payload) VALUES ('billing', '{{}}')").format(jobs_b),
+                sql.SQL("CREATE TABLE {} (x int)").format(sql.Identifier(b, "planted")),
+            ):
+                _denied(conn, statement)
+        with Queue(settings=Settings.load(env={}, dsn=ra.dsn(pg_dsn, role), schema=b), max_size=1) as q:
+            for attempt in (
+                lambda: q.claim("billing", limit=1, worker="thief"),
+                lambda: q.enqueue("billing", {"x": 1}),
+                q.stats,
+            ):
+                with pytest.raises(errors.InsufficientPrivilege):
+                    attempt()
+    assert _rows(pg_dsn, b) == [(victim, "billing", "pending", 0, None, None)]
+    # Inside its own schema a worker role claims every queue: give each tenant its own schema, not its own queue.
+    with Queue(settings=Settings.load(env={}, dsn=pg_dsn, schema=a), max_size=1) as admin_a:
+        ids = {admin_a.enqueue(queue, {}).id for queue in ("mine", "someone-elses")}
+    with Queue(settings=Settings.load(env={}, dsn=ra.dsn(pg_dsn, ra.worker), schema=a), max_size=1) as q:
+        claimed = {j.id for queue in ("mine", "someone-elses") for j in q.claim(queue, limit=1, worker="w")}
+    assert claimed == ids
+
+
+def test_grant_converges_a_role_that_changes_its_part(pg_dsn, schema, roles):
+    """Re-running grant is how a role loses rights: column privileges are revoked along with table privileges."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        apply_grants(conn, schema, worker=roles.producer)  # first, by mistake, as a worker
+        apply_grants(conn, schema, producer=roles.producer)
+        jobs = f"{schema}.jobs"
+        rights = conn.execute(
+            "SELECT c, has_column_privilege(%(r)s, %(t)s, c, 'UPDATE'),"
+            " has_column_privilege(%(r)s, %(t)s, c, 'SELECT'), has_column_privilege(%(r)s, %(t)s, c, 'INSERT')"
+            " FROM unnest(%(cols)s::text[]) AS c",
+            {"r": roles.producer, "t": jobs, "cols": ["status", "payload", "id", "queue", "last_error"]},
+        ).fetchall()
+    assert rights == [
+        ("status", False, True, False),
+        ("payload", False, False, True),
+        ("id", False, True, False),
+        ("queue", False, True, True),
+        ("last_error", False, False, False),
+    ]
+
+
 def test_operator_owns_the_schema_so_it_migrates_reads_stats_and_purges(pg_dsn, schema, roles):
     _grant(pg_dsn, schema, roles)
     settings = Settings.load(env={}, dsn=roles.dsn(pg_dsn, roles.operator), schema=schema)
@@ -267,7 +550,7 @@ def _scrape_ok(proc, into: list[str]) -> bool:
     except OSError:
         return False
     into.extend(bodies)
-    return "skiplock_queue_jobs" in bodies[0]
+    return "skiplock_table_live_tuples" in bodies[0]  # a series read from the database at scrape
 
 
 def _assert_no_secret(text: str, password: str) -> None:

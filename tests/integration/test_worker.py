@@ -16,7 +16,7 @@ import pytest
 from skiplock import Queue, Settings
 from skiplock.errors import HandlerImportError
 from skiplock.handlers import Handler, load_handler
-from skiplock.runtime import APPLICATION_NAME, Worker
+from skiplock.worker import APPLICATION_NAME, Worker
 from support.pg import await_for, wait_for
 from support.workers import WorkerProcess, make_effects_table
 
@@ -183,7 +183,7 @@ def test_load_handler_tells_sync_from_async():
 
 # ---------------------------------------------------------------------------------------------- in-process
 async def _run_worker(settings: Settings, handler: Handler) -> tuple[Worker, asyncio.Task[int]]:
-    worker = Worker(settings, handler)
+    worker = Worker(settings=settings, handler=handler)
     task = asyncio.create_task(worker.run())
     await await_for(
         lambda: worker.listener is None or worker.listener.connected or task.done(), timeout=15, what="listener up"
@@ -278,8 +278,8 @@ async def test_a_sync_handler_gets_a_connection_only_when_it_uses_job_conn(setti
         await await_for(lambda: counts(pg_dsn, schema).get("done") == 40, timeout=30, what="40 jobs done")
         assert sorted(ran) == sorted(ids)
         assert sorted(job_id for job_id, _ in effects(pg_dsn, schema)) == ids[::5]
-        assert worker._sync_pool is not None
-        checkouts = worker._sync_pool.get_stats().get("requests_num", 0)
+        assert worker._threads.pool is not None
+        checkouts = worker._threads.pool.get_stats().get("requests_num", 0)
         assert checkouts == 8, f"{checkouts} job.conn checkouts for 8 writing jobs (32 jobs never touched it)"
     finally:
         worker.request_stop()
@@ -315,7 +315,7 @@ async def test_a_swallowed_job_conn_checkout_failure_fails_the_job_instead_of_co
     holder: list[Worker] = []
 
     def handler(job):
-        pool = holder[0]._sync_pool
+        pool = holder[0]._threads.pool
         assert pool is not None
         pool.close()  # a real checkout failure: the pool is gone
         with contextlib.suppress(Exception):  # the handler hides it; its writes never happened

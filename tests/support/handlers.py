@@ -56,3 +56,8 @@ def crash(job: Job) -> None:
 
 
 not_callable = 42
+
+
+def sleepy(job: Job) -> None:
+    """Sleeps ``payload['seconds']`` (a job whose worker gets killed mid-run)."""
+    time.sleep(float(job.payload.get("seconds", 1)))

@@ -335,14 +335,14 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from skiplock.handlers import load_handler
-    from skiplock.runtime import Worker
+    from skiplock.worker import Worker
 
     if not settings.handler:
         raise ConfigError("worker: --handler (or SKIPLOCK_HANDLER) is required, e.g. myapp.jobs:send_email")
     handler = load_handler(settings.handler)
     with _queue(settings) as q:
         _guard_schema(q, settings)
-    return asyncio.run(_run_worker(Worker(settings, handler)))
+    return asyncio.run(_run_worker(Worker(settings=settings, handler=handler)))
 
 
 async def _run_worker(worker: Any) -> int:

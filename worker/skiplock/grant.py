@@ -3,14 +3,20 @@
 The roles must exist (create them with ``CREATE ROLE ... LOGIN PASSWORD ...``; passwords never pass through
 skiplock). :func:`grant_sql` builds the statements (every name quoted with ``psycopg.sql.Identifier``) and
 :func:`apply_grants` runs them in one transaction. Run it again after each ``skiplock migrate``: it converges
-(each role's table privileges are revoked, then granted exactly), so a re-run is also how a role loses a right.
+(each role's table privileges, column privileges included, are revoked, then granted exactly), so a re-run is
+also how a role loses a right.
 
-- producer: ``USAGE`` on the schema, ``SELECT, INSERT`` on ``jobs`` (enqueue with idempotency keys reads the
-  live job back), ``USAGE`` on the schema's sequences, ``SELECT`` on ``schema_migrations`` (the version check).
-  No ``UPDATE``: a producer cannot claim, finish or cancel.
-- worker: ``USAGE`` on the schema, ``SELECT`` plus ``UPDATE`` of the lease columns only (claim, heartbeat,
-  complete, fail, release, lease recovery), ``SELECT`` on ``schema_migrations``. No ``INSERT``, no ``DELETE``,
-  no DDL, and the payload, queue, priority and key of a job cannot be changed.
+- producer: ``USAGE`` on the schema, ``INSERT`` of the enqueue columns only (:data:`ENQUEUE_COLUMNS`) and
+  ``SELECT`` of the columns enqueue reads back (:data:`PRODUCER_READ_COLUMNS`: ``RETURNING id, visible_at`` and
+  the live job found by queue, idempotency key and status), ``SELECT`` on ``schema_migrations`` (the version
+  check). It cannot set ``id`` (with ``OVERRIDING SYSTEM VALUE`` or otherwise), ``status``, ``attempts``,
+  ``locked_by``, ``last_error`` or the timestamps, cannot read payloads or errors, and has no ``UPDATE``: it
+  cannot claim, finish or cancel. The identity column needs no sequence privilege, so none is granted.
+- worker: ``USAGE`` on the schema, ``SELECT`` on ``jobs`` plus ``UPDATE`` of the lease and outcome columns only
+  (:data:`LEASE_COLUMNS`: claim, heartbeat, complete, fail, release, lease recovery), ``SELECT`` on
+  ``schema_migrations``. No ``INSERT``, no ``DELETE``, no DDL, and the payload, task, queue, priority and key of
+  a job cannot be changed. Within its schema a worker role may claim any queue: the schema is the isolation
+  boundary (one schema per tenant, one worker role per schema).
 - operator: owns the schema and its tables, so it can migrate (forward migrations alter the jobs table, which
   only its owner may do), read stats, retry, cancel and purge. It needs no ``CREATE`` on the database: migrate
   creates the schema only when it is missing. Changing an owner needs a superuser, or a role that is a member
@@ -27,8 +33,23 @@ from psycopg import sql
 from skiplock.errors import ConfigError
 from skiplock.migrate import check_version, current_version
 
-LEASE_COLUMNS = ("status", "attempts", "visible_at", "locked_by", "locked_at", "last_error", "updated_at")
+LEASE_COLUMNS = (
+    "status",
+    "attempts",
+    "visible_at",
+    "locked_by",
+    "locked_at",
+    "lease_expires_at",
+    "last_error",
+    "updated_at",
+)
 """The columns the worker role may update: the lease and outcome of a job, never its content."""
+
+ENQUEUE_COLUMNS = ("queue", "payload", "priority", "max_attempts", "visible_at", "idempotency_key", "task")
+"""The columns the producer role may insert; every other column takes its default (id, status, attempts...)."""
+
+PRODUCER_READ_COLUMNS = ("id", "queue", "status", "visible_at", "idempotency_key")
+"""The columns the producer role may read: what enqueue returns and what finds the live job of a key."""
 
 
 def grant_sql(
@@ -58,6 +79,7 @@ def grant_sql(
             sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(s, op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(jobs, op),  # its identity sequence follows
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(versions, op),
+            sql.SQL("ALTER FUNCTION {}() OWNER TO {}").format(sql.Identifier(schema, "jobs_payload_bound"), op),
         ]
     out.append(sql.SQL("REVOKE ALL ON {}, {} FROM PUBLIC").format(jobs, versions))
     members = [sql.Identifier(r) for r in dict.fromkeys(r for r in (producer, worker) if r is not None)]
@@ -71,16 +93,20 @@ def grant_sql(
     if producer is not None:
         p = sql.Identifier(producer)
         out += [
-            sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(jobs, p),
-            sql.SQL("GRANT USAGE ON ALL SEQUENCES IN SCHEMA {} TO {}").format(s, p),
+            sql.SQL("GRANT INSERT ({}) ON {} TO {}").format(_columns(ENQUEUE_COLUMNS), jobs, p),
+            sql.SQL("GRANT SELECT ({}) ON {} TO {}").format(_columns(PRODUCER_READ_COLUMNS), jobs, p),
         ]
     if worker is not None:
-        columns = sql.SQL(", ").join(sql.Identifier(c) for c in LEASE_COLUMNS)
+        w = sql.Identifier(worker)
         out += [
-            sql.SQL("GRANT SELECT ON {} TO {}").format(jobs, sql.Identifier(worker)),
-            sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(columns, jobs, sql.Identifier(worker)),
+            sql.SQL("GRANT SELECT ON {} TO {}").format(jobs, w),
+            sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(LEASE_COLUMNS), jobs, w),
         ]
     return out
+
+
+def _columns(names: tuple[str, ...]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(c) for c in names)
 
 
 def apply_grants(

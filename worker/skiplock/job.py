@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -21,6 +22,7 @@ CLAIM_COLUMNS = (
     "created_at",
     "visible_at",
     "idempotency_key",
+    "task",
 )
 
 
@@ -45,6 +47,84 @@ class LazyConnection:
         return self.conn
 
 
+class AsyncLazyConnection:
+    """``job.conn`` of an async handler: an async connection checked out of the worker's pool on first use only.
+
+    ``await job.conn.execute(...)``, ``async with job.conn.cursor() as cur``, ``async with job.conn.transaction()``
+    check out on first use; ``conn = await job.conn.acquire()`` gives the real ``psycopg.AsyncConnection``. Any
+    other attribute is the real connection's once it has been checked out.
+    """
+
+    __slots__ = ("_acquire", "conn", "failed")
+
+    def __init__(self, acquire: Callable[[], Awaitable[Any]]) -> None:
+        self._acquire = acquire
+        self.conn: Any = None
+        self.failed: BaseException | None = None
+
+    async def acquire(self) -> Any:
+        if self.conn is None:
+            try:
+                self.conn = await self._acquire()
+            except BaseException as exc:
+                self.failed = exc
+                raise
+        return self.conn
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        return await (await self.acquire()).execute(*args, **kwargs)
+
+    def cursor(self, *args: Any, **kwargs: Any) -> _Deferred:
+        return _Deferred(self, "cursor", args, kwargs)
+
+    def transaction(self, *args: Any, **kwargs: Any) -> _Deferred:
+        return _Deferred(self, "transaction", args, kwargs)
+
+    async def commit(self) -> None:
+        if self.conn is not None:
+            await self.conn.commit()
+
+    async def rollback(self) -> None:
+        if self.conn is not None:
+            await self.conn.rollback()
+
+    def __getattr__(self, name: str) -> Any:
+        if self.conn is None:
+            raise AttributeError(
+                f"job.conn.{name}: the connection is checked out on first use; call `conn = await job.conn.acquire()`"
+            )
+        return getattr(self.conn, name)
+
+
+class _Deferred:
+    """``job.conn.cursor()`` / ``.transaction()`` of an async handler before the connection is checked out."""
+
+    __slots__ = ("_args", "_cm", "_kwargs", "_lazy", "_method")
+
+    def __init__(self, lazy: AsyncLazyConnection, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._lazy, self._method, self._args, self._kwargs = lazy, method, args, kwargs
+        self._cm: Any = None
+
+    async def __aenter__(self) -> Any:
+        conn = await self._lazy.acquire()
+        self._cm = getattr(conn, self._method)(*self._args, **self._kwargs)
+        return await self._cm.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._cm.__aexit__(*exc)
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:  # `cur = job.conn.cursor(); await cur.execute()`
+        if self._cm is None:
+            conn = await self._lazy.acquire()
+            self._cm = getattr(conn, self._method)(*self._args, **self._kwargs)
+        return await self._cm.execute(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if self._cm is None:
+            raise AttributeError(f"{self._method}().{name}: use `async with job.conn.{self._method}() as ...`")
+        return getattr(self._cm, name)
+
+
 @dataclass(frozen=True)
 class Job:
     """One claimed attempt of a job.
@@ -63,12 +143,20 @@ class Job:
     created_at: datetime | None = None
     visible_at: datetime | None = None
     idempotency_key: str | None = None
+    task: str | None = None
+    """The registered task this job runs (``None``: the queue's default handler)."""
     _conn: Any = field(default=None, compare=False, repr=False)
+    _decode_error: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def conn(self) -> Any:
         c = self._conn
         return c.get() if type(c) is LazyConnection else c
+
+    @property
+    def decode_error(self) -> str | None:
+        """Why the stored payload could not be decoded (the job then fails without running), else None."""
+        return self._decode_error
 
     @property
     def is_last_attempt(self) -> bool:
@@ -80,8 +168,54 @@ class Job:
         return job
 
 
+MAX_PAYLOAD_DEPTH = 200
+"""Deepest nesting of a payload's arrays and objects: deeper payloads are refused at enqueue and fail at claim."""
+
+
+def payload_depth_exceeded(text: str, limit: int = MAX_PAYLOAD_DEPTH) -> bool:
+    """True when JSON text nests deeper than ``limit`` (a linear scan that skips strings; no recursion)."""
+    if text.count("[") + text.count("{") <= limit:  # C-speed: depth never exceeds the number of openers
+        return False
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
+def decode_payload(text: Any) -> tuple[Any, str | None]:
+    """The payload of a claimed row (sent as text so each job is decoded on its own): (value, None), or
+    (None, reason) when it cannot be decoded, so one bad row never fails the claim of its batch."""
+    if not isinstance(text, str):
+        return text, None
+    try:
+        return json.loads(text), None
+    except (ValueError, RecursionError) as exc:
+        return None, f"PayloadError: payload cannot be decoded: {type(exc).__name__}"
+
+
 def job_from_row(row: dict[str, Any]) -> Job:
-    return Job(**{name: row[name] for name in CLAIM_COLUMNS if name in row})
+    values = {name: row[name] for name in CLAIM_COLUMNS if name in row}
+    payload, error = decode_payload(values.get("payload"))
+    values["payload"] = payload
+    job = Job(**values)
+    if error is not None:
+        object.__setattr__(job, "_decode_error", error)
+    return job
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """A dedicated LISTEN connection that sets a wake-up event; polling stays the fallback.
 
-Behind PgBouncer in transaction mode LISTEN is accepted but notifications never arrive: the listener
-checks itself with a NOTIFY round trip after connecting and, when it gets nothing back, says so and stops
-(the worker keeps polling).
+Behind PgBouncer in transaction mode LISTEN is accepted but notifications never arrive: after every connect the
+listener proves itself with a NOTIFY sent from *another* connection (a NOTIFY on its own connection would come
+back through the same server session even behind PgBouncer) and, when nothing comes back, says so, reports
+itself disconnected and stops (the worker keeps polling).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import psycopg
 from psycopg import sql
@@ -28,7 +29,7 @@ class Listener:
         self,
         dsn: str,
         channel: str,
-        queue: str,
+        queue: str | Collection[str],
         wake: Callable[[], None],
         on_state: Callable[[bool], None] = lambda up: None,
         on_notify: Callable[[], None] = lambda: None,
@@ -39,7 +40,7 @@ class Listener:
         self._on_unsupported = on_unsupported
         self._dsn = dsn
         self._channel = channel
-        self._queue = queue
+        self._queues = frozenset([queue] if isinstance(queue, str) else queue)
         self._wake = wake
         self._on_state = on_state
         self._on_notify = on_notify
@@ -58,6 +59,7 @@ class Listener:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                     if not await self._probe(conn):
                         self.unsupported = True
+                        self._set(False)
                         self._on_unsupported()
                         log.warning(
                             "LISTEN does not deliver notifications on this connection (PgBouncer in transaction "
@@ -69,7 +71,7 @@ class Listener:
                     failures = 0
                     self._wake()  # anything enqueued while we were away
                     async for note in conn.notifies():
-                        if note.payload == self._queue:
+                        if note.payload in self._queues:
                             self.last_notification = time.time()
                             self._on_notify()
                             self._wake()
@@ -90,7 +92,10 @@ class Listener:
 
     async def _probe(self, conn: psycopg.AsyncConnection[object]) -> bool:
         token = f"probe:{uuid.uuid4().hex}"
-        await conn.execute("SELECT pg_notify(%s, %s)", (self._channel, token))
+        async with await psycopg.AsyncConnection.connect(
+            self._dsn, autocommit=True, application_name=self._application_name, connect_timeout=5
+        ) as sender:
+            await sender.execute("SELECT pg_notify(%s, %s)", (self._channel, token))
         async for note in conn.notifies(timeout=PROBE_TIMEOUT):
             if note.payload == token:
                 return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -18,8 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from psycopg.rows import dict_row
 
-from skiplock.job import QueueStats
-from skiplock.queue import stats_from_row
+from skiplock.errors import ConfigError
 from skiplock.settings import Settings
 from skiplock.sql import queries_for
 
@@ -28,9 +27,10 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
-OUTCOMES = ("done", "retried", "failed", "lease_lost")
-FAILURE_REASONS = ("non_retryable", "exhausted")
+OUTCOMES = ("done", "retried", "failed", "lease_lost", "unknown_task")
+FAILURE_REASONS = ("non_retryable", "exhausted", "unknown_task")
 DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release")
+WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered")
 
 
 class WorkerMetrics:
@@ -43,13 +43,13 @@ class WorkerMetrics:
         )
         self.jobs_finished = Counter(
             "skiplock_jobs_finished",
-            "Finished attempts by outcome (done, retried, failed, lease_lost).",
+            "Finished attempts by outcome (done, retried, failed, lease_lost, unknown_task).",
             ["queue", "outcome"],
             registry=registry,
         )
         self.jobs_failed = Counter(
             "skiplock_jobs_failed",
-            "Attempts that failed the job for good, by reason (non_retryable, exhausted).",
+            "Attempts that failed the job for good, by reason (non_retryable, exhausted, unknown_task).",
             ["queue", "reason"],
             registry=registry,
         )
@@ -87,7 +87,7 @@ class WorkerMetrics:
         )
         self.wakeups = Counter(
             "skiplock_worker_wakeups",
-            "Claim-loop wake-ups by source (notify, poll, busy).",
+            "Claim-loop wake-ups by source (notify, poll, busy, recovered).",
             ["source"],
             registry=registry,
         )
@@ -115,16 +115,20 @@ class WorkerMetrics:
         )
         self.build_info = Info("skiplock_build", "Version of skiplock.", registry=registry)
 
-    def describe_worker(self, queue: str, concurrency: int, version: str) -> BoundMetrics:
-        """Create every series of this worker at zero, and return the children bound to its queue."""
+    def describe_worker(self, queues: Sequence[str], concurrency: int, version: str) -> dict[str, BoundMetrics]:
+        """Create every series of this worker at zero, and return the children bound to each queue it serves
+        (the only queue label values it exports: the label sets stay bounded whatever producers write)."""
         self.build_info.info({"version": version})
-        self.concurrency.labels(queue).set(concurrency)
-        for source in ("notify", "poll", "busy"):
+        for source in WAKEUP_SOURCES:
             self.wakeups.labels(source)
         for operation in DB_OPERATIONS:
             self.db_errors.labels(operation)
         self.database_up.set(0)
-        return BoundMetrics(self, queue)
+        bound = {}
+        for queue in queues:
+            self.concurrency.labels(queue).set(concurrency)
+            bound[queue] = BoundMetrics(self, queue)
+        return bound
 
 
 class BoundMetrics:
@@ -150,110 +154,162 @@ class TableHealth:
     last_vacuum: float
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    queues: list[QueueStats]
-    table: TableHealth | None
+class TableCollector(Collector):
+    """Health of the jobs table (live and dead tuples, size, last vacuum), read at scrape and cached for ``ttl``.
 
-
-class QueueCollector(Collector):
-    """Queue-wide gauges computed at scrape from one cheap query, cached for ``ttl`` seconds.
-
-    Every replica exports the same series: aggregate with ``max by (queue)``, never ``sum``.
+    Queue-wide job counts are not exported here: the operator exports them once for every JobQueue, so they exist
+    when no worker runs; a worker exports only its own per-process series.
     """
 
-    def __init__(self, fetch: Callable[[], Snapshot], ttl: float) -> None:
+    def __init__(self, fetch: Callable[[], TableHealth | None], ttl: float) -> None:
         self._fetch = fetch
         self._ttl = ttl
         self._lock = threading.Lock()
-        self._cached: Snapshot | None = None
-        self._at = 0.0
-        self._ok = 0.0
+        self._cached: TableHealth | None = None
+        self._at = -ttl
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self) -> TableHealth | None:
         with self._lock:
-            if self._cached is None or time.monotonic() - self._at >= self._ttl:
+            if time.monotonic() - self._at >= self._ttl:
                 try:
                     self._cached = self._fetch()
-                    self._ok = 1.0
-                except Exception as exc:  # a scrape must not fail: report the error through up=0
-                    log.warning("queue stats failed: %s", exc, extra={"action": "stats_failed"})
-                    self._ok = 0.0
-                    self._cached = self._cached if self._cached is not None else Snapshot([], None)
+                except Exception as exc:  # a scrape must not fail: keep the last values
+                    log.warning("table stats failed: %s", type(exc).__name__, extra={"action": "stats_failed"})
                 self._at = time.monotonic()
             return self._cached
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        snap = self._snapshot()
-        stats = snap.queues
-        jobs = GaugeMetricFamily(
-            "skiplock_queue_jobs", "Jobs of the queue by state (queue-wide).", labels=["queue", "state"]
-        )
-        oldest = GaugeMetricFamily(
-            "skiplock_queue_oldest_ready_age_seconds", "Age of the oldest ready job (queue-wide).", labels=["queue"]
-        )
-        for s in stats:
-            for state in ("ready", "delayed", "processing", "stalled", "failed"):
-                jobs.add_metric([s.queue, state], getattr(s, state))
-            oldest.add_metric([s.queue], s.oldest_ready_age_seconds)
-        up = GaugeMetricFamily("skiplock_queue_stats_up", "1 when the last queue-stats query succeeded.")
-        up.add_metric([], self._ok)
-        yield jobs
-        yield oldest
-        yield up
-        if snap.table is not None:
-            t = snap.table
-            for name, doc, value in (
-                ("skiplock_table_live_tuples", "Live tuples of the jobs table (statistics).", t.live),
-                ("skiplock_table_dead_tuples", "Dead tuples of the jobs table awaiting vacuum (statistics).", t.dead),
-                ("skiplock_table_size_bytes", "Size of the jobs table with its indexes and TOAST.", t.size_bytes),
-                (
-                    "skiplock_table_last_autovacuum_timestamp_seconds",
-                    "Unix time of the last (auto)vacuum of the jobs table (0: never).",
-                    t.last_vacuum,
-                ),
-            ):
-                family = GaugeMetricFamily(name, doc, labels=["schema"])
-                family.add_metric([t.schema], value)
-                yield family
+        t = self._snapshot()
+        if t is None:
+            return
+        for name, doc, value in (
+            ("skiplock_table_live_tuples", "Live tuples of the jobs table (statistics).", t.live),
+            ("skiplock_table_dead_tuples", "Dead tuples of the jobs table awaiting vacuum (statistics).", t.dead),
+            ("skiplock_table_size_bytes", "Size of the jobs table with its indexes and TOAST.", t.size_bytes),
+            (
+                "skiplock_table_last_autovacuum_timestamp_seconds",
+                "Unix time of the last (auto)vacuum of the jobs table (0: never).",
+                t.last_vacuum,
+            ),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["schema"])
+            family.add_metric([t.schema], value)
+            yield family
 
     def describe(self) -> Iterable[Any]:
         return []
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
+class TableFetcher:
+    """Reads the jobs table's statistics on its own lazily opened connection (scrapes run in a thread)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __call__(self) -> TableHealth | None:
+        s = self._settings
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = psycopg.connect(
+                s.require_dsn(), autocommit=True, connect_timeout=5, application_name="skiplock-worker"
+            )
+        try:
+            with self._conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(queries_for(s.schema).doctor_table_stats, {"table": f'"{s.schema}".jobs'})
+                t = cur.fetchone()
+        except psycopg.Error:
+            self._conn.close()
+            self._conn = None
+            raise
+        if t is None:
+            return None
+        last = max((v for v in (t["last_autovacuum"], t["last_vacuum"]) if v is not None), default=None)
+        return TableHealth(
+            s.schema,
+            float(t["live"] or 0),
+            float(t["dead"] or 0),
+            float(t["total_bytes"] or 0),
+            last.timestamp() if last else 0.0,
+        )
+
+
+class PortInUseError(ConfigError):
+    """The metrics port cannot be bound (busy, or not allowed)."""
+
+
+MAX_CONNECTIONS = 16
+"""Most requests the metrics server serves at once; more wait in the listen backlog (a bounded server)."""
+REQUEST_TIMEOUT_SECONDS = 5.0
+"""A client that sends nothing for this long is disconnected (idle connections cannot pile up)."""
+
+
+class _BoundedServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()  # at most MAX_CONNECTIONS threads; the accept loop waits for a free one
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = REQUEST_TIMEOUT_SECONDS
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass
 
 
+Probe = Callable[[], tuple[bool, str]]
+
+
+def serve(
+    registry: CollectorRegistry, host: str, port: int, probes: dict[str, Probe], *, what: str = "metrics"
+) -> Exporter:
+    """Bind ``host:port`` now (a busy port is a :class:`PortInUseError` at once) and return the unstarted server
+    for /metrics plus one path per probe (e.g. /healthz, /readyz); any other path is 404."""
+    return Exporter(registry, host, port, probes, what=what)
+
+
 class Exporter:
-    """/metrics, /healthz (loop alive) and /readyz (database reachable, not draining) on one port, in a thread."""
+    """/metrics and health probes on one port, in a thread, with bounded concurrency and request timeouts."""
 
     def __init__(
-        self,
-        registry: CollectorRegistry,
-        host: str,
-        port: int,
-        healthy: Callable[[], tuple[bool, str]],
-        ready: Callable[[], tuple[bool, str]],
+        self, registry: CollectorRegistry, host: str, port: int, probes: dict[str, Probe], *, what: str = "metrics"
     ) -> None:
         metrics_app = prometheus_client.make_wsgi_app(registry)
 
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
             path = environ.get("PATH_INFO", "")
-            if path in ("/healthz", "/readyz"):
-                ok, why = (healthy if path == "/healthz" else ready)()
+            probe = probes.get(path)
+            if probe is not None:
+                ok, why = probe()
                 start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
                 return [why.encode() + b"\n"]
+            if path != "/metrics":
+                start_response("404 Not Found", [("Content-Type", "text/plain")])
+                return [b"not found: try /metrics, " + ", ".join(probes).encode() + b"\n"]
             return metrics_app(environ, start_response)  # type: ignore[no-any-return]
 
-        self._server: WSGIServer = make_server(
-            host, port, app, server_class=_ThreadingServer, handler_class=_QuietHandler
-        )
+        try:
+            self._server: WSGIServer = make_server(
+                host, port, app, server_class=_BoundedServer, handler_class=_QuietHandler
+            )
+        except OSError as exc:
+            raise PortInUseError(f"cannot serve {what} on {host}:{port}: {exc.strerror or exc}") from None
         self.port = self._server.server_port
         self._thread = threading.Thread(target=self._server.serve_forever, name="skiplock-exporter", daemon=True)
 
@@ -261,45 +317,6 @@ class Exporter:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
-
-
-class StatsFetcher:
-    """Queue-wide stats and table health for the collector, on its own lazily opened connection (scrapes run in a
-    thread). All queues of the schema are read, so a queue without workers still has series."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._conn: psycopg.Connection[Any] | None = None
-
-    def __call__(self) -> Snapshot:
-        s = self._settings
-        q = queries_for(s.schema)
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(
-                s.require_dsn(), autocommit=True, connect_timeout=5, application_name="skiplock-worker"
-            )
-        try:
-            with self._conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(q.queue_stats, {"queue": None, "lease_seconds": s.lease_seconds, "now": None})
-                rows = [stats_from_row(r) for r in cur.fetchall()]
-                cur.execute(q.doctor_table_stats, {"table": f'"{s.schema}".jobs'})
-                t = cur.fetchone()
-        except psycopg.Error:
-            self._conn.close()
-            self._conn = None
-            raise
-        if not any(r.queue == s.queue for r in rows):  # an empty queue still has series (zeros)
-            rows.append(QueueStats(s.queue, 0, 0, 0, 0, 0, 0.0))
-        table = None
-        if t is not None:
-            last = max((v for v in (t["last_autovacuum"], t["last_vacuum"]) if v is not None), default=None)
-            table = TableHealth(
-                s.schema,
-                float(t["live"] or 0),
-                float(t["dead"] or 0),
-                float(t["total_bytes"] or 0),
-                last.timestamp() if last else 0.0,
-            )
-        return Snapshot(rows, table)

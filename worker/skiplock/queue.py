@@ -147,19 +147,58 @@ def enqueue_many_params(
     return params
 
 
-def claim_params(queue: str, limit: int, worker: str, now: datetime | None) -> dict[str, Any]:
-    return {"queue": queue, "limit": limit, "worker": worker, "now": now}
+def claim_params(
+    queues: str | Sequence[str],
+    limit: int,
+    worker: str,
+    now: datetime | None,
+    *,
+    lease_seconds: float,
+    leases: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """Parameters of a claim: the queues (round-robin), the claimer's lease and per-task lease overrides."""
+    names = [queues] if isinstance(queues, str) else list(queues)
+    return {
+        "queues": names,
+        "limit": limit,
+        "worker": worker,
+        "now": now,
+        "lease_seconds": float(lease_seconds),
+        "leases": json.dumps(leases) if leases else None,
+    }
 
 
 def fence_params(jobs: Sequence[Job], worker: str, now: datetime | None) -> dict[str, Any]:
     return {"ids": [j.id for j in jobs], "attempts": [j.attempts for j in jobs], "worker": worker, "now": now}
 
 
+def heartbeat_params(jobs: Sequence[Job], worker: str, leases: Sequence[float], now: datetime | None) -> dict[str, Any]:
+    if len(leases) != len(jobs):
+        raise ValueError(f"{len(leases)} leases for {len(jobs)} jobs")
+    return fence_params(jobs, worker, now) | {"leases": [float(x) for x in leases]}
+
+
 def complete_and_claim_params(
-    done: Sequence[Job], queue: str, limit: int, worker: str, now: datetime | None
+    done: Sequence[Job],
+    queues: str | Sequence[str],
+    limit: int,
+    worker: str,
+    now: datetime | None,
+    *,
+    lease_seconds: float,
+    leases: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Parameters of ``job_complete_and_claim`` (claim alone: no ``done``)."""
-    return claim_params(queue, limit, worker, now) | fence_params(done, worker, now)
+    return claim_params(queues, limit, worker, now, lease_seconds=lease_seconds, leases=leases) | fence_params(
+        done, worker, now
+    )
+
+
+def recover_params(
+    queues: str | Sequence[str] | None, lease_seconds: float, limit: int, now: datetime | None
+) -> dict[str, Any]:
+    names = None if queues is None else ([queues] if isinstance(queues, str) else list(queues))
+    return {"queues": names, "lease_seconds": lease_seconds, "limit": limit, "now": now}
 
 
 def completed_and_claimed(rows: list[dict[str, Any]]) -> tuple[set[int], list[Job]]:
@@ -358,8 +397,19 @@ class Queue:
         return [r["id"] for r in self._run(self._q.job_enqueue_many, params, conn)]
 
     # worker primitives
-    def claim(self, queue: str, *, limit: int, worker: str, now: datetime | None = None) -> list[Job]:
-        params = complete_and_claim_params((), queue, limit, worker, now)
+    def claim(
+        self,
+        queue: str | Sequence[str],
+        *,
+        limit: int,
+        worker: str,
+        now: datetime | None = None,
+        lease_seconds: float | None = None,
+    ) -> list[Job]:
+        """Lease up to ``limit`` visible jobs of one queue or several (round-robin), each for ``lease_seconds``
+        (default the settings' lease): the deadline is stored in the row."""
+        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
+        params = complete_and_claim_params((), queue, limit, worker, now, lease_seconds=lease)
         return completed_and_claimed(self._run(self._q.job_complete_and_claim, params, None))[1]
 
     def complete(
@@ -380,20 +430,39 @@ class Queue:
     def release(self, jobs: Sequence[Job], *, worker: str, now: datetime | None = None) -> set[int]:
         return {r["id"] for r in self._run(self._q.job_release, fence_params(jobs, worker, now), None)}
 
-    def heartbeat(self, jobs: Sequence[Job], *, worker: str, now: datetime | None = None) -> set[int]:
-        return {r["id"] for r in self._run(self._q.job_heartbeat, fence_params(jobs, worker, now), None)}
+    def heartbeat(
+        self,
+        jobs: Sequence[Job],
+        *,
+        worker: str,
+        leases: Sequence[float] | None = None,
+        now: datetime | None = None,
+    ) -> set[int]:
+        """Renew the leases of ``jobs`` (each by its lease, default the settings'); returns the ids still held."""
+        lease = [self.settings.lease_seconds] * len(jobs) if leases is None else leases
+        lost = {r["id"] for r in self._run(self._q.job_heartbeat, heartbeat_params(jobs, worker, lease, now), None)}
+        return {j.id for j in jobs} - lost
 
     def recover_expired(
         self,
         *,
         queue: str | None = None,
+        queues: Sequence[str] | None = None,
         lease_seconds: float | None = None,
         limit: int = 1000,
         now: datetime | None = None,
     ) -> list[Recovered]:
+        """Recover processing jobs past their stored lease deadline (rows without one: locked_at + lease_seconds)."""
         lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        params = {"queue": queue, "lease_seconds": lease, "limit": limit, "now": now}
+        params = recover_params(queues if queues is not None else queue, lease, limit, now)
         return [Recovered(**r) for r in self._run(self._q.job_recover_expired, params, None)]
+
+    def release_orphans(
+        self, *, worker: str, queues: Sequence[str], known: Sequence[int], now: datetime | None = None
+    ) -> list[int]:
+        """Hand back jobs leased to ``worker`` in ``queues`` other than ``known`` (a lost claim reply)."""
+        params = {"worker": worker, "queues": list(queues), "known": list(known), "now": now}
+        return [r["id"] for r in self._run(self._q.job_release_orphans, params, None)]
 
     # observability and admin
     def stats(
@@ -587,24 +656,37 @@ class AsyncQueue:
         )
         return [r["id"] for r in await self._run(self._q.job_enqueue_many, params, conn)]
 
-    async def claim(self, queue: str, *, limit: int, worker: str, now: datetime | None = None) -> list[Job]:
-        params = complete_and_claim_params((), queue, limit, worker, now)
+    async def claim(
+        self,
+        queue: str | Sequence[str],
+        *,
+        limit: int,
+        worker: str,
+        now: datetime | None = None,
+        lease_seconds: float | None = None,
+    ) -> list[Job]:
+        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
+        params = complete_and_claim_params((), queue, limit, worker, now, lease_seconds=lease)
         return completed_and_claimed(await self._run(self._q.job_complete_and_claim, params, None))[1]
 
     async def complete_and_claim(
         self,
         done: Sequence[Job],
-        queue: str,
+        queue: str | Sequence[str],
         *,
         limit: int,
         worker: str,
         now: datetime | None = None,
+        lease_seconds: float | None = None,
+        leases: dict[str, float] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
-        """Mark ``done`` jobs done (fenced, as :meth:`complete`) and claim up to ``limit`` new ones, in one
-        statement and one commit: the worker's hot path. Returns the ids completed and the jobs claimed.
-        ``conn`` must be in autocommit mode (the worker passes the connection its claim loop holds)."""
-        params = complete_and_claim_params(done, queue, limit, worker, now)
+        """Mark ``done`` jobs done (fenced, as :meth:`complete`) and claim up to ``limit`` new ones of one queue or
+        several (round-robin across queues), in one statement and one commit: the worker's hot path. Returns the
+        ids completed and the jobs claimed. ``leases`` maps task names to their own lease. ``conn`` must be in
+        autocommit mode (the worker passes the connection its claim loop holds)."""
+        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
+        params = complete_and_claim_params(done, queue, limit, worker, now, lease_seconds=lease, leases=leases)
         return completed_and_claimed(await self._run(self._q.job_complete_and_claim, params, conn))
 
     async def complete(
@@ -617,6 +699,10 @@ class AsyncQueue:
     ) -> set[int]:
         return {r["id"] for r in await self._run(self._q.job_complete, fence_params(jobs, worker, now), conn)}
 
+    async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int]:
+        """Of ``jobs``, the ids already marked done by ``worker`` at that attempt."""
+        return {r["id"] for r in await self._run(self._q.job_confirm_done, fence_params(jobs, worker, None), None)}
+
     async def fail(self, failures: Sequence[Failure], *, worker: str, now: datetime | None = None) -> dict[int, str]:
         rows = await self._run(self._q.job_fail, fail_params(failures, worker, now), None)
         return {r["id"]: r["status"] for r in rows}
@@ -624,20 +710,36 @@ class AsyncQueue:
     async def release(self, jobs: Sequence[Job], *, worker: str, now: datetime | None = None) -> set[int]:
         return {r["id"] for r in await self._run(self._q.job_release, fence_params(jobs, worker, now), None)}
 
-    async def heartbeat(self, jobs: Sequence[Job], *, worker: str, now: datetime | None = None) -> set[int]:
-        return {r["id"] for r in await self._run(self._q.job_heartbeat, fence_params(jobs, worker, now), None)}
+    async def heartbeat(
+        self,
+        jobs: Sequence[Job],
+        *,
+        worker: str,
+        leases: Sequence[float] | None = None,
+        now: datetime | None = None,
+    ) -> set[int]:
+        lease = [self.settings.lease_seconds] * len(jobs) if leases is None else leases
+        rows = await self._run(self._q.job_heartbeat, heartbeat_params(jobs, worker, lease, now), None)
+        return {j.id for j in jobs} - {r["id"] for r in rows}
 
     async def recover_expired(
         self,
         *,
         queue: str | None = None,
+        queues: Sequence[str] | None = None,
         lease_seconds: float | None = None,
         limit: int = 1000,
         now: datetime | None = None,
     ) -> list[Recovered]:
         lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        params = {"queue": queue, "lease_seconds": lease, "limit": limit, "now": now}
+        params = recover_params(queues if queues is not None else queue, lease, limit, now)
         return [Recovered(**r) for r in await self._run(self._q.job_recover_expired, params, None)]
+
+    async def release_orphans(
+        self, *, worker: str, queues: Sequence[str], known: Sequence[int], now: datetime | None = None
+    ) -> list[int]:
+        params = {"worker": worker, "queues": list(queues), "known": list(known), "now": now}
+        return [r["id"] for r in await self._run(self._q.job_release_orphans, params, None)]
 
     async def stats(
         self, queue: str | None = None, *, lease_seconds: float | None = None, now: datetime | None = None

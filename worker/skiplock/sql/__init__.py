@@ -67,11 +67,14 @@ class Queries:
     job_notify: LiteralString
     job_complete_and_claim: LiteralString
     job_complete: LiteralString
+    job_confirm_done: LiteralString
     job_fail: LiteralString
     job_release: LiteralString
+    job_release_orphans: LiteralString
     job_heartbeat: LiteralString
     job_recover_expired: LiteralString
     job_get: LiteralString
+    job_list_enqueued: LiteralString
     job_list_failed: LiteralString
     job_retry_failed: LiteralString
     job_cancel: LiteralString

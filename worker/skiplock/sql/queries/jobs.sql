@@ -42,40 +42,56 @@ SELECT ins.id, (SELECT count(*) FROM woke) AS notified FROM ins ORDER BY ins.id;
 SELECT pg_notify(%(channel)s, %(queue)s);
 
 -- name: job_complete_and_claim
--- Mark claimed jobs done, fenced (only rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of one queue: one statement, one commit (claim alone: no ids).
+-- Mark claimed jobs done, fenced (rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of the given queues, round-robin across queues so a busy queue never starves a quiet one: one statement, one commit (claim alone: no ids).
 WITH done AS (
     UPDATE {schema}.jobs AS j
-    SET status = 'done', locked_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
+    SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s::timestamptz, now())
     FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
     WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
     RETURNING j.id
+), candidates AS (
+    SELECT c.id, row_number() OVER (PARTITION BY q.queue ORDER BY c.priority DESC, c.visible_at, c.id) AS turn,
+           c.priority, c.visible_at
+    FROM unnest(%(queues)s::text[]) AS q(queue)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, visible_at FROM {schema}.jobs
+        WHERE queue = q.queue AND status = 'pending'
+          AND visible_at <= coalesce(%(now)s::timestamptz, now())
+        ORDER BY priority DESC, visible_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
 ), picked AS (
-    SELECT id FROM {schema}.jobs
-    WHERE queue = %(queue)s AND status = 'pending'
-      AND visible_at <= coalesce(%(now)s::timestamptz, now())
-    ORDER BY priority DESC, visible_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    SELECT id FROM candidates ORDER BY turn, priority DESC, visible_at, id LIMIT %(limit)s
 ), claimed AS (
     UPDATE {schema}.jobs AS j
     SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
-        locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now())
+        locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
+        lease_expires_at = coalesce(%(now)s::timestamptz, now())
+            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s))
     FROM picked
     WHERE j.id = picked.id
-    RETURNING j.id, j.queue, j.payload, j.attempts, j.max_attempts, j.priority, j.created_at, j.visible_at,
-              j.idempotency_key
+    RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
+              j.created_at, j.visible_at, j.idempotency_key
 )
 SELECT false AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
+SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
 
 -- name: job_complete
 -- Mark claimed jobs done, fenced (the UPDATE of job_complete_and_claim, alone: that statement costs a handler's transaction 1.2x).
 UPDATE {schema}.jobs AS j
-SET status = 'done', locked_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
+SET status = 'done', locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
 WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
 RETURNING j.id;
+
+-- name: job_confirm_done
+-- Of these attempts, the ones this worker already completed (a retried completion whose first reply was lost).
+SELECT j.id FROM {schema}.jobs AS j
+JOIN unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts) ON j.id = c.id AND j.attempts = c.attempts
+WHERE j.status = 'done' AND j.locked_by = %(worker)s;
 
 -- name: job_fail
 -- Record failed attempts, fenced: back to pending after a per-job delay, or failed when exhausted or final.
@@ -84,7 +100,7 @@ SET status = CASE WHEN f.retry AND j.attempts < j.max_attempts THEN 'pending' EL
     visible_at = CASE WHEN f.retry AND j.attempts < j.max_attempts
                       THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => f.delay)
                       ELSE j.visible_at END,
-    last_error = f.error, locked_by = NULL, locked_at = NULL,
+    last_error = f.error, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[], %(delays)s::float8[],
             %(retry)s::boolean[]) AS f(id, attempts, error, delay, retry)
@@ -95,32 +111,56 @@ RETURNING j.id, j.status, j.visible_at;
 -- Hand back claimed jobs unfinished (graceful shutdown) without burning an attempt, fenced.
 UPDATE {schema}.jobs AS j
 SET status = 'pending', attempts = j.attempts - 1, visible_at = coalesce(%(now)s::timestamptz, now()),
-    locked_by = NULL, locked_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
+    locked_by = NULL, locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS r(id, attempts)
 WHERE j.id = r.id AND j.attempts = r.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
 RETURNING j.id;
 
--- name: job_heartbeat
--- Extend the lease of in-flight jobs; the ids not returned have lost their lease.
+-- name: job_release_orphans
+-- Hand back, without burning an attempt, jobs leased to this worker that it does not know it runs (a claim committed but its reply was lost with the connection).
 UPDATE {schema}.jobs AS j
-SET locked_at = coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS h(id, attempts)
-WHERE j.id = h.id AND j.attempts = h.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
-RETURNING j.id;
+SET status = 'pending', attempts = greatest(j.attempts - 1, 0), visible_at = coalesce(%(now)s::timestamptz, now()),
+    locked_by = NULL, locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE j.status = 'processing' AND j.locked_by = %(worker)s AND j.queue = ANY(%(queues)s::text[])
+  AND NOT (j.id = ANY(%(known)s::bigint[]))
+RETURNING j.id, j.queue;
+
+-- name: job_heartbeat
+-- Extend the leases of in-flight jobs (each by its own lease, locking in id order and skipping rows being completed, so it never waits or deadlocks); returns the ids whose lease is lost.
+WITH h AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(leases)s::float8[]) AS h(id, attempts, lease)
+), mine AS (
+    SELECT j.id, h.lease FROM {schema}.jobs AS j JOIN h ON j.id = h.id AND j.attempts = h.attempts
+    WHERE j.status = 'processing' AND j.locked_by = %(worker)s
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+), renewed AS (
+    UPDATE {schema}.jobs AS j
+    SET locked_at = coalesce(%(now)s::timestamptz, now()),
+        lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => mine.lease)
+    FROM mine WHERE j.id = mine.id
+    RETURNING j.id
+)
+SELECT h.id FROM h
+WHERE NOT EXISTS (
+    SELECT 1 FROM {schema}.jobs AS j
+    WHERE j.id = h.id AND j.attempts = h.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s);
 
 -- name: job_recover_expired
--- Put processing jobs whose lease expired back to pending (failed when exhausted), skipping locked rows.
+-- Put processing jobs whose stored lease deadline passed back to pending (failed when exhausted), skipping locked rows; rows without a deadline (claimed before it was stored) use locked_at plus `lease_seconds`.
 WITH expired AS (
     SELECT id FROM {schema}.jobs
-    WHERE status = 'processing' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-      AND locked_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(lease_seconds)s)
-    ORDER BY locked_at
+    WHERE status = 'processing' AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+      AND (lease_expires_at < coalesce(%(now)s::timestamptz, now())
+           OR (lease_expires_at IS NULL
+               AND locked_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(lease_seconds)s)))
+    ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.jobs AS j
 SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'pending' END,
-    visible_at = coalesce(%(now)s::timestamptz, now()), locked_by = NULL, locked_at = NULL,
+    visible_at = coalesce(%(now)s::timestamptz, now()), locked_by = NULL, locked_at = NULL, lease_expires_at = NULL,
     last_error = format('LeaseExpired: lease expired, recovered (worker %%s stopped heartbeating; attempt %%s of %%s)',
                         j.locked_by, j.attempts, j.max_attempts),
     updated_at = coalesce(%(now)s::timestamptz, now())
@@ -133,6 +173,14 @@ RETURNING j.id, j.queue, j.status, j.attempts;
 SELECT id, queue, payload, status, priority, attempts, max_attempts, visible_at, locked_by, locked_at,
        last_error, idempotency_key, created_at, updated_at
 FROM {schema}.jobs WHERE id = %(id)s;
+
+-- name: job_list_enqueued
+-- Jobs by task, queue and status (any when NULL), oldest first (skiplock.testing).
+SELECT id, queue, task, payload, status, priority, attempts, max_attempts, visible_at, idempotency_key, created_at
+FROM {schema}.jobs
+WHERE (%(task)s::text IS NULL OR task = %(task)s) AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+ORDER BY id;
 
 -- name: job_list_failed
 -- The most recently failed jobs, newest first.

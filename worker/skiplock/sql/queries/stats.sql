@@ -1,21 +1,22 @@
 -- name: queue_stats
--- Health of each queue (ready, delayed, processing, stalled, failed, oldest ready age) from partial indexes only.
+-- Health of each queue (ready, delayed, processing, stalled = past the stored lease deadline, failed, oldest ready age) from partial indexes only.
 WITH live AS (
-    SELECT queue, status, visible_at, locked_at FROM {schema}.jobs
+    SELECT queue, status, visible_at, locked_at, lease_expires_at FROM {schema}.jobs
     WHERE status = 'pending' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
     UNION ALL
-    SELECT queue, status, visible_at, locked_at FROM {schema}.jobs
+    SELECT queue, status, visible_at, locked_at, lease_expires_at FROM {schema}.jobs
     WHERE status = 'processing' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
     UNION ALL
-    SELECT queue, status, visible_at, locked_at FROM {schema}.jobs
+    SELECT queue, status, visible_at, locked_at, lease_expires_at FROM {schema}.jobs
     WHERE status = 'failed' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 )
 SELECT queue,
        count(*) FILTER (WHERE status = 'pending' AND visible_at <= coalesce(%(now)s::timestamptz, now())) AS ready,
        count(*) FILTER (WHERE status = 'pending' AND visible_at > coalesce(%(now)s::timestamptz, now())) AS delayed,
        count(*) FILTER (WHERE status = 'processing') AS processing,
-       count(*) FILTER (WHERE status = 'processing' AND locked_at < coalesce(%(now)s::timestamptz, now())
-                                                   - make_interval(secs => %(lease_seconds)s)) AS stalled,
+       count(*) FILTER (WHERE status = 'processing'
+                          AND coalesce(lease_expires_at, locked_at + make_interval(secs => %(lease_seconds)s))
+                              < coalesce(%(now)s::timestamptz, now())) AS stalled,
        count(*) FILTER (WHERE status = 'failed') AS failed,
        coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now())
                 - min(visible_at) FILTER (WHERE status = 'pending'

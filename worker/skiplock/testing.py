@@ -1,0 +1,147 @@
+"""Helpers for your own test suite: run an app's due jobs inline against a real database, and look at what was
+enqueued, without starting a worker process.
+
+```python
+from skiplock.testing import enqueued, run_jobs
+
+def test_checkout_sends_a_receipt(settings):
+    checkout(order_id=42)                                  # your code enqueues a job
+    [job] = enqueued(settings=settings, task="shop.tasks.send_receipt")
+    assert job["payload"] == {"order": 42}
+    report = run_jobs(app, settings=settings)              # runs it (and anything it enqueues) now
+    assert report.done == [job["id"]] and not report.failed
+```
+
+``run_jobs`` uses the real worker (fenced completion, retries with backoff, unknown tasks), so what passes here
+behaves the same in production. It stops when no job of the app's queues is due and none runs, or at the
+bounds (``max_jobs`` claimed, ``timeout`` seconds), whichever comes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from skiplock.app import App
+from skiplock.errors import ConfigError
+from skiplock.job import Job
+from skiplock.settings import Settings
+from skiplock.sql import queries_for
+from skiplock.worker import Worker
+
+
+@dataclass
+class RunReport:
+    """Job ids by what their last attempt in this run did."""
+
+    done: list[int] = field(default_factory=list)
+    retried: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    unknown: list[int] = field(default_factory=list)
+    """Jobs whose task the app does not register (retried or failed as a worker would)."""
+    timed_out: bool = False
+
+    @property
+    def ran(self) -> int:
+        return len(self.done) + len(self.retried) + len(self.failed)
+
+
+def _settings(settings: Settings | None, dsn: str | None) -> Settings:
+    if settings is None and dsn is None:
+        raise ConfigError("pass settings= or dsn=")
+    return settings if settings is not None else Settings(dsn=dsn)
+
+
+def run_jobs(
+    app: App,
+    *,
+    settings: Settings | None = None,
+    dsn: str | None = None,
+    queues: tuple[str, ...] | None = None,
+    handler: Callable[..., Any] | None = None,
+    max_jobs: int = 10_000,
+    timeout: float = 30.0,
+) -> RunReport:
+    """Run every due job of ``app`` on its queues (or ``queues``) until none is due; see the module docs.
+
+    Safe to call from sync tests and from inside a running event loop (it runs the worker in a thread then)."""
+    s = _settings(settings, dsn)
+    s = s.replace(listen=False, metrics_port=0, poll_seconds=min(s.poll_seconds, 0.05), queues=queues or s.queues)
+    worker = Worker(app, settings=s, handler=handler)
+    last: dict[int, str] = {}
+    claimed = 0
+
+    def observe(job: Job, outcome: str) -> None:
+        last[job.id] = outcome
+
+    def count(jobs: int) -> None:
+        nonlocal claimed
+        claimed += jobs
+        if claimed >= max_jobs:
+            worker.request_stop()
+
+    worker.observe, worker.on_claimed = observe, count
+    timed_out = False
+
+    async def main() -> None:
+        nonlocal timed_out
+        task = asyncio.create_task(worker.run(until_idle=True))
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        except TimeoutError:
+            timed_out = True
+            worker.request_stop()
+            await task
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(main())
+    else:  # called from async code: do not block its loop's thread with a nested loop
+        errors: list[BaseException] = []
+
+        def in_thread() -> None:
+            try:
+                asyncio.run(main())
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=in_thread, daemon=True)
+        thread.start()
+        thread.join()
+        if errors:
+            raise errors[0]
+    report = RunReport(timed_out=timed_out)
+    for job_id, outcome in last.items():
+        if outcome.startswith("unknown_"):
+            report.unknown.append(job_id)
+        getattr(report, outcome.removeprefix("unknown_")).append(job_id)
+    return report
+
+
+def enqueued(
+    *,
+    settings: Settings | None = None,
+    dsn: str | None = None,
+    task: str | None = None,
+    queue: str | None = None,
+    status: str | None = "pending",
+    conn: psycopg.Connection[Any] | None = None,
+) -> list[dict[str, Any]]:
+    """The jobs enqueued (oldest first), filtered by task, queue and status (``None``: any status). With ``conn``,
+    read inside that connection's transaction (jobs enqueued in it and not yet committed included)."""
+    s = settings if settings is not None else (Settings(dsn=dsn) if dsn else Settings())
+    params = {"task": task, "queue": queue, "status": status}
+    query = queries_for(s.schema).job_list_enqueued
+    if conn is not None:
+        with conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute(query, params).fetchall()
+    dsn_ = _settings(settings, dsn).require_dsn()
+    with psycopg.connect(dsn_, autocommit=True) as own, own.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, params).fetchall()

@@ -1,0 +1,478 @@
+"""The worker: a thin lifecycle that wires the seams together, starts them, reports ready, drains and stops.
+
+Seams (each owns its state; they talk through small methods):
+- ``claimer``: the claim loop (wake-ups, polling, free slots, one claim statement for all queues)
+- ``executor``: routing a job to its task, the slots, and the async and thread executors (one Outcome each)
+- ``completer``: done/failed buffers riding on claims, flushes; the only writer of final states
+- ``leases``: heartbeats, recovery by the stored deadline, hand-back, orphan reclaim
+- ``control``: the control pool and its error handling; ``pools``: the one pool constructor
+
+Embed it in an asyncio program (``await worker.run()``, ``async with Worker(...)``) or in a thread of a sync one
+(``worker.start()`` / ``worker.stop()``). Signal handling is the CLI's: ``request_stop()`` works from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+
+from prometheus_client import CollectorRegistry
+
+from skiplock import __version__
+from skiplock.app import App, is_async_callable
+from skiplock.errors import ConfigError
+from skiplock.handlers import Handler
+from skiplock.job import Job
+from skiplock.listener import Listener
+from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetrics, serve
+from skiplock.queue import Failure, check_connect
+from skiplock.settings import Settings
+from skiplock.worker.claimer import Claimer
+from skiplock.worker.completer import Completer, failure_for, warn_lost
+from skiplock.worker.control import Control
+from skiplock.worker.executor import (
+    AsyncExecutor,
+    Outcome,
+    Result,
+    Router,
+    Slots,
+    Target,
+    ThreadExecutor,
+    UnknownTaskError,
+)
+from skiplock.worker.leases import Leases
+from skiplock.worker.pools import APPLICATION_NAME, async_pool, sync_pool
+
+__all__ = ["APPLICATION_NAME", "Outcome", "Worker", "serve_queues"]
+log = logging.getLogger(__name__)
+
+
+def serve_queues(settings: Settings, app: App | None, handler: Handler | None) -> tuple[str, ...]:
+    """The queues a worker serves: ``settings.queues``, else every queue its app's tasks name (plus
+    ``settings.queue`` for a catch-all handler), else ``settings.queue``."""
+    if settings.queues:
+        return settings.queues
+    if app is not None and len(app):
+        extra = (settings.queue,) if handler is not None else ()
+        return tuple(dict.fromkeys((*app.queues, *extra)))
+    return (settings.queue,)
+
+
+def _as_handler(handler: Handler | Callable[..., Any] | None) -> Handler | None:
+    if handler is None or isinstance(handler, Handler):
+        return handler
+    name = f"{getattr(handler, '__module__', '?')}:{getattr(handler, '__qualname__', type(handler).__name__)}"
+    return Handler(name, handler, is_async_callable(handler))
+
+
+class Worker:
+    """Runs the jobs of an :class:`App` (and/or a catch-all handler) on its queues until asked to stop."""
+
+    def __init__(
+        self,
+        app: App | None = None,
+        *,
+        settings: Settings,
+        handler: Handler | Callable[..., Any] | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        if app is None and handler is None:
+            raise ConfigError("a worker needs an app (--app) or a handler (--handler)")
+        if app is not None and not len(app) and handler is None:
+            raise ConfigError(f"app {app.name!r} registers no task")
+        settings.require_dsn()
+        self.settings = settings
+        self.app = app
+        self.handler = _as_handler(handler)
+        self.router = Router(app, self.handler)
+        self.queues = serve_queues(settings, app, self.handler)
+        self.identity = f"{settings.worker_id}:{uuid.uuid4().hex[:8]}"
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = WorkerMetrics(self.registry)
+        self._bound = self.metrics.describe_worker(self.queues, settings.concurrency, __version__)
+        self.listener: Listener | None = None
+        self.released = 0
+        self.abandoned_threads = 0
+        self.exit_code: int | None = None
+        self.observe: Callable[[Job, str], None] = lambda job, outcome: None
+        """Called on the loop with each outcome written (done, retried, failed, unknown_*, lease_lost)."""
+        self.on_claimed: Callable[[int], None] = lambda n: None
+        """Called on the loop with the number of jobs of each non-empty claim."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._stopping: asyncio.Event | None = None
+        self._stop_requests = 0
+        self._force = False
+        self._started = threading.Event()
+        self._finished = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[int] | None = None
+        self._last_tick = time.monotonic()
+        self._to_release: list[Job] = []
+        self._slots: Slots | None = None
+        self._control: Control | None = None
+        self._claimer: Claimer | None = None
+        self._completer: Completer | None = None
+        self._leases: Leases | None = None
+        self._async: AsyncExecutor | None = None
+        self._threads: ThreadExecutor | None = None
+
+    # ------------------------------------------------------------------------------------------ public
+    async def run(self, *, until_idle: bool = False) -> int:
+        """Run until :meth:`request_stop` (or, with ``until_idle``, until nothing is due and nothing runs);
+        returns the exit code (0 after a clean drain). Startup errors raise (ConfigError, DatabaseUnavailableError)."""
+        try:
+            code = await self._run(until_idle)
+        except BaseException as exc:
+            self._error = exc
+            raise
+        finally:
+            self._finished.set()
+            self._started.set()  # unblock start() on a startup failure
+        self.exit_code = code
+        return code
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until the worker claims (pools open, seams started); raises the startup error if it failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._started.is_set():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("worker not ready in time")
+            await asyncio.sleep(0.01)
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def ready(self) -> bool:
+        return self._started.is_set() and self._error is None and not self._finished.is_set()
+
+    def request_stop(self) -> None:
+        """First call: stop claiming and drain. Second: stop waiting for running jobs. Safe from any thread."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._stop_requests += 1  # before run(): it stops at once
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._on_stop()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing left to stop
+                loop.call_soon_threadsafe(self._on_stop)
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self.run(), name="skiplock-worker")
+        try:
+            await self.wait_ready()
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                await self._task
+            raise
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.request_stop()
+        if self._task is not None:
+            await self._task
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Run in a background thread with its own event loop; returns once ready (raises a startup error)."""
+        if self._thread is not None:
+            raise RuntimeError("worker already started")
+
+        def main() -> None:
+            with contextlib.suppress(BaseException):  # kept in self._error, raised by start() or stop()
+                asyncio.run(self.run())
+
+        self._thread = threading.Thread(target=main, name="skiplock-worker", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise TimeoutError(f"worker not ready within {timeout:g}s")
+        if self._error is not None:
+            raise self._error
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """Drain and wait (from any thread); returns the exit code, or None if it did not stop within ``timeout``."""
+        self.request_stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        elif not self._finished.wait(timeout):
+            return None
+        if self._error is not None and not isinstance(self._error, asyncio.CancelledError):
+            raise self._error
+        return self.exit_code
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._slots) if self._slots is not None else 0
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    async def _run(self, until_idle: bool) -> int:
+        s = self.settings
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        stopping = self._stopping = asyncio.Event()
+        if self._stop_requests:
+            stopping.set()
+        exporter = self._bind_exporter()  # a busy port fails before any connection is opened
+        try:
+            await asyncio.to_thread(check_connect, s.require_dsn())
+            return await self._serve(stopping, exporter, until_idle)
+        finally:
+            if exporter is not None:
+                exporter.stop()
+
+    async def _serve(self, stopping: asyncio.Event, exporter: Exporter | None, until_idle: bool) -> int:
+        s = self.settings
+        dsn = s.require_dsn()
+        control = self._control = Control(s, self.metrics)
+        await control.open()
+        kinds = self.router.kinds
+        slots = self._slots = Slots(s.concurrency, self._in_flight_changed)
+        completer = self._completer = Completer(control, s, self._bound, self.identity, self.observe)
+        overrides = self.router.lease_overrides()
+        leases = self._leases = Leases(
+            control,
+            s,
+            self.identity,
+            self.queues,
+            overrides,
+            self.metrics,
+            self._bound,
+            tracked=lambda: slots.jobs() + completer.jobs(),
+            holds=lambda job: slots.holds(job) or completer.holds(job),
+            wake=lambda: self._wake("recovered"),
+        )
+        claimer = self._claimer = Claimer(
+            control, s, self.identity, self.queues, overrides, slots, completer, leases, self._start_jobs,
+            self.metrics, stopping,
+        )  # fmt: skip
+        claimer.until_idle = until_idle
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            if True in kinds:
+                pool = async_pool(dsn, "skiplock-handlers", s.concurrency, autocommit=False, timeout=30)
+                await pool.open()
+                self._async = AsyncExecutor(pool, control.queue.queries, self.identity, self._on_result)
+            if False in kinds:
+                spool = sync_pool(dsn, "skiplock-handlers", s.concurrency, timeout=30)
+                await asyncio.to_thread(spool.open)
+                self._threads = ThreadExecutor(
+                    s.concurrency, spool, control.queue.queries, self.identity, self._on_results
+                )
+                self._threads.skip = lambda job: not slots.holds(job)
+            flusher = asyncio.create_task(completer.run(stopping), name="completer")
+            tasks = [
+                asyncio.create_task(self._ticker(), name="ticker"),
+                asyncio.create_task(leases.heartbeats(), name="heartbeat"),
+                asyncio.create_task(leases.recoverer(), name="recoverer"),
+            ]
+            self.metrics.listener_enabled.set(1 if s.listen else 0)
+            if s.listen and not until_idle:
+                self.listener = Listener(
+                    dsn,
+                    s.channel,
+                    self.queues,
+                    lambda: self._wake("notify"),
+                    application_name=APPLICATION_NAME,
+                    on_state=lambda up: self.metrics.listener_connected.set(1 if up else 0),
+                    on_notify=lambda: self.metrics.last_notification.set(time.time()),
+                    on_unsupported=lambda: self.metrics.listener_enabled.set(0),
+                )
+                tasks.append(asyncio.create_task(self.listener.run(), name="listener"))
+            if exporter is not None:
+                exporter.start()
+            self._log_started()
+            self._started.set()
+            try:
+                await claimer.run()
+                await self._drain()
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                if self._threads is not None:
+                    self._threads.collect()  # results posted meanwhile are written, not rerun
+                await completer.close(flusher)
+                await leases.release(self._to_release)
+                self.released = leases.released
+        finally:
+            await self._close_executors()
+            await control.close()
+            log.info(
+                "worker stopped", extra={"action": "worker_stopped", "queues": self.queues, "released": self.released}
+            )
+        return 0
+
+    async def _close_executors(self) -> None:
+        if self._threads is not None:
+            if self.abandoned_threads:
+                # Handler threads cannot be interrupted; their jobs were handed back and a late completion is
+                # fenced out. The CLI exits without joining them.
+                log.warning(
+                    "%d handler thread(s) still running at exit",
+                    self.abandoned_threads,
+                    extra={"action": "threads_left"},
+                )
+                self._threads.close(join=False)
+            else:
+                await asyncio.to_thread(self._threads.close, join=True)
+        if self._async is not None:
+            await self._async.close()
+
+    def _on_stop(self) -> None:
+        assert self._stopping is not None
+        if self._stopping.is_set():
+            if self._force:
+                return
+            self._force = True  # second request: stop waiting for running jobs
+            if self._slots is not None:
+                self._slots.freed.set()
+            return
+        log.info("stop requested: draining", extra={"action": "drain_started", "in_flight": self.in_flight})
+        self._stopping.set()
+        if self._claimer is not None:
+            self._claimer.wake()
+        if self._slots is not None:
+            self._slots.freed.set()
+
+    async def _drain(self) -> None:
+        slots = self._slots
+        assert slots is not None and self._leases is not None
+        if not len(slots):
+            return
+        grace = self.settings.shutdown_grace_seconds
+        log.info("waiting up to %.0fs for %d in-flight job(s)", grace, len(slots), extra={"action": "drain_wait"})
+        deadline = time.monotonic() + grace
+        while len(slots) and time.monotonic() < deadline and not self._force:
+            slots.freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(slots.freed.wait(), timeout=max(0.01, deadline - time.monotonic()))
+        if self._threads is not None:
+            self._threads.collect()  # results already posted by the handler threads count as finished
+        left = slots.entries()
+        if not left:
+            return
+        log.warning(
+            "grace period over: handing back %d job(s) still running", len(left), extra={"action": "drain_timeout"}
+        )
+        handles = [e.handle for e in left if e.handle is not None]
+        for e in left:
+            if e.handle is None and slots.pop(e.job) is not None:  # a thread: forget it, hand its job back
+                self.abandoned_threads += 1
+                self._to_release.append(e.job)
+        for h in handles:
+            h.cancel()
+        if handles:
+            await asyncio.wait(handles, timeout=5)
+
+    # ------------------------------------------------------------------------------------------ jobs
+    def _start_jobs(self, jobs: list[Job]) -> None:
+        assert self._slots is not None and self._completer is not None
+        now = datetime.now(UTC)
+        started = time.monotonic()
+        self.on_claimed(len(jobs))
+        for job in jobs:
+            m = self._bound[job.queue]
+            m.claimed.inc()
+            if job.visible_at is not None:
+                m.wait.observe(max(0.0, (now - job.visible_at).total_seconds()))
+            if job.decode_error is not None:  # a payload no handler can receive: fail it, never retry
+                self._completer.fail(Failure(job, job.decode_error, 0.0, False))
+                continue
+            target = self.router.resolve(job)
+            if isinstance(target, UnknownTaskError):  # retried with backoff, failed when attempts are spent
+                self._completer.fail(failure_for(job, target, None, self.settings))
+                continue
+            self._submit(job, target, started)
+
+    def _submit(self, job: Job, target: Target, started: float) -> None:
+        assert self._slots is not None
+        entry = self._slots.add(job, started)
+        executor = self._async if target.is_async else self._threads
+        assert executor is not None
+        executor.submit(job, target, entry)
+
+    def _on_results(self, results: list[Result]) -> None:
+        for r in results:
+            self._on_result(r)
+
+    def _on_result(self, r: Result) -> None:
+        assert self._slots is not None and self._completer is not None
+        job = r.job
+        entry = self._slots.pop(job)
+        if entry is None:  # handed back meanwhile (drain): the late result is dropped
+            return
+        m = self._bound[job.queue]
+        m.duration.observe(r.finished - entry.started)
+        if r.outcome == "deferred":
+            self._completer.defer(job)
+        elif r.outcome == "failed":
+            assert r.error is not None
+            self._completer.fail(failure_for(job, r.error, r.task, self.settings))
+        elif r.outcome == "done":
+            m.finished["done"].inc()
+            self.observe(job, "done")
+            log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
+        elif r.outcome == "lease_lost":
+            m.finished["lease_lost"].inc()
+            self.observe(job, "lease_lost")
+            warn_lost(job, "completion refused: the lease was lost while the handler ran")
+        elif r.outcome == "released":
+            self._to_release.append(job)
+
+    def _in_flight_changed(self, queue: str, delta: int) -> None:
+        self._bound[queue].in_flight.inc(delta)
+
+    def _wake(self, source: str) -> None:
+        if self._claimer is not None:
+            self._claimer.wake()
+
+    # ------------------------------------------------------------------------------------------ health
+    async def _ticker(self) -> None:
+        while True:
+            self._last_tick = time.monotonic()
+            await asyncio.sleep(1.0)
+
+    def _bind_exporter(self) -> Exporter | None:
+        s = self.settings
+        if not s.metrics_port:
+            return None
+        exporter = serve(
+            self.registry, s.metrics_host, s.metrics_port, {"/healthz": self._healthy, "/readyz": self._ready}
+        )
+        self.registry.register(TableCollector(TableFetcher(s), ttl=max(s.poll_seconds, 5.0)))
+        log.info("metrics on :%d (/metrics, /healthz, /readyz)", exporter.port, extra={"action": "exporter_up"})
+        return exporter
+
+    def _healthy(self) -> tuple[bool, str]:
+        age = time.monotonic() - self._last_tick
+        return (age < 30.0, f"event loop tick {age:.1f}s ago")
+
+    def _ready(self) -> tuple[bool, str]:
+        if self._stopping is not None and self._stopping.is_set():
+            return False, "draining"
+        ok = self._control is not None and self._control.ok
+        return (ok, "database reachable" if ok else "database unreachable")
+
+    def _log_started(self) -> None:
+        s = self.settings
+        log.info(
+            "worker started",
+            extra={
+                "action": "worker_started",
+                "queues": list(self.queues),
+                "worker": self.identity,
+                "tasks": len(self.app) if self.app is not None else 0,
+                "handler": self.handler.spec if self.handler is not None else None,
+                "concurrency": s.concurrency,
+                "dsn": s.masked_dsn,
+            },
+        )

@@ -1,0 +1,222 @@
+"""The completer: the only writer of final states. Finished jobs wait in buffers; done ones ride on the next claim
+(one statement, one commit) or are flushed alone after a short delay; failures are recorded at once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from skiplock.app import Task
+from skiplock.backoff import backoff_seconds
+from skiplock.errors import NonRetryableError
+from skiplock.job import Job
+from skiplock.metrics import BoundMetrics
+from skiplock.queue import Failure, format_error
+from skiplock.settings import Settings
+from skiplock.worker.control import Control
+from skiplock.worker.executor import UnknownTaskError
+
+log = logging.getLogger(__name__)
+FLUSH_MAX = 500
+# Finished jobs wait up to this long for the next claim to carry their completion; then they are flushed alone.
+FLUSH_DELAY_SECONDS = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    base: float
+    cap: float
+    jitter: float
+
+
+def failure_for(job: Job, exc: BaseException, task: Task | None, settings: Settings) -> Failure:
+    """The failed attempt to record: non-retryable by type (the task's list included), delay by the task's backoff."""
+    o = task.options if task is not None else None
+    retry = not isinstance(exc, NonRetryableError) and not (o is not None and isinstance(exc, o.non_retryable))
+    b = Backoff(
+        o.backoff_base_seconds if o and o.backoff_base_seconds is not None else settings.backoff_base_seconds,
+        o.backoff_cap_seconds if o and o.backoff_cap_seconds is not None else settings.backoff_cap_seconds,
+        o.backoff_jitter if o and o.backoff_jitter is not None else settings.backoff_jitter,
+    )
+    delay = backoff_seconds(job.attempts, base=b.base, cap=max(b.cap, b.base), jitter=b.jitter) if retry else 0.0
+    return Failure(job, format_error(exc), delay, retry)
+
+
+class Completer:
+    def __init__(
+        self,
+        control: Control,
+        settings: Settings,
+        metrics: dict[str, BoundMetrics],
+        identity: str,
+        observe: Callable[[Job, str], None],
+    ) -> None:
+        self._observe = observe  # each written outcome: done, retried, failed, unknown_*, lease_lost
+        self._control = control
+        self._settings = settings
+        self._m = metrics
+        self._identity = identity
+        self._done: list[Job] = []
+        self._failed: list[Failure] = []
+        self._needed = asyncio.Event()
+        self._closing = False
+
+    # ------------------------------------------------------------------ buffers
+    def defer(self, job: Job) -> None:
+        self._done.append(job)
+        self._needed.set()
+
+    def fail(self, failure: Failure) -> None:
+        self._failed.append(failure)
+        self._needed.set()
+
+    def take_done(self, limit: int = FLUSH_MAX) -> list[Job]:
+        """Done jobs for the next claim to carry (give them back with :meth:`give_back` if it fails)."""
+        taken, self._done = self._done[:limit], self._done[limit:]
+        taken.sort(key=_by_id)  # rows are locked in id order by every writer of this worker
+        return taken
+
+    def give_back(self, jobs: list[Job]) -> None:
+        self._done[:0] = jobs
+        if jobs:
+            self._needed.set()
+
+    def jobs(self) -> list[Job]:
+        """Jobs finished here but not yet written: their leases must still be renewed."""
+        return self._done + [f.job for f in self._failed]
+
+    def holds(self, job: Job) -> bool:
+        return any(j.id == job.id and j.attempts == job.attempts for j in self.jobs())
+
+    @property
+    def pending(self) -> int:
+        return len(self._done) + len(self._failed)
+
+    # ------------------------------------------------------------------ counting
+    async def settle(self, done: list[Job], completed: set[int]) -> None:
+        """Count a written batch. Jobs the fence refused may have been completed by an earlier try whose reply
+        was lost with its connection: those are confirmed as done by this worker, not reported as lost."""
+        if len(completed) < len(done):
+            refused = [j for j in done if j.id not in completed]
+            confirmed = await self._control.call(
+                "complete", lambda: self._control.queue.confirm_done(refused, worker=self._identity)
+            )
+            completed = completed | (confirmed or set())
+        self.count_done(done, completed)
+
+    def count_done(self, done: list[Job], completed: set[int]) -> None:
+        for job in done:
+            m = self._m[job.queue]
+            if job.id in completed:
+                m.finished["done"].inc()
+                self._observe(job, "done")
+                log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
+            else:
+                m.finished["lease_lost"].inc()
+                self._observe(job, "lease_lost")
+                warn_lost(job, "completion refused: the lease was lost before it was written")
+
+    def _count_failure(self, f: Failure, status: str | None) -> None:
+        job = f.job
+        m = self._m[job.queue]
+        extra = {
+            "queue": job.queue,
+            "task": job.task,
+            "job_id": job.id,
+            "attempt": job.attempts,
+            "max_attempts": job.max_attempts,
+            "error": f.error[:500],
+        }
+        unknown = f.error.startswith(UnknownTaskError.__name__)
+        prefix = "unknown_" if unknown else ""
+        if status is None:
+            m.finished["lease_lost"].inc()
+            self._observe(job, "lease_lost")
+            warn_lost(job, "failure not recorded: the lease was lost before it was written")
+        elif status == "pending":
+            m.finished["unknown_task" if unknown else "retried"].inc()
+            self._observe(job, prefix + "retried")
+            log.warning("job failed, will retry in %.1fs", f.delay_seconds, extra={"action": "job_retry", **extra})
+        else:
+            reason = "unknown_task" if unknown else ("exhausted" if f.retry else "non_retryable")
+            m.finished["unknown_task" if unknown else "failed"].inc()
+            m.failed[reason].inc()
+            self._observe(job, prefix + "failed")
+            log.error("job failed for good (%s)", reason.replace("_", "-"), extra={"action": "job_failed", **extra})
+
+    # ------------------------------------------------------------------ writing
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Flush loop: until :meth:`close`; a flush in flight is never cancelled (its result would be unknown)."""
+        while not self._closing:
+            await self._needed.wait()
+            self._needed.clear()
+            if self._closing:
+                break
+            if not stopping.is_set() and not self._failed:
+                # Let the next claim carry the completions; flush them alone if none comes by then.
+                await asyncio.sleep(FLUSH_DELAY_SECONDS)
+            if not await self.flush():
+                await self._control.backoff(stopping)
+                self._needed.set()
+
+    async def flush(self) -> bool:
+        ok = True
+        while ok and self._done:
+            batch = self.take_done()
+            ok = False
+            try:
+                done = await self._control.call(
+                    "complete", partial(self._control.queue.complete, batch, worker=self._identity)
+                )
+                if done is not None:
+                    await self.settle(batch, done)
+                    ok = True
+            finally:  # on failure keep the results for the next or final flush
+                if not ok:
+                    self._done[:0] = batch
+        while ok and self._failed:
+            fails, self._failed = self._failed[:FLUSH_MAX], self._failed[FLUSH_MAX:]
+            fails.sort(key=lambda f: f.job.id)
+            ok = False
+            try:
+                statuses = await self._control.call(
+                    "fail", partial(self._control.queue.fail, fails, worker=self._identity)
+                )
+                if statuses is not None:
+                    for f in fails:
+                        self._count_failure(f, statuses.get(f.job.id))
+                    ok = True
+            finally:
+                if not ok:
+                    self._failed[:0] = fails
+        return ok
+
+    async def close(self, flusher: asyncio.Task[None] | None) -> None:
+        """Stop the flush loop after its current flush, then write what is left (a few tries)."""
+        self._closing = True
+        self._needed.set()
+        if flusher is not None:
+            await asyncio.gather(flusher, return_exceptions=True)
+        for _ in range(3):
+            if await self.flush():
+                return
+        log.warning(
+            "could not record %d result(s) before exit; their leases will expire and they will rerun",
+            self.pending,
+            extra={"action": "results_lost"},
+        )
+
+
+def _by_id(job: Job) -> int:
+    return job.id
+
+
+def warn_lost(job: Job, why: str) -> None:
+    log.warning(
+        "lease lost: %s; writes rolled back",
+        why,
+        extra={"action": "lease_lost", "queue": job.queue, "job_id": job.id, "attempt": job.attempts},
+    )

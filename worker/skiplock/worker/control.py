@@ -1,0 +1,97 @@
+"""Control-plane calls of one worker (claim, complete, fail, heartbeat, recover, release): one autocommit pool,
+retries over dead pooled connections, error accounting and the backoff after a failed call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import psycopg
+from psycopg_pool import PoolTimeout
+
+from skiplock.backoff import backoff_seconds
+from skiplock.errors import DatabaseUnavailableError
+from skiplock.metrics import WorkerMetrics
+from skiplock.queue import AsyncQueue
+from skiplock.settings import CONTROL_CONNECTIONS, Settings, redact
+from skiplock.worker.pools import async_pool
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError, DatabaseUnavailableError)
+# Immediate tries of one call before backing off: after a server restart or killed backends every pooled control
+# connection may be dead (each failure discards one), so one more than the pool holds.
+ATTEMPTS = CONTROL_CONNECTIONS + 1
+BACKOFF_CAP_SECONDS = 10.0
+
+
+class Control:
+    """Owns the control pool. ``call`` runs one fenced or idempotent call; a database error is logged, counted and
+    survived (``None``), so every seam backs off and tries again instead of dying."""
+
+    def __init__(self, settings: Settings, metrics: WorkerMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        # Single statements on autocommit connections: one round trip each, not three (BEGIN, statement, COMMIT).
+        self.pool = async_pool(
+            settings.require_dsn(), "skiplock-control", CONTROL_CONNECTIONS, autocommit=True, timeout=10
+        )
+        self.queue = AsyncQueue(self.pool, settings, owned=True)
+        self.ok = False
+        self.failures = 0
+        self.last_failed = False  # the most recent call failed (its effect on the server is unknown)
+
+    async def open(self) -> None:
+        await self.pool.open()
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def call(self, operation: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                result = await fn()
+                break
+            except TRANSIENT as exc:
+                if attempt < ATTEMPTS:
+                    continue
+                self._error(operation, exc, logging.WARNING)
+                return None
+            except psycopg.Error as exc:  # not transient: a bug, a privilege, a standby
+                self._error(operation, exc, logging.ERROR)
+                return None
+        self.last_failed = False
+        if not self.ok:
+            if self.failures:
+                log.info("database reachable again", extra={"action": "db_recovered"})
+            self.ok = True
+            self.failures = 0
+            self.metrics.database_up.set(1)
+        return result
+
+    def _error(self, operation: str, exc: BaseException, level: int) -> None:
+        self.metrics.db_errors.labels(operation).inc()
+        self.metrics.database_up.set(0)
+        self.ok = False
+        self.last_failed = True
+        self.failures += 1
+        if self.failures == 1 or self.failures % 10 == 0:
+            log.log(
+                level,
+                "database error during %s (%s: %s); retrying",
+                operation,
+                type(exc).__name__,
+                redact(str(exc).strip(), self.settings.dsn),
+                extra={"action": "db_error", "operation": operation},
+            )
+
+    async def backoff(self, stopping: asyncio.Event) -> None:
+        """Wait after a failed call: capped by the poll interval, so work is picked up within it once the
+        database answers again (a failover must not cost more than one poll)."""
+        cap = min(BACKOFF_CAP_SECONDS, self.settings.poll_seconds)
+        delay = backoff_seconds(max(self.failures, 1), base=min(0.2, cap), cap=cap, jitter=0.5)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), timeout=delay)

@@ -1,0 +1,312 @@
+"""Running jobs: which function runs a job (routing), the slots, and the two executors that run one job's
+fenced unit and report one :data:`Outcome`.
+
+The fenced unit: call the handler with ``job``; a handler that wrote through ``job.conn`` is completed in that
+same transaction (fenced: only while this worker still holds this attempt's lease), one that did not is
+``deferred`` to the completer's batch. Sync handlers run on ``concurrency`` long-lived threads whose results come
+back to the loop in batches (one wake-up for many jobs); async handlers run as tasks. ``job.conn`` is checked out
+on first use only, for both kinds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from skiplock.app import App, Task
+from skiplock.handlers import Handler
+from skiplock.job import AsyncLazyConnection, Job, LazyConnection
+from skiplock.queue import fence_params
+from skiplock.sql import Queries
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["done", "deferred", "failed", "lease_lost", "released"]
+"""done: completed in the handler's transaction; deferred: to be completed in a batch; failed: the handler raised
+(or the job cannot run); lease_lost: the fence refused the completion (writes rolled back); released: handed back."""
+
+
+class UnknownTaskError(Exception):
+    """The job names a task this worker does not register (a rolling deploy, a typo): retried, then failed."""
+
+
+class HandlerConnectionError(Exception):
+    """The handler's transaction was aborted by a database error it swallowed, or job.conn could not be had."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What runs a job: the function, its colour, and the task (for its options), if any."""
+
+    func: Callable[..., Any]
+    is_async: bool
+    task: Task | None = None
+
+
+@dataclass(slots=True)
+class Result:
+    job: Job
+    outcome: Outcome
+    error: BaseException | None
+    finished: float  # time.monotonic()
+    task: Task | None = None
+
+
+class Router:
+    """Job -> Target: the app's task named by the job, or the catch-all handler for jobs without a task."""
+
+    def __init__(self, app: App | None, handler: Handler | None) -> None:
+        self.app = app
+        self.default = Target(handler.func, handler.is_async) if handler is not None else None
+        self._targets = {t.name: Target(t.func, t.is_async, t) for t in (app or ())}
+
+    def resolve(self, job: Job) -> Target | UnknownTaskError:
+        if job.task is None:
+            if self.default is not None:
+                return self.default
+            return UnknownTaskError("job has no task and this worker has no default handler (--handler)")
+        target = self._targets.get(job.task)
+        if target is None:
+            return UnknownTaskError(f"no task {job.task!r} registered in this worker")
+        return target
+
+    def task(self, name: str | None) -> Task | None:
+        target = self._targets.get(name) if name is not None else None
+        return target.task if target is not None else None
+
+    @property
+    def kinds(self) -> set[bool]:
+        """Colours in use: True for async, False for sync (a worker opens pools and threads only for these)."""
+        targets = list(self._targets.values()) + ([self.default] if self.default else [])
+        return {t.is_async for t in targets}
+
+    def lease_overrides(self) -> dict[str, float]:
+        return {t.name: t.options.lease_seconds for t in (self.app or ()) if t.options.lease_seconds is not None}
+
+
+@dataclass(slots=True)
+class Entry:
+    job: Job
+    started: float
+    handle: asyncio.Task[None] | None = None  # async jobs only; sync ones run on the handler threads
+
+
+class Slots:
+    """The jobs running now (at most ``capacity``); ``freed`` is set whenever one ends."""
+
+    def __init__(self, capacity: int, on_change: Callable[[str, int], None] = lambda q, d: None) -> None:
+        self.capacity = capacity
+        self._running: dict[int, Entry] = {}
+        self.freed = asyncio.Event()
+        self._on_change = on_change
+
+    def free(self) -> int:
+        return self.capacity - len(self._running)
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def add(self, job: Job, started: float) -> Entry:
+        entry = self._running[job.id] = Entry(job, started)
+        self._on_change(job.queue, 1)
+        return entry
+
+    def pop(self, job: Job) -> Entry | None:
+        """Forget ``job`` (same attempt only); None when it was handed back meanwhile."""
+        entry = self._running.get(job.id)
+        if entry is None or entry.job.attempts != job.attempts:
+            return None
+        del self._running[job.id]
+        self._on_change(job.queue, -1)
+        self.freed.set()
+        return entry
+
+    def holds(self, job: Job) -> bool:
+        entry = self._running.get(job.id)
+        return entry is not None and entry.job.attempts == job.attempts
+
+    def entries(self) -> list[Entry]:
+        return list(self._running.values())
+
+    def jobs(self) -> list[Job]:
+        return [e.job for e in self._running.values()]
+
+
+def _finish_sync(conn: psycopg.Connection[Any] | None, job: Job, worker: str, q: Queries) -> Outcome:
+    """After a sync handler returned: complete in its transaction when it wrote, else defer to the batch."""
+    if conn is None:
+        return "deferred"
+    status = conn.info.transaction_status
+    if status == TransactionStatus.IDLE:
+        return "deferred"
+    if status != TransactionStatus.INTRANS:
+        conn.rollback()
+        raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
+    if conn.execute(q.job_complete, fence_params([job], worker, None)).fetchone() is None:
+        conn.rollback()
+        return "lease_lost"
+    conn.commit()
+    return "done"
+
+
+async def _finish_async(conn: psycopg.AsyncConnection[Any] | None, job: Job, worker: str, q: Queries) -> Outcome:
+    if conn is None:
+        return "deferred"
+    status = conn.info.transaction_status
+    if status == TransactionStatus.IDLE:
+        return "deferred"
+    if status != TransactionStatus.INTRANS:
+        await conn.rollback()
+        raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
+    if await (await conn.execute(q.job_complete, fence_params([job], worker, None))).fetchone() is None:
+        await conn.rollback()
+        return "lease_lost"
+    await conn.commit()
+    return "done"
+
+
+class AsyncExecutor:
+    """Runs async handlers as tasks of the loop; ``job.conn`` comes from an async pool on first use."""
+
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], queries: Queries, worker: str, report: Callable[[Result], None]
+    ) -> None:
+        self.pool = pool
+        self._q = queries
+        self._worker = worker
+        self._report = report
+
+    def submit(self, job: Job, target: Target, entry: Entry) -> None:
+        entry.handle = asyncio.create_task(self._run(job, target), name=f"job-{job.id}")
+
+    async def _run(self, job: Job, target: Target) -> None:
+        try:
+            outcome = await self._unit(job, target)
+            result = Result(job, outcome, None, time.monotonic(), target.task)
+        except asyncio.CancelledError:  # only past the grace period of a drain: the job is handed back
+            self._report(Result(job, "released", None, time.monotonic(), target.task))
+            raise
+        except BaseException as exc:  # the handler raised: retry or fail, fenced
+            result = Result(job, "failed", exc, time.monotonic(), target.task)
+        self._report(result)
+
+    async def _unit(self, job: Job, target: Target) -> Outcome:
+        pool = self.pool
+        lazy = AsyncLazyConnection(pool.getconn)
+        try:
+            try:
+                await target.func(job.with_conn(lazy))
+            except BaseException:
+                if lazy.conn is not None:
+                    with contextlib.suppress(psycopg.Error):  # keep the handler's exception
+                        await lazy.conn.rollback()
+                raise
+            if lazy.failed is not None:  # the handler swallowed it: its writes never happened
+                raise HandlerConnectionError(f"job.conn could not be checked out: {lazy.failed}")
+            return await _finish_async(lazy.conn, job, self._worker, self._q)
+        finally:
+            if lazy.conn is not None:
+                await pool.putconn(lazy.conn)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+class ThreadExecutor:
+    """Runs sync handlers on ``size`` long-lived daemon threads fed by a queue; results are posted back to the loop
+    in batches. Threads cannot be cancelled: a job still running past the grace period is handed back and its late
+    result is dropped (its completion would be fenced out anyway)."""
+
+    def __init__(
+        self,
+        size: int,
+        pool: ConnectionPool[Any],
+        queries: Queries,
+        worker: str,
+        report: Callable[[list[Result]], None],
+    ) -> None:
+        self.pool = pool
+        self._q = queries
+        self._worker = worker
+        self._report = report
+        self._loop = asyncio.get_running_loop()
+        self._inbox: queue.SimpleQueue[tuple[Job, Target] | None] = queue.SimpleQueue()
+        self._outbox: deque[Result] = deque()
+        self._scheduled = False
+        self.skip: Callable[[Job], bool] = lambda job: False  # a job handed back before its thread got to it
+        # Daemon threads: one stuck in a handler must not keep the process alive after its job was handed back.
+        self._threads = [
+            threading.Thread(target=self._thread, name=f"skiplock-handler-{i}", daemon=True) for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, job: Job, target: Target, entry: Entry) -> None:
+        self._inbox.put((job, target))
+
+    def _thread(self) -> None:
+        while (item := self._inbox.get()) is not None:
+            job, target = item
+            if self.skip(job):
+                continue
+            try:
+                outcome = self._unit(job, target)
+                result = Result(job, outcome, None, time.monotonic(), target.task)
+            except BaseException as exc:
+                result = Result(job, "failed", exc, time.monotonic(), target.task)
+            self._outbox.append(result)
+            if not self._scheduled:  # one loop wake-up carries every result posted until it runs
+                self._scheduled = True
+                with contextlib.suppress(RuntimeError):  # the loop is closed: the worker has exited
+                    self._loop.call_soon_threadsafe(self.collect)
+
+    def collect(self) -> None:
+        """On the loop: hand every posted result to the worker."""
+        self._scheduled = False  # before draining: a result posted from now on schedules another call
+        results = []
+        while self._outbox:
+            results.append(self._outbox.popleft())
+        if results:
+            self._report(results)
+
+    def _unit(self, job: Job, target: Target) -> Outcome:
+        pool = self.pool
+        lazy = LazyConnection(pool.getconn)
+        try:
+            try:
+                target.func(job.with_conn(lazy))
+            except BaseException:
+                if lazy.conn is not None:
+                    with contextlib.suppress(psycopg.Error):
+                        lazy.conn.rollback()
+                raise
+            if lazy.failed is not None:
+                raise HandlerConnectionError(f"job.conn could not be checked out: {lazy.failed}")
+            return _finish_sync(lazy.conn, job, self._worker, self._q)
+        finally:
+            if lazy.conn is not None:
+                pool.putconn(lazy.conn)
+
+    def busy_threads(self) -> int:
+        return sum(1 for t in self._threads if t.is_alive())
+
+    def close(self, *, join: bool) -> None:
+        """Stop the threads after their current job; with ``join``, wait for them and close the pool."""
+        for _ in self._threads:
+            self._inbox.put(None)
+        if join:
+            for t in self._threads:
+                t.join(timeout=5)
+            self.pool.close()

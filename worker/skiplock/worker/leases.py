@@ -1,0 +1,142 @@
+"""Leases: heartbeats that move each job's stored lease deadline, recovery of expired leases (judged by the
+deadline in the row, never by this worker's setting), hand-back on drain, and reclaiming jobs whose claim
+committed but whose reply was lost with the connection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from skiplock.job import Job
+from skiplock.metrics import BoundMetrics, WorkerMetrics
+from skiplock.settings import Settings
+from skiplock.worker.control import Control
+
+log = logging.getLogger(__name__)
+
+
+class Leases:
+    def __init__(
+        self,
+        control: Control,
+        settings: Settings,
+        identity: str,
+        queues: Sequence[str],
+        lease_overrides: dict[str, float],
+        metrics: WorkerMetrics,
+        bound: dict[str, BoundMetrics],
+        tracked: Callable[[], list[Job]],
+        holds: Callable[[Job], bool],
+        wake: Callable[[], None],
+    ) -> None:
+        self._control = control
+        self._settings = settings
+        self._identity = identity
+        self._queues = list(queues)
+        self._overrides = lease_overrides
+        self._metrics = metrics
+        self._m = bound
+        self._tracked = tracked  # every job this worker holds a lease for (running or finished but unwritten)
+        self._holds = holds  # whether it still holds this attempt (it may have finished during a round trip)
+        self._wake = wake
+        self._warned: set[tuple[int, int]] = set()
+        self.released = 0
+        lease = settings.lease_seconds
+        shortest = min([lease, *lease_overrides.values()])
+        assert settings.heartbeat_seconds is not None and settings.recover_seconds is not None
+        # A task with a shorter lease than the worker's renews as often as its lease needs.
+        self.heartbeat_seconds = min(settings.heartbeat_seconds, shortest / 4 if shortest < lease else lease)
+        self.recover_seconds = settings.recover_seconds
+
+    def lease_for(self, job: Job) -> float:
+        return self._overrides.get(job.task, self._settings.lease_seconds) if job.task else self._settings.lease_seconds
+
+    # ------------------------------------------------------------------ heartbeats
+    async def heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_seconds)
+            await self.beat()
+
+    async def beat(self) -> None:
+        jobs = self._tracked()
+        if not jobs:
+            return
+        leases = [self.lease_for(j) for j in jobs]
+        lost = await self._control.call(
+            "heartbeat", lambda: self._control.queue.heartbeat(jobs, worker=self._identity, leases=leases)
+        )
+        if lost is None:
+            return
+        for job in jobs:
+            key = (job.id, job.attempts)
+            # A job that finished during the round trip is not lost: only warn for attempts still held now.
+            if job.id in lost and key not in self._warned and self._holds(job):
+                self._warned.add(key)
+                log.warning(
+                    "heartbeat found the lease lost (recovered or cancelled elsewhere); its result will be refused",
+                    extra={"action": "lease_lost", "job_id": job.id, "queue": job.queue, "attempt": job.attempts},
+                )
+        self._warned &= {(j.id, j.attempts) for j in jobs}
+
+    # ------------------------------------------------------------------ recovery
+    async def recoverer(self) -> None:
+        while True:
+            await self.recover()
+            await asyncio.sleep(self.recover_seconds)
+
+    async def recover(self) -> int:
+        recovered = await self._control.call(
+            "recover",
+            lambda: self._control.queue.recover_expired(
+                queues=self._queues, lease_seconds=self._settings.lease_seconds
+            ),
+        )
+        for r in recovered or []:
+            bound = self._m.get(r.queue)
+            if bound is not None:
+                bound.recovered[r.status].inc()
+            log.warning(
+                "recovered a job whose lease expired",
+                extra={"action": "lease_recovered", "queue": r.queue, "job_id": r.id, "status": r.status},
+            )
+        if recovered:
+            self._wake()
+        return len(recovered or [])
+
+    # ------------------------------------------------------------------ hand-back
+    async def release(self, jobs: list[Job]) -> int:
+        if not jobs:
+            return 0
+        ids = await self._control.call("release", lambda: self._control.queue.release(jobs, worker=self._identity))
+        for job in jobs:
+            if ids and job.id in ids:
+                self._m[job.queue].released.inc()
+        if ids:
+            self.released += len(ids)
+            log.info(
+                "handed back %d unfinished job(s) without burning an attempt",
+                len(ids),
+                extra={"action": "jobs_released"},
+            )
+        return len(ids or ())
+
+    async def reclaim_orphans(self) -> bool:
+        """After a call whose reply was lost: hand back jobs leased to this worker that it does not know it runs.
+        Returns False when the database did not answer (try again later)."""
+        known = [j.id for j in self._tracked()]
+        rows = await self._control.call(
+            "release",
+            lambda: self._control.queue.release_orphans(worker=self._identity, queues=self._queues, known=known),
+        )
+        if rows is None:
+            return False
+        if rows:
+            self.released += len(rows)
+            log.warning(
+                "handed back %d job(s) whose claim reply was lost with the connection (no attempt burnt)",
+                len(rows),
+                extra={"action": "orphans_released"},
+            )
+            self._wake()
+        return True
