@@ -24,11 +24,10 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-import skiplock.metrics
 from observability.operator_exposition import QUEUE_WIDE, operator_registry
 from observability.promsupport import require_binary
 from skiplock import Queue, Settings
-from skiplock.metrics import WorkerMetrics
+from skiplock.metrics import TableCollector, TableFetcher, WorkerMetrics
 from skiplock_operator.metrics import OperatorMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,6 +149,7 @@ def scrape(settings: Settings) -> Iterator[tuple[str, str]]:
         metrics.database_up.set(1)
         metrics.listener_connected.set(1)
         metrics.last_notification.set(1_700_000_000)
+        registry.register(TableCollector(TableFetcher(queue.settings), ttl=0))  # the jobs table's health
         operator = operator_registry(queue.settings, namespace="shop", jobqueue="mailer", queues=["emails"])
         yield generate_latest(registry).decode(), generate_latest(operator).decode()
 
@@ -198,14 +198,11 @@ def test_every_metric_named_by_alerts_and_dashboard_is_exported(scrape: tuple[st
     assert named - exported == set()
 
 
-def test_docs_name_and_explain_every_exported_metric(scrape: tuple[str, str], settings: Settings) -> None:
-    """README's metrics reference matches what the code exports (the worker's metrics, the worker's queue
-    collector while it still exists, the operator's metrics); the queue-wide series have rows in docs/alerts.md."""
+def test_docs_name_and_explain_every_exported_metric(scrape: tuple[str, str]) -> None:
+    """README's metrics reference matches what the code exports (the worker's metrics and table health, the
+    operator's metrics); the operator's queue-wide series also have rows in docs/alerts.md."""
     registry = CollectorRegistry()
     OperatorMetrics(registry)
-    legacy = getattr(skiplock.metrics, "QueueCollector", None)  # removed once workers stop exporting queue gauges
-    if legacy is not None:
-        registry.register(legacy(skiplock.metrics.StatsFetcher(settings), ttl=0))
     docs = DOCS.read_text(encoding="utf-8")
     rows = {line.split("`")[1] for line in docs.splitlines() if line.startswith("| `skiplock_")}
     exported = exported_names(scrape[0]) | exported_names(generate_latest(registry).decode())
