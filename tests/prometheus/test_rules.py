@@ -33,7 +33,8 @@ from skiplock_operator.metrics import OperatorMetrics
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "charts/skiplock/files/alerts.yaml"
 DASHBOARD = ROOT / "charts/skiplock/files/dashboard.json"
-DOCS = ROOT / "README.md"
+# The metrics reference: its own page once the docs are split out of the README, else the README's section.
+DOCS = next(p for p in (ROOT / "docs" / "metrics.md", ROOT / "README.md") if p.exists())
 RUNBOOKS = ROOT / "docs" / "alerts.md"
 UNIT_TESTS = sorted(Path(__file__).parent.glob("*.test.yaml"))
 RUNBOOK_BASE = "https://github.com/skiplock/skiplock/blob/main/docs/alerts.md#"
