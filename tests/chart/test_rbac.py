@@ -154,7 +154,8 @@ def test_aggregated_jobqueue_roles(render: Render, mode: tuple[str, ...]) -> Non
     cluster_roles = by_name(render(*mode), "ClusterRole")
     view, edit = cluster_roles["sl-skiplock-jobqueues-view"], cluster_roles["sl-skiplock-jobqueues-edit"]
     assert grants(view) == VIEW and grants(edit) == EDIT
-    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    for role in ("view", "edit", "admin"):  # whoever may edit or administer a namespace may also read
+        assert view["metadata"]["labels"][f"rbac.authorization.k8s.io/aggregate-to-{role}"] == "true"
     assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
     assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
     assert "rbac.authorization.k8s.io/aggregate-to-view" not in edit["metadata"]["labels"]
