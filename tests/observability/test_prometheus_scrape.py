@@ -235,7 +235,7 @@ def test_every_dashboard_query_returns_data_from_a_real_worker(
             what="both failing jobs to end in failed",
         )
 
-    queries = panel_queries(queue=QUEUE, rate_interval="30s")
+    queries = panel_queries(queue=QUEUE, rate_interval="30s", namespace=NAMESPACE)  # one tenant selected
     assert len(queries) >= 20
 
     def empty_queries() -> list[str]:
@@ -267,6 +267,13 @@ def test_every_dashboard_query_returns_data_from_a_real_worker(
         )
     )
     assert QUEUE in labels["data"], "the dashboard's queue selector would not list the queue"
+    namespaces = json.loads(
+        http_get(
+            f"{prometheus}/api/v1/label/namespace/values?"
+            + urllib.parse.urlencode({"match[]": 'skiplock_queue_jobs{jobqueue!=""}'})
+        )
+    )
+    assert namespaces["data"] == [NAMESPACE], "the namespace selector lists the JobQueue's namespace only"
 
 
 def test_prometheus_loads_and_evaluates_the_alert_rules(prometheus: str) -> None:
