@@ -32,9 +32,10 @@ async def serve(
     import kopf
 
     from skiplock_operator.config import OperatorConfig
-    from skiplock_operator.handlers import configure, register
+    from skiplock_operator.handlers import compact_kopf_logs, configure, register
 
     config = config or OperatorConfig.from_env()
+    compact_kopf_logs()
     registry = kopf.OperatorRegistry()
     settings = kopf.OperatorSettings()
     configure(settings, peering=peering, standalone=standalone)

@@ -40,13 +40,18 @@ class Cluster:
         async with self.emu.request(method, url, json=body, headers={"Content-Type": content_type}) as resp:
             assert resp.status < 300, f"{method} {url}: {resp.status} {await resp.text()}"
 
-    async def apply_secret(self, name: str, dsn: str, key: str = "dsn") -> None:
+    async def apply_secret(self, name: str, dsn: str, key: str = "dsn", *, opted_in: bool = True) -> None:
+        """A DSN Secret; ``opted_in`` adds the ``skiplock.io/dsn: "true"`` label the operator requires."""
         data = {key: base64.b64encode(dsn.encode()).decode()}
+        meta: dict[str, Any] = {"name": name, "labels": {"skiplock.io/dsn": "true"} if opted_in else {}}
         if self.get(SECRETS, name) is None:
-            body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data}
+            body = {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "data": data}
             await self._send("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", body, "application/json")
         else:
             await self._send("PATCH", f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}", {"data": data})
+
+    async def create(self, url: str, body: dict[str, Any]) -> None:
+        await self._send("POST", url, body, "application/json")
 
     async def create_jobqueue(self, name: str, spec: dict[str, Any]) -> None:
         body = {"apiVersion": "skiplock.io/v1alpha1", "kind": "JobQueue", "metadata": {"name": name}, "spec": spec}

@@ -125,9 +125,7 @@ def test_crd_defaults_equal_the_operators_defaults() -> None:
         "concurrency": spec.concurrency,
         "batch": spec.batch,
         "leaseSeconds": spec.lease_seconds,
-        "heartbeatSeconds": spec.heartbeat_seconds,
         "pollSeconds": spec.poll_seconds,
-        "recoverSeconds": spec.recover_seconds,
         "maxAttempts": spec.max_attempts,
         "shutdownGraceSeconds": spec.shutdown_grace_seconds,
         "listen": spec.listen,
@@ -137,6 +135,9 @@ def test_crd_defaults_equal_the_operators_defaults() -> None:
     }
     for key, value in top.items():
         assert props[key]["default"] == value, key
+    for key in ("heartbeatSeconds", "recoverSeconds"):  # no default: the worker derives them from the lease
+        assert spec.heartbeat_seconds is None and spec.recover_seconds is None
+        assert "default" not in props[key], key
     backoff = props["backoff"]["properties"]
     assert (backoff["baseSeconds"]["default"], backoff["capSeconds"]["default"], backoff["jitter"]["default"]) == (
         spec.backoff_base_seconds,
