@@ -16,6 +16,7 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.registry = registry
         self.reconciles = Counter(
             "skiplock_operator_reconciles",
             "JobQueue reconciles by result (success, invalid, retry, error).",

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import kmock
 import pytest
 from prometheus_client import CollectorRegistry
 
+from skiplock.logs import JsonFormatter
 from skiplock_operator import serve
 from skiplock_operator.config import OperatorConfig
 from skiplock_operator.metrics import OperatorMetrics
@@ -49,6 +51,9 @@ class Cluster:
             await self._send("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", body, "application/json")
         else:
             await self._send("PATCH", f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}", {"data": data})
+
+    async def patch_secret_labels(self, name: str, labels: dict[str, str]) -> None:
+        await self._send("PATCH", f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}", {"metadata": {"labels": labels}})
 
     async def create(self, url: str, body: dict[str, Any]) -> None:
         await self._send("POST", url, body, "application/json")
@@ -110,14 +115,13 @@ async def cluster() -> AsyncIterator[Cluster]:
 async def running_operator(cluster: Cluster, **options: Any) -> AsyncIterator[OperatorMetrics]:
     """The real operator (``skiplock_operator.serve``) in its own thread and event loop."""
     stop, ready = threading.Event(), threading.Event()
-    config = OperatorConfig(
-        server=str(cluster.emu.url),
-        insecure=True,
-        metrics_port=None,
-        database_timeout_seconds=2.0,
-        retry_cap_seconds=1.0,
-        secret_ttl_seconds=0.0,  # tests swap the DSN in the Secret and expect the next poll to see it
-    )
+    config_options: dict[str, Any] = {
+        "database_timeout_seconds": 2.0,
+        "retry_cap_seconds": 1.0,
+        "secret_ttl_seconds": 0.0,  # tests swap the DSN in the Secret and expect the next poll to see it
+        **options.pop("config", {}),
+    }
+    config = OperatorConfig(server=str(cluster.emu.url), insecure=True, metrics_port=None, **config_options)
     metrics = OperatorMetrics(CollectorRegistry())
     failures: list[BaseException] = []
     kwargs: dict[str, Any] = {"namespaces": [NAMESPACE], "all_namespaces": False, "standalone": True, **options}
@@ -138,6 +142,42 @@ async def running_operator(cluster: Cluster, **options: Any) -> AsyncIterator[Op
         await asyncio.to_thread(thread.join, 20)
     assert not thread.is_alive(), "operator did not stop"
     assert not failures, failures
+
+
+class CapturedLog(logging.Handler):
+    """Every record of the process, formatted as the operator's JSON log lines."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.setFormatter(JsonFormatter())
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@pytest.fixture
+def captured_log() -> Iterator[CapturedLog]:
+    handler = CapturedLog()
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+
+
+def metric(metrics: OperatorMetrics, name: str, **labels: str) -> float | None:
+    """One sample of the operator's registry (None when the series does not exist)."""
+    registry = metrics.registry
+    value = registry.get_sample_value(name, labels)
+    return None if value is None else float(value)
 
 
 @pytest.fixture

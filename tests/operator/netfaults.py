@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from urllib.parse import urlsplit, urlunsplit
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 
 class Proxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
-        self.target = (target_host, target_port)
+    """Forwards 127.0.0.1:<port> to the server ``dsn`` names (TCP, or its unix socket)."""
+
+    def __init__(self, dsn: str) -> None:
+        params = conninfo_to_dict(dsn)
+        self.host = str(params.get("host") or "127.0.0.1")
+        self.target_port = int(params.get("port") or 5432)
+        self._dsn = dsn
         self.partitioned = asyncio.Event()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -39,12 +45,9 @@ class Proxy:
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(self._server.wait_closed(), 2)
 
-    def dsn(self, dsn: str) -> str:
-        """``dsn`` (a URL) pointed at this proxy."""
-        parts = urlsplit(dsn)
-        auth = parts.netloc.rpartition("@")[0]
-        netloc = f"{auth}@127.0.0.1:{self.port}" if auth else f"127.0.0.1:{self.port}"
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    def dsn(self) -> str:
+        """The server's DSN pointed at this proxy."""
+        return make_conninfo(self._dsn, host="127.0.0.1", port=str(self.port), hostaddr="")
 
     def partition(self) -> None:
         self.partitioned.set()
@@ -58,7 +61,11 @@ class Proxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
+            if self.host.startswith("/"):
+                path = f"{self.host}/.s.PGSQL.{self.target_port}"
+                up_reader, up_writer = await asyncio.open_unix_connection(path)
+            else:
+                up_reader, up_writer = await asyncio.open_connection(self.host, self.target_port)
         except OSError:
             writer.close()
             return
@@ -90,6 +97,9 @@ class Tarpit:
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
         self.port = 0
+        self.accepted = 0
+        self.open = 0
+        self.most_open = 0
 
     async def __aenter__(self) -> Tarpit:
         self._server = await asyncio.start_server(self._hold, "127.0.0.1", 0)
@@ -106,9 +116,15 @@ class Tarpit:
 
     async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
-        with contextlib.suppress(OSError, ConnectionError):
-            while await reader.read(65536):
-                pass
+        self.accepted += 1
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            with contextlib.suppress(OSError, ConnectionError):
+                while await reader.read(65536):
+                    pass
+        finally:
+            self.open -= 1
 
     def dsn(self, password: str = "tarpit-pw") -> str:
         return f"postgresql://tenant:{password}@127.0.0.1:{self.port}/app"
