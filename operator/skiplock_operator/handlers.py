@@ -67,23 +67,23 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
     server = config.server
     if server:
 
-        @kopf.on.login(registry=registry)
+        @kopf.on.login(registry=registry, id="login")
         def login(**_: Any) -> kopf.ConnectionInfo:
             return kopf.ConnectionInfo(server=server, insecure=config.insecure)
     else:
 
-        @kopf.on.login(registry=registry)
+        @kopf.on.login(registry=registry, id="login")
         def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
             info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
             return info or kopf.login_with_kubeconfig(**kwargs)
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(registry=registry, id="startup")
     async def startup(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         kube = await Kube.connect(config.server, insecure=config.insecure)
         memo.runtime = reconcile.Runtime(config, kube, metrics)
         logger.info("skiplock operator started")
 
-    @kopf.on.cleanup(registry=registry)
+    @kopf.on.cleanup(registry=registry, id="cleanup")
     async def cleanup(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
         if runtime is not None:
@@ -100,7 +100,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
     async def delete_jobqueue(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await reconcile.finalize(memo.runtime, body)
 
-    @kopf.on.event("apps", "v1", "deployments", registry=registry, labels={MANAGED_BY: MANAGER})
+    @kopf.on.event("apps", "v1", "deployments", registry=registry, id="owned", labels={MANAGED_BY: MANAGER})
     def owned_deployment(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         """Drift correction: a change to a Deployment we own wakes its JobQueue, whose poll undoes it."""
         runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
@@ -108,7 +108,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
             if runtime is not None and ref.get("controller") and ref.get("kind") == KIND:
                 runtime.owned_deployment_changed(body["metadata"]["namespace"], ref["name"])
 
-    @kopf.on.event("", "v1", "secrets", registry=registry, labels={DSN_LABEL: "true"})
+    @kopf.on.event("", "v1", "secrets", registry=registry, id="dsn-secret", labels={DSN_LABEL: "true"})
     def dsn_secret(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         """A rotated DSN is used at once: the cached value goes and the JobQueues that read it wake."""
         runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)

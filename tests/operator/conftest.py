@@ -145,10 +145,10 @@ async def running_operator(cluster: Cluster, **options: Any) -> AsyncIterator[Op
 
 
 class CapturedLog(logging.Handler):
-    """Every record of the process, formatted as the operator's JSON log lines."""
+    """Every record of the process at INFO and above (the operator's default level), as JSON log lines."""
 
     def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
+        super().__init__(logging.INFO)
         self.setFormatter(JsonFormatter())
         self.lines: list[str] = []
 
@@ -165,7 +165,7 @@ def captured_log() -> Iterator[CapturedLog]:
     root = logging.getLogger()
     old_level = root.level
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
+    root.setLevel(logging.INFO)
     try:
         yield handler
     finally:
