@@ -130,3 +130,30 @@ async def test_log_lines_are_short_single_events(
     print(f"{len(lines)} lines, median {median} bytes, max {sizes[-1]} bytes")
     assert sizes[-1] < 1024, max(lines, key=len)[:400]
     assert median < 300, f"median log line is {median} bytes"
+
+
+async def test_the_connection_budget_defaults_from_max_connections(
+    pg_dsn: str, schema: str, aqueue: AsyncQueue, cluster: Cluster, operator: object
+) -> None:
+    import psycopg
+
+    from skiplock_operator.database import budget_from_limits
+    from skiplock_operator.scaling import connections_per_replica
+
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int"
+        ).fetchone()
+    assert row is not None
+    concurrency = 30
+    cap = budget_from_limits(*row) // connections_per_replica(concurrency)
+    assert 0 < cap < 20, f"this test wants a server where the default budget caps below 20 (got {cap})"
+    await cluster.apply_secret("db", pg_dsn)
+    spec = {**jobqueue_spec("cap", schema, maxReplicas=20), "concurrency": concurrency}
+    await cluster.create_jobqueue("cap", spec)
+    await aqueue.enqueue_many("cap", [{"n": i} for i in range(400)])
+    await await_for(lambda: cluster.replicas("cap") == cap, what=f"{cap} replicas (the default budget)")
+    await await_for(
+        lambda: is_status(cluster, "cap", "ScalingActive", "True", "ConnectionBudgetLimited"),
+        what="ConnectionBudgetLimited",
+    )
