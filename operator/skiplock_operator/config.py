@@ -61,6 +61,14 @@ class OperatorConfig:
     metrics_port: int | None = 9465
     """Port of the operator's own /metrics (default 9465; None turns it off)."""
 
+    watch_deployments: bool = True
+    """Watch the Deployments the operator owns, so a hand edit is undone at once (needs Deployment
+    ``list``/``watch``). Off: drift is undone at the next poll, and ``get`` is enough."""
+
+    watch_secrets: bool = True
+    """Watch opted-in DSN Secrets, so a rotated DSN is used at once (needs Secret ``list``/``watch``).
+    Off: a rotation is seen within ``secret_ttl_seconds``, and ``get`` is enough."""
+
     policy: Policy = Policy()
 
     @classmethod
@@ -76,9 +84,19 @@ class OperatorConfig:
         if env.get(ENV + "METRICS_PORT"):
             port = int(env[ENV + "METRICS_PORT"])
             values["metrics_port"] = port or None
+        for name in ("watch_deployments", "watch_secrets"):
+            raw = env.get(ENV + name.upper(), "").strip().lower()
+            if raw:
+                values[name] = _flag(name, raw)
         values["policy"] = policy_from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _flag(name: str, raw: str) -> bool:
+    if raw not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"{ENV}{name.upper()} must be true or false (got {raw!r})")
+    return raw in ("true", "1", "yes")
 
 
 def _items(env: Mapping[str, str], name: str) -> tuple[str, ...]:
@@ -89,12 +107,10 @@ def policy_from_env(env: Mapping[str, str]) -> Policy:
     """``SKIPLOCK_OPERATOR_ALLOWED_IMAGES``, ``..._ALLOWED_SERVICE_ACCOUNTS``, ``..._ALLOWED_POD_ANNOTATIONS``,
     ``..._ALLOWED_DSN_HOSTS`` (comma-separated) and ``..._ALLOW_SCHEDULING`` (true/false)."""
     scheduling = env.get(ENV + "ALLOW_SCHEDULING", "").strip().lower()
-    if scheduling not in ("", "true", "false", "1", "0", "yes", "no"):
-        raise ValueError(f"{ENV}ALLOW_SCHEDULING must be true or false (got {scheduling!r})")
     return Policy(
         allowed_images=_items(env, "ALLOWED_IMAGES"),
         allowed_service_accounts=_items(env, "ALLOWED_SERVICE_ACCOUNTS"),
         allowed_pod_annotations=_items(env, "ALLOWED_POD_ANNOTATIONS"),
-        allow_scheduling=scheduling in ("true", "1", "yes"),
+        allow_scheduling=_flag("allow_scheduling", scheduling) if scheduling else False,
         allowed_dsn_hosts=_items(env, "ALLOWED_DSN_HOSTS"),
     )

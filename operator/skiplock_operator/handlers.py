@@ -100,20 +100,24 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
     async def delete_jobqueue(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await reconcile.finalize(memo.runtime, body)
 
-    @kopf.on.event("apps", "v1", "deployments", registry=registry, id="owned", labels={MANAGED_BY: MANAGER})
-    def owned_deployment(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        """Drift correction: a change to a Deployment we own wakes its JobQueue, whose poll undoes it."""
-        runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
-        for ref in body.get("metadata", {}).get("ownerReferences") or []:
-            if runtime is not None and ref.get("controller") and ref.get("kind") == KIND:
-                runtime.owned_deployment_changed(body["metadata"]["namespace"], ref["name"])
+    if config.watch_deployments:
 
-    @kopf.on.event("", "v1", "secrets", registry=registry, id="dsn-secret", labels={DSN_LABEL: "true"})
-    def dsn_secret(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        """A rotated DSN is used at once: the cached value goes and the JobQueues that read it wake."""
-        runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
-        if runtime is not None:
-            runtime.secret_changed(body["metadata"]["namespace"], body["metadata"]["name"])
+        @kopf.on.event("apps", "v1", "deployments", registry=registry, id="owned", labels={MANAGED_BY: MANAGER})
+        def owned_deployment(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+            """Drift correction: a change to a Deployment we own wakes its JobQueue, whose poll undoes it."""
+            runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
+            for ref in body.get("metadata", {}).get("ownerReferences") or []:
+                if runtime is not None and ref.get("controller") and ref.get("kind") == KIND:
+                    runtime.owned_deployment_changed(body["metadata"]["namespace"], ref["name"])
+
+    if config.watch_secrets:
+
+        @kopf.on.event("", "v1", "secrets", registry=registry, id="dsn-secret", labels={DSN_LABEL: "true"})
+        def dsn_secret(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+            """A rotated DSN is used at once: the cached value goes and the JobQueues that read it wake."""
+            runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
+            if runtime is not None:
+                runtime.secret_changed(body["metadata"]["namespace"], body["metadata"]["name"])
 
     @kopf.daemon(*resource, registry=registry, id="autoscale", cancellation_backoff=1.0, cancellation_timeout=5.0)
     async def autoscale(

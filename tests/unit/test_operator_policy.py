@@ -37,6 +37,11 @@ def test_policy_comes_from_env() -> None:
         allowed_dsn_hosts=(".db.internal", "10.0.0.0/8"),
     )
     assert OperatorConfig.from_env({}).policy == Policy()
+    assert OperatorConfig.from_env({}).watch_secrets and OperatorConfig.from_env({}).watch_deployments
+    quiet = OperatorConfig.from_env(
+        {"SKIPLOCK_OPERATOR_WATCH_SECRETS": "false", "SKIPLOCK_OPERATOR_WATCH_DEPLOYMENTS": "no"}
+    )
+    assert not quiet.watch_secrets and not quiet.watch_deployments
     with pytest.raises(ValueError, match="ALLOW_SCHEDULING"):
         policy_from_env({"SKIPLOCK_OPERATOR_ALLOW_SCHEDULING": "maybe"})
 
