@@ -83,9 +83,17 @@ def run(
     except ImportError as exc:
         log.error("the operator needs the extra: pip install 'skiplock[operator]' (%s)", exc)
         return 2
+    from skiplock_operator.config import OperatorConfig
+
+    try:
+        config = OperatorConfig.from_env()
+    except ValueError as exc:
+        log.error("invalid SKIPLOCK_OPERATOR_* setting: %s", exc)
+        return 2
     try:
         asyncio.run(
             serve(
+                config=config,
                 namespaces=namespaces,
                 all_namespaces=all_namespaces,
                 liveness_port=liveness_port,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -55,3 +56,8 @@ def test_operator_config_from_env() -> None:
     )
     assert (config.secret_ttl_seconds, config.metrics_port, config.server) == (0.0, None, "http://x")
     assert OperatorConfig.from_env({}).metrics_port == 9465
+
+
+def test_a_bad_policy_setting_is_a_usage_error(monkeypatch: Any) -> None:
+    monkeypatch.setenv("SKIPLOCK_OPERATOR_ALLOW_SCHEDULING", "perhaps")
+    assert skiplock_operator.run(["default"], False, None, None, True) == 2
