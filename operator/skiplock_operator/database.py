@@ -173,6 +173,7 @@ class Databases:
         self._entries: dict[PoolKey, _Entry] = {}
         self._users: dict[Hashable, PoolKey] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         """Open connections."""
@@ -187,13 +188,14 @@ class Databases:
         return self._entries.setdefault(key, _Entry())
 
     def _close_unused(self, key: PoolKey) -> None:
+        """Close a connection nobody uses any more, once its in-flight call (if any) is over."""
         if key in self._users.values():
             return
         entry = self._entries.pop(key, None)
         if entry is not None and entry.conn is not None:
-            conn, entry.conn = entry.conn, None
-            sever(conn)
-            asyncio.get_running_loop().create_task(_close(conn))
+            task = asyncio.get_running_loop().create_task(_retire(entry))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
 
     def _namespace_slots(self, user: Hashable) -> asyncio.Semaphore:
         namespace = str(user[0]) if isinstance(user, tuple) and user else ""
@@ -230,17 +232,19 @@ class Databases:
         return max(1, int(self._timeout * 1000))
 
     async def _bounded(self, conn: psycopg.AsyncConnection[Any], work: Awaitable[T]) -> T:
+        """``work`` within the timeout. On timeout (or our own cancellation) the socket is shut down, so the
+        pending read fails at once; the task is never cancelled, since psycopg would answer a cancellation
+        with a cancel request, which waits on a dead link for its own timeout."""
         task = asyncio.ensure_future(work)
         try:
             done, _ = await asyncio.wait({task}, timeout=self._timeout)
         except asyncio.CancelledError:
             sever(conn)
-            task.cancel()
+            await _settle(task)
             raise
         if not done:
-            sever(conn)  # the pending read sees EOF and fails; nothing waits on a cancel request
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(task, 1.0)
+            sever(conn)
+            await _settle(task)
             raise TimeoutError
         return task.result()
 
@@ -328,6 +332,8 @@ class Databases:
             self._close_unused(key)
 
     async def close(self) -> None:
+        for task in list(self._retiring):
+            task.cancel()
         entries = list(self._entries.values())
         self._entries.clear()
         self._users.clear()
@@ -339,6 +345,19 @@ class Databases:
 
 def budget_from_limits(max_connections: int, reserved: int) -> int:
     return max(0, int(max_connections * DEFAULT_BUDGET_SHARE) - reserved)
+
+
+async def _retire(entry: _Entry) -> None:
+    async with entry.lock:
+        if entry.conn is not None:
+            conn, entry.conn = entry.conn, None
+            await _close(conn)
+
+
+async def _settle(task: asyncio.Future[Any]) -> None:
+    """Let a severed task fail (briefly); if it does not, leave it to finish on its own, quietly."""
+    await asyncio.wait({task}, timeout=1.0)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 async def _close(conn: psycopg.AsyncConnection[Any]) -> None:

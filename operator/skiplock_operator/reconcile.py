@@ -388,6 +388,7 @@ class Autoscaler:
             dsn = await read_dsn(rt, self.key, spec, fresh=self.failures > 0)
         except SecretProblem as exc:
             self.failures += 1
+            rt.metrics.database_up.labels(namespace, name).set(0)
             await write_status(rt, self.key, conditions=((status.READY, False, exc.reason, str(exc)),))
             return min(interval, rt.backoff(self.failures))
         queues = spec.served_queues
