@@ -120,7 +120,11 @@ async def write_status(
         changes = status_changes(old, fields, conditions, generation)
         if changes:
             await rt.kube.patch_jobqueue_status(namespace, name, changes)
+    posted: set[str] = set()
     for type_, ok, reason, message in transitions(old.get("conditions"), conditions):
+        if reason in posted:  # Ready and DatabaseReachable often turn for one cause: one Event
+            continue
+        posted.add(reason)
         kind = "Warning" if not ok and reason in status.WARNING_REASONS else "Normal"
         kopf.event(current, type=kind, reason=reason, message=f"{type_}={ok}: {message}")  # type: ignore[arg-type]
 

@@ -81,6 +81,12 @@ async def test_a_deployment_replaced_before_the_delete_survives_it(
         assert resp.status == 409
     assert cluster.deployment("pre") == dep
 
+    await cluster.delete_jobqueue("pre")
+    await await_for(lambda: cluster.deployment("pre") is None, what="the owned Deployment deleted")
+    deletes = [r for r in cluster.emu if r.method.value == "DELETE" and str(r.url).endswith("/deployments/pre-worker")]
+    sent = [(r.data or {}).get("preconditions") for r in deletes[1:]]  # the first one is the test's own
+    assert sent == [{"uid": dep["metadata"]["uid"]}], sent
+
 
 async def test_a_secret_without_the_opt_in_label_is_not_used(
     pg_dsn: str, schema: str, cluster: Cluster, operator: object, captured_log: CapturedLog
