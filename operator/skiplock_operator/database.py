@@ -235,18 +235,21 @@ class Databases:
         """``work`` within the timeout. On timeout (or our own cancellation) the socket is shut down, so the
         pending read fails at once; the task is never cancelled, since psycopg would answer a cancellation
         with a cancel request, which waits on a dead link for its own timeout."""
-        task = asyncio.ensure_future(work)
+        task = asyncio.ensure_future(_captured(work))  # never ends in an error: kopf re-raises those at exit
         try:
             done, _ = await asyncio.wait({task}, timeout=self._timeout)
         except asyncio.CancelledError:
             sever(conn)
-            await _settle(task)
+            await asyncio.wait({task}, timeout=1.0)
             raise
         if not done:
             sever(conn)
-            await _settle(task)
+            await asyncio.wait({task}, timeout=1.0)  # it fails at once on the severed socket
             raise TimeoutError
-        return task.result()
+        ok, value = task.result()
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
 
     async def _call(
         self,
@@ -348,16 +351,19 @@ def budget_from_limits(max_connections: int, reserved: int) -> int:
 
 
 async def _retire(entry: _Entry) -> None:
-    async with entry.lock:
-        if entry.conn is not None:
-            conn, entry.conn = entry.conn, None
-            await _close(conn)
+    with contextlib.suppress(Exception):
+        async with entry.lock:
+            if entry.conn is not None:
+                conn, entry.conn = entry.conn, None
+                await _close(conn)
 
 
-async def _settle(task: asyncio.Future[Any]) -> None:
-    """Let a severed task fail (briefly); if it does not, leave it to finish on its own, quietly."""
-    await asyncio.wait({task}, timeout=1.0)
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+async def _captured(work: Awaitable[Any]) -> tuple[bool, Any]:
+    """(True, result) or (False, exception): a task left behind a severed socket ends quietly."""
+    try:
+        return True, await work
+    except Exception as exc:
+        return False, exc
 
 
 async def _close(conn: psycopg.AsyncConnection[Any]) -> None:

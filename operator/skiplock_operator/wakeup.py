@@ -31,7 +31,14 @@ class _Shared:
             wake=self.wake,
             application_name="skiplock-operator-listen",
         )
-        self.task = asyncio.create_task(self.listener.run(), name=f"skiplock-listen-{channel}-{queue}")
+        self.task = asyncio.create_task(self._run(), name=f"skiplock-listen-{channel}-{queue}")
+
+    async def _run(self) -> None:
+        """The listener, ending quietly on anything but cancellation (kopf re-raises task errors at exit)."""
+        try:
+            await self.listener.run()
+        except Exception as exc:
+            log.warning("LISTEN stopped (%s): polling only", type(exc).__name__, extra={"action": "listen_stopped"})
 
     def wake(self) -> None:
         for event in self.events.values():

@@ -7,6 +7,7 @@ import base64
 import contextlib
 import logging
 import threading
+import traceback
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -141,7 +142,7 @@ async def running_operator(cluster: Cluster, **options: Any) -> AsyncIterator[Op
         stop.set()
         await asyncio.to_thread(thread.join, 20)
     assert not thread.is_alive(), "operator did not stop"
-    assert not failures, failures
+    assert not failures, "".join(traceback.format_exception(failures[0]))
 
 
 class CapturedLog(logging.Handler):

@@ -63,7 +63,7 @@ async def test_listen_hub_sets_the_event_for_its_queue_only(pg_dsn: str, schema:
     try:
         await hub.subscribe("a", pg_dsn, aqueue.settings.channel, ["mine"], mine)
         await hub.subscribe("b", pg_dsn, aqueue.settings.channel, ["other"], other)
-        await await_for(lambda: hub.listening("a"), what="LISTEN established")
+        await await_for(lambda: hub.listening("a") and hub.listening("b"), what="LISTEN established")
         mine.clear()
         other.clear()
         await aqueue.enqueue("mine", {"id": uuid.uuid4().hex})
