@@ -158,6 +158,7 @@ def test_examples_validate_against_the_schema_and_rules(path: Path) -> None:
 def test_secret_example_is_a_secret_with_a_dsn() -> None:
     doc = example(ROOT / "examples" / "secret.yaml")
     assert doc["kind"] == "Secret" and "dsn" in doc["stringData"]
+    assert doc["metadata"]["labels"]["skiplock.io/dsn"] == "true", "the operator reads only opted-in Secrets"
     assert example(ROOT / "examples" / "jobqueue.yaml")["spec"]["dsnSecretRef"]["name"] == doc["metadata"]["name"]
 
 
