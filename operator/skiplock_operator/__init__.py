@@ -32,9 +32,10 @@ async def serve(
     import kopf
 
     from skiplock_operator.config import OperatorConfig
-    from skiplock_operator.handlers import configure, register
+    from skiplock_operator.handlers import compact_kopf_logs, configure, register
 
     config = config or OperatorConfig.from_env()
+    compact_kopf_logs()
     registry = kopf.OperatorRegistry()
     settings = kopf.OperatorSettings()
     configure(settings, peering=peering, standalone=standalone)
@@ -82,9 +83,17 @@ def run(
     except ImportError as exc:
         log.error("the operator needs the extra: pip install 'skiplock[operator]' (%s)", exc)
         return 2
+    from skiplock_operator.config import OperatorConfig
+
+    try:
+        config = OperatorConfig.from_env()
+    except ValueError as exc:
+        log.error("invalid SKIPLOCK_OPERATOR_* setting: %s", exc)
+        return 2
     try:
         asyncio.run(
             serve(
+                config=config,
                 namespaces=namespaces,
                 all_namespaces=all_namespaces,
                 liveness_port=liveness_port,

@@ -135,6 +135,9 @@ def test_crd_defaults_equal_the_operators_defaults() -> None:
     }
     for key, value in top.items():
         assert props[key]["default"] == value, key
+    for key in ("heartbeatSeconds", "recoverSeconds"):  # no default: the worker derives them from the lease
+        assert spec.heartbeat_seconds is None and spec.recover_seconds is None
+        assert "default" not in props[key], key
     backoff = props["backoff"]["properties"]
     assert (backoff["baseSeconds"]["default"], backoff["capSeconds"]["default"], backoff["jitter"]["default"]) == (
         spec.backoff_base_seconds,
@@ -188,6 +191,7 @@ def test_examples_validate_against_the_schema_and_rules(path: Path) -> None:
 def test_secret_example_is_a_secret_with_a_dsn() -> None:
     doc = example(ROOT / "examples" / "secret.yaml")
     assert doc["kind"] == "Secret" and "dsn" in doc["stringData"]
+    assert doc["metadata"]["labels"]["skiplock.io/dsn"] == "true", "the operator reads only opted-in Secrets"
     assert example(ROOT / "examples" / "jobqueue.yaml")["spec"]["dsnSecretRef"]["name"] == doc["metadata"]["name"]
 
 

@@ -80,6 +80,9 @@ class Queries:
     job_cancel: LiteralString
     job_purge_batch: LiteralString
     queue_stats: LiteralString
+    queue_next_due: LiteralString
+    server_connection_limits: LiteralString
+    session_statement_timeout: LiteralString
     schema_lock: LiteralString
     schema_exists: LiteralString
     schema_create: LiteralString
