@@ -3,22 +3,38 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 K8S_TOOLS := $(CURDIR)/.cache/k8s-tools
 export PATH := $(K8S_TOOLS)/helm:$(K8S_TOOLS)/kubectl:$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: demo test lint bench soak install clean
+.PHONY: demo docs test lint bench soak install clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
+
+# The full install (operator, tests, linters, docs) also covers the demo.
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[operator,test,dev,demo]'
-	touch $(STAMP)
+	$(BIN)/pip install -q -e '.[operator,test,dev,demo,docs]'
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo needs only the package and the embedded PostgreSQL: a fresh `make demo` does not wait for the
+# operator, test and lint toolchains.
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[demo]'
+	touch $(DEMO_STAMP)
 
 install: $(STAMP)
 
-## make demo: the main job on an embedded PostgreSQL (or on $SKIPLOCK_DSN / $DATABASE_URL when set)
-demo: $(STAMP)
-	$(BIN)/skiplock demo
+## make demo: the main job on an embedded PostgreSQL (or on $SKIPLOCK_DSN / $DATABASE_URL when set);
+## make demo DEMO_ARGS=--keep leaves the embedded server running and prints its DSN
+demo: $(DEMO_STAMP)
+	$(BIN)/skiplock demo $(DEMO_ARGS)
+
+## make docs: the JobQueue reference from the CRD, then the documentation site, strictly (site/)
+docs: $(STAMP)
+	$(BIN)/python tools/gen-crd-docs.py
+	$(BIN)/mkdocs build --strict --site-dir site
 
 ## make test: lint, then the whole suite against a real PostgreSQL (SKIPLOCK_TEST_DSN, Docker, or embedded)
 test: $(STAMP)
@@ -39,4 +55,4 @@ soak: $(STAMP)
 	$(BIN)/pytest -q -m soak tests/chaos
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache site
