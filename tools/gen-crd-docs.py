@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import html
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,13 +30,21 @@ BOUNDS = (
     ("maxLength", "max length {}"),
     ("minItems", "min items {}"),
     ("maxItems", "max items {}"),
-    ("pattern", "pattern `{}`"),
 )
 
 
 def cell(text: object) -> str:
     """One Markdown table cell: no newlines, pipes escaped."""
     return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def code(text: object) -> str:
+    """Inline code for a table cell. A pipe would end the cell, and Markdown renders an escaped pipe inside
+    backticks literally, so such text becomes an HTML code element with the pipe as an entity."""
+    s = " ".join(str(text).split())
+    if "|" in s:
+        return "<code>" + html.escape(s, quote=False).replace("|", "&#124;") + "</code>"
+    return f"`{s}`"
 
 
 def type_of(node: dict[str, Any]) -> str:
@@ -50,9 +59,11 @@ def type_of(node: dict[str, Any]) -> str:
 
 
 def constraints(node: dict[str, Any]) -> str:
-    parts = [fmt.format(node[key]) for key, fmt in BOUNDS if key in node]
+    parts = [fmt.format(node[key]) for key, fmt in BOUNDS if key in node and key != "pattern"]
+    if "pattern" in node:
+        parts.append("pattern " + code(node["pattern"]))
     if "enum" in node:
-        parts.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
+        parts.append("one of " + ", ".join(code(v) for v in node["enum"]))
     if node.get("x-kubernetes-preserve-unknown-fields"):
         parts.append("free-form (Kubernetes type)")
     if node.get("x-kubernetes-list-type") == "map":
@@ -101,7 +112,7 @@ def rules(root: dict[str, Any], prefix: str) -> list[str]:
     lines = []
     for path, node, _ in walk(root, prefix, True):
         for rule in node.get("x-kubernetes-validations", []):
-            lines.append(f"| `{path}` | `{cell(rule['rule'])}` | {cell(rule.get('message', ''))} |")
+            lines.append(f"| `{path}` | {code(rule['rule'])} | {cell(rule.get('message', ''))} |")
     if not lines:
         return ["None."]
     return ["| on | rule (CEL) | message |", "|---|---|---|", *lines]
@@ -140,7 +151,7 @@ def render(crd: dict[str, Any]) -> str:
             out += ["### `kubectl get` columns", "", "| column | from | shown | description |", "|---|---|---|---|"]
             for c in columns:
                 shown = "with `-o wide`" if c.get("priority", 0) > 0 else "always"
-                out.append(f"| {c['name']} | `{cell(c['jsonPath'])}` | {shown} | {cell(c.get('description', ''))} |")
+                out.append(f"| {c['name']} | {code(c['jsonPath'])} | {shown} | {cell(c.get('description', ''))} |")
             out.append("")
         props = schema.get("properties", {})
         for part in ("spec", "status"):
