@@ -9,19 +9,25 @@ export PATH := $(K8S_TOOLS)/helm:$(K8S_TOOLS)/kubectl:$(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: demo docs test lint bench soak install clean
 
+# The venv starts without pip when the interpreter has one (pip --python installs into it): bootstrapping
+# pip into a fresh venv costs more than the whole demo install on a busy machine.
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --without-pip $(VENV)
 
-# The full install (operator, tests, linters, docs) also covers the demo.
+PIP = $(if $(shell $(PYTHON) -m pip --version 2>/dev/null),$(PYTHON) -m pip --python $(BIN)/python,$(BIN)/python -m pip)
+
+# The full install (operator, tests, linters, docs) also covers the demo, and gives the venv its own pip.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[operator,test,dev,demo,docs]'
+	$(BIN)/python -m pip --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip -q
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[operator,test,dev,demo,docs]'
 	touch $(STAMP) $(DEMO_STAMP)
 
 # The demo needs only the package and the embedded PostgreSQL: a fresh `make demo` does not wait for the
 # operator, test and lint toolchains.
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[demo]'
+	$(if $(shell $(PYTHON) -m pip --version 2>/dev/null),,$(BIN)/python -m ensurepip -q)
+	$(PIP) install -q -e '.[demo]'
 	touch $(DEMO_STAMP)
 
 install: $(STAMP)
