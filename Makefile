@@ -1,5 +1,7 @@
 # Every target creates or refreshes .venv first, so a fresh clone needs nothing but python3 (3.11+).
 PYTHON ?= python3
+# The interpreter found before .venv/bin goes first on PATH below.
+HOST_PYTHON := $(shell command -v $(PYTHON) 2>/dev/null || echo $(PYTHON))
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -12,9 +14,9 @@ export PATH := $(K8S_TOOLS)/helm:$(K8S_TOOLS)/kubectl:$(CURDIR)/$(BIN):$(PATH)
 # The venv starts without pip when the interpreter has one (pip --python installs into it): bootstrapping
 # pip into a fresh venv costs more than the whole demo install on a busy machine.
 $(BIN)/python:
-	$(PYTHON) -m venv --without-pip $(VENV)
+	$(HOST_PYTHON) -m venv --without-pip $(VENV)
 
-PIP = $(if $(shell $(PYTHON) -m pip --version 2>/dev/null),$(PYTHON) -m pip --python $(BIN)/python,$(BIN)/python -m pip)
+HOST_HAS_PIP = $(shell $(HOST_PYTHON) -m pip --version >/dev/null 2>&1 && echo yes)
 
 # The full install (operator, tests, linters, docs) also covers the demo, and gives the venv its own pip.
 $(STAMP): pyproject.toml | $(BIN)/python
@@ -26,8 +28,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 # The demo needs only the package and the embedded PostgreSQL: a fresh `make demo` does not wait for the
 # operator, test and lint toolchains.
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
-	$(if $(shell $(PYTHON) -m pip --version 2>/dev/null),,$(BIN)/python -m ensurepip -q)
-	$(PIP) install -q -e '.[demo]'
+	$(if $(HOST_HAS_PIP),$(HOST_PYTHON) -m pip --python $(BIN)/python,$(BIN)/python -m ensurepip -q && $(BIN)/python -m pip) \
+	  install -q -e '.[demo]'
 	touch $(DEMO_STAMP)
 
 install: $(STAMP)
