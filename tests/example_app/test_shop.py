@@ -94,7 +94,9 @@ def test_a_webhook_4xx_fails_the_job_for_good(shop, receiver):
     report = testing.run_jobs(shop.tasks.app, settings=shop.settings, queues=("webhooks",))
     assert report.failed == [webhook["id"]]
     [failed] = testing.enqueued(settings=shop.settings, task="shop.notify_webhook", status="failed")
-    assert "answered 400" in failed["last_error"] and failed["attempts"] == 1
+    assert failed["id"] == webhook["id"] and failed["attempts"] == 1, "a 4xx is not retried"
+    [last_error] = shop.one(f'SELECT last_error FROM "{shop.skiplock_schema}".jobs WHERE id = %s', webhook["id"])
+    assert "answered 400" in last_error
 
 
 def test_a_report_request_is_idempotent_per_day_and_computes_the_totals(shop, receiver):
