@@ -42,7 +42,7 @@ demo: $(DEMO_STAMP)
 ## make docs: the JobQueue reference from the CRD, then the documentation site, strictly (site/)
 docs: $(STAMP)
 	$(BIN)/python tools/gen-crd-docs.py
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 ## make test: lint, then the whole suite against a real PostgreSQL (SKIPLOCK_TEST_DSN, Docker, or embedded)
 test: $(STAMP)
