@@ -12,15 +12,19 @@ The convention (HTML comments, invisible on GitHub) is the line right before a f
   it with exit code 0 (a clean drain).
 
 Unmarked blocks are not run: installing the package (done by ``make install``), ``kubectl`` and ``helm``
-against a cluster. The database is a fresh one created for the test on the server of SKIPLOCK_TEST_DSN (or the
-fallback server), so the README's defaults (schema ``skiplock``, tables ``orders``...) are used as typed and
-touch nobody else's data; ``DATABASE_URL`` points at it, as the README tells the reader to set.
+against a cluster. Those are checked without one: every ``helm install`` of the README renders with the real
+helm (as ``helm template``, the same arguments), and every file ``kubectl apply -f`` names exists and parses.
+
+The database is a fresh one created for the test on the server of SKIPLOCK_TEST_DSN (or the fallback
+server), so the README's defaults (schema ``skiplock``, tables ``orders``...) are used as typed and touch
+nobody else's data; ``DATABASE_URL`` points at it, as the README tells the reader to set.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -31,9 +35,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import yaml
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from chart.chartlib import find_helm, run_helm
+from support.ci import missing
 from support.pg import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,3 +164,39 @@ def test_readme_blocks_run_as_typed(reader_database: str, tmp_path: Path) -> Non
     with psycopg.connect(reader_database) as conn:
         statuses = dict(conn.execute("SELECT status, count(*) FROM skiplock.jobs GROUP BY 1").fetchall())
     assert statuses and set(statuses) == {"done"}, f"every job the README enqueued is done: {statuses}"
+
+
+def shell_commands(text: str) -> list[str]:
+    """The commands of the README's unmarked sh blocks, continuation lines joined, comments dropped."""
+    commands = []
+    for b in blocks(text):
+        if b.lang == "sh" and not b.mark:
+            joined = b.body.replace("\\\n", " ")
+            commands += [line.split("  #")[0].strip() for line in joined.splitlines() if line.strip()]
+    return commands
+
+
+def test_every_helm_install_of_the_readme_renders() -> None:
+    installs = [c for c in shell_commands(README.read_text(encoding="utf-8")) if c.startswith("helm install ")]
+    assert installs, "the README shows how to install the chart"
+    helm = find_helm()
+    if helm is None:
+        missing("helm not found in .cache/k8s-tools/helm/ or on PATH (run: bash tools/get-k8s-tools.sh)")
+    for command in installs:
+        args = shlex.split(command)[2:]
+        out = run_helm(helm, "template", *args)
+        assert out.returncode == 0, f"{command}\n{out.stderr}"
+        assert "kind: Deployment" in out.stdout, command
+
+
+def test_every_file_kubectl_applies_exists_and_parses() -> None:
+    applies = [c for c in shell_commands(README.read_text(encoding="utf-8")) if c.startswith("kubectl ")]
+    paths = [a.split(" -f ", 1)[1].split()[0] for a in applies if " apply -f " in a]
+    assert paths, "the README applies the example manifests"
+    for path in paths:
+        target = ROOT / path
+        files = sorted(target.glob("*.yaml")) if target.is_dir() else [target]
+        assert files and all(f.is_file() for f in files), path
+        for f in files:
+            docs = [d for d in yaml.safe_load_all(f.read_text(encoding="utf-8")) if d]
+            assert docs and all({"apiVersion", "kind", "metadata"} <= set(d) for d in docs), f
