@@ -2,7 +2,7 @@
 
 Every query of every dashboard panel must return data after a short run, the queue selector must list the
 queue, and Prometheus must load and evaluate files/alerts.yaml without errors. About 10 s, mostly the
-fixed target-sync delay of Prometheus before its first scrape.
+fixed target-sync delay of Prometheus before its first scrape (shared/TOOLING.md section 3).
 """
 
 from __future__ import annotations

@@ -30,8 +30,7 @@ from skiplock_operator.metrics import OperatorMetrics
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "charts/skiplock/files/alerts.yaml"
 DASHBOARD = ROOT / "charts/skiplock/files/dashboard.json"
-DOCS = ROOT / "docs/metrics.md"
-RUNBOOKS = ROOT / "docs/alerts.md"
+DOCS = ROOT / "README.md"
 UNIT_TESTS = sorted(Path(__file__).parent.glob("*.test.yaml"))
 RUNBOOK_BASE = "https://github.com/skiplock/skiplock#runbook-"
 METRIC = re.compile(r"\bskiplock_[a-z0-9_]+")
@@ -82,7 +81,7 @@ def test_every_alert_is_tested_firing_and_quiet() -> None:
 
 def test_every_alert_has_severity_for_summary_description_and_a_runbook() -> None:
     headings = [
-        line.lstrip("#").strip() for line in RUNBOOKS.read_text(encoding="utf-8").splitlines() if line.startswith("#")
+        line.lstrip("#").strip() for line in DOCS.read_text(encoding="utf-8").splitlines() if line.startswith("#")
     ]
     anchors = {github_anchor(h) for h in headings}
     names = [rule["alert"] for rule in alert_rules()]
