@@ -93,6 +93,12 @@ def shop(shop_modules: Shop, monkeypatch: pytest.MonkeyPatch) -> Shop:
     return s
 
 
+@pytest.fixture
+def testing() -> ModuleType:
+    """``skiplock.testing``, imported per test: a build without it fails these tests, not the whole collection."""
+    return importlib.import_module("skiplock.testing")
+
+
 @dataclass
 class Receiver:
     """A partner's webhook endpoint on 127.0.0.1 that answers with scripted status codes."""

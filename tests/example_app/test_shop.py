@@ -17,7 +17,6 @@ import psycopg
 import yaml
 from fastapi.testclient import TestClient
 
-from skiplock import testing
 from support.pg import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +29,7 @@ def place_order(shop, items=(("mug", 2), ("sticker", 1))):
         )
 
 
-def test_an_order_commits_with_its_receipt_and_webhook_jobs(shop):
+def test_an_order_commits_with_its_receipt_and_webhook_jobs(shop, testing):
     response = place_order(shop)
     assert response.status_code == 201, response.text
     order = response.json()
@@ -44,14 +43,14 @@ def test_an_order_commits_with_its_receipt_and_webhook_jobs(shop):
     assert sorted(order["jobs"]) == sorted([receipt["id"], webhook["id"]])
 
 
-def test_an_order_that_rolls_back_enqueues_nothing(shop):
+def test_an_order_that_rolls_back_enqueues_nothing(shop, testing):
     response = place_order(shop, items=(("mug", 1), ("no-such-product", 1)))
     assert response.status_code == 422 and response.json()["detail"] == "unknown product"
     assert testing.enqueued(settings=shop.settings, status="pending") == []
     assert shop.one(f'SELECT count(*) FROM "{shop.shop_schema}".orders') == (0,)
 
 
-def test_the_jobs_send_one_receipt_and_call_the_webhook_with_its_key(shop, receiver):
+def test_the_jobs_send_one_receipt_and_call_the_webhook_with_its_key(shop, receiver, testing):
     order = place_order(shop).json()
     report = testing.run_jobs(shop.tasks.app, settings=shop.settings)
     assert sorted(report.done) == sorted(order["jobs"]) and not (report.retried or report.failed or report.unknown)
@@ -72,7 +71,7 @@ def test_the_jobs_send_one_receipt_and_call_the_webhook_with_its_key(shop, recei
     assert testing.enqueued(settings=shop.settings) == [], "nothing is left pending"
 
 
-def test_a_webhook_5xx_is_retried_with_the_same_idempotency_key(shop, receiver):
+def test_a_webhook_5xx_is_retried_with_the_same_idempotency_key(shop, receiver, testing):
     receiver.statuses = [503]
     order = place_order(shop).json()
     [webhook] = testing.enqueued(settings=shop.settings, task="shop.notify_webhook")
@@ -87,7 +86,7 @@ def test_a_webhook_5xx_is_retried_with_the_same_idempotency_key(shop, receiver):
     assert [r["key"] for r in receiver.requests] == [f"order-{order['id']}-created"] * 2
 
 
-def test_a_webhook_4xx_fails_the_job_for_good(shop, receiver):
+def test_a_webhook_4xx_fails_the_job_for_good(shop, receiver, testing):
     receiver.statuses = [400]
     place_order(shop)
     [webhook] = testing.enqueued(settings=shop.settings, task="shop.notify_webhook")
@@ -99,7 +98,7 @@ def test_a_webhook_4xx_fails_the_job_for_good(shop, receiver):
     assert "answered 400" in last_error
 
 
-def test_a_report_request_is_idempotent_per_day_and_computes_the_totals(shop, receiver):
+def test_a_report_request_is_idempotent_per_day_and_computes_the_totals(shop, receiver, testing):
     place_order(shop)
     place_order(shop, items=(("tee", 1),))
     today = date.today().isoformat()
@@ -116,7 +115,7 @@ def test_a_report_request_is_idempotent_per_day_and_computes_the_totals(shop, re
     assert row == (2, 2 * 1200 + 300 + 2500)
 
 
-def test_the_documented_worker_command_runs_the_app_from_the_repository_root(shop, receiver, pg_dsn):
+def test_the_documented_worker_command_runs_the_app_from_the_repository_root(shop, receiver, pg_dsn, testing):
     """`skiplock worker --app examples.app.tasks:app`, as typed in the docs, from the repository root."""
     order = place_order(shop).json()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_") and k != "DATABASE_URL"}
