@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 K8S_TOOLS := $(CURDIR)/.cache/k8s-tools
 export PATH := $(K8S_TOOLS)/helm:$(K8S_TOOLS)/kubectl:$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: demo docs test lint bench soak install clean
+.PHONY: demo test lint bench soak install clean
 
 # The venv starts without pip when the interpreter has one (pip --python installs into it): bootstrapping
 # pip into a fresh venv costs more than the whole demo install on a busy machine.
@@ -40,6 +40,7 @@ demo: $(DEMO_STAMP)
 	$(BIN)/skiplock demo $(DEMO_ARGS)
 
 ## make docs: the JobQueue reference from the CRD, then the documentation site, strictly (site/)
+.PHONY: docs
 docs: $(STAMP)
 	$(BIN)/python tools/gen-crd-docs.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
