@@ -58,7 +58,7 @@ def daily_report(job: Job) -> None:
     )
 
 
-@app.task(name="shop.notify_webhook", queue="webhooks", max_attempts=8, backoff_base_seconds=2)
+@app.task(name="shop.notify_webhook", queue="webhooks", max_attempts=8, backoff_base_seconds=5, backoff_jitter=0.5)
 def notify_webhook(job: Job) -> None:
     """POST the event to the partner's endpoint (``SHOP_WEBHOOK_URL``).
 

@@ -78,7 +78,7 @@ def test_a_webhook_5xx_is_retried_with_the_same_idempotency_key(shop, receiver, 
 
     first = testing.run_jobs(shop.tasks.app, settings=shop.settings, queues=("webhooks",))
     assert first.retried == [webhook["id"]] and first.done == []
-    # The retry waits for its backoff: move it to now instead of sleeping.
+    # The retry waits for its backoff (2.5 to 5 s: the task jitters half of it): move it to now instead of sleeping.
     with psycopg.connect(shop.dsn) as conn:
         conn.execute(f'UPDATE "{shop.skiplock_schema}".jobs SET visible_at = now() WHERE id = %s', (webhook["id"],))
     second = testing.run_jobs(shop.tasks.app, settings=shop.settings, queues=("webhooks",))
