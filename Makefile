@@ -20,7 +20,7 @@ HOST_HAS_PIP = $(shell $(HOST_PYTHON) -m pip --version >/dev/null 2>&1 && echo y
 
 # The full install (operator, tests, linters, docs) also covers the demo, and gives the venv its own pip.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip -q
+	$(BIN)/python -m pip --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip >/dev/null
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[operator,test,dev,demo,docs]'
 	touch $(STAMP) $(DEMO_STAMP)
@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 # The demo needs only the package and the embedded PostgreSQL: a fresh `make demo` does not wait for the
 # operator, test and lint toolchains.
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
-	$(if $(HOST_HAS_PIP),$(HOST_PYTHON) -m pip --python $(BIN)/python,$(BIN)/python -m ensurepip -q && $(BIN)/python -m pip) \
+	$(if $(HOST_HAS_PIP),$(HOST_PYTHON) -m pip --python $(BIN)/python,$(BIN)/python -m ensurepip >/dev/null && $(BIN)/python -m pip) \
 	  install -q -e '.[demo]'
 	touch $(DEMO_STAMP)
 
