@@ -71,5 +71,5 @@ def require_binary(name: str) -> str:
     path = shutil.which(name)
     if path:
         return path
-    why = f"{name} not found: apt-get install -y --no-install-recommends prometheus (see shared/TOOLING.md section 3)"
+    why = f"{name} not found: apt-get install -y --no-install-recommends prometheus (Debian; .ci/run installs it)"
     missing(why)

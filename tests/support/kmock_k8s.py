@@ -1,4 +1,4 @@
-"""kmock's Kubernetes emulator, fixed for kopf (see TOOLING.md section 1), plus resource registration.
+"""kmock's Kubernetes emulator, fixed for kopf (what it fixes is listed below), plus resource registration.
 
 What the subclass changes, all on writes and watches:
 - every write sets ``uid``, ``creationTimestamp`` (on create), ``generation`` (bumped when ``spec`` changes)

@@ -146,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--jobs", type=_positive_int, default=3000)
     d.add_argument("--workers", type=_positive_int, default=3)
     d.add_argument("--concurrency", type=_positive_int, default=16)
+    d.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the embedded PostgreSQL running afterwards and print its DSN and follow-up commands",
+    )
 
     dr = sub.add_parser("doctor", parents=[common], help="check schema, indexes, vacuum health and LISTEN")
     dr.add_argument("--json", action="store_true")
@@ -406,7 +411,7 @@ async def _run_worker(worker: Any) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from skiplock.demo import run_demo
 
-    return run_demo(settings, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency)
+    return run_demo(settings, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency, keep=args.keep)
 
 
 def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
