@@ -7,9 +7,11 @@ gets ``Ready=False`` reason ``PolicyViolation`` and a Warning Event, and no Depl
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 GROUP = "skiplock.io"
 VERSION = "v1alpha1"
@@ -71,6 +73,10 @@ class OperatorConfig:
 
     policy: Policy = Policy()
 
+    default_worker_resources: Mapping[str, Any] = field(default_factory=dict)
+    """Resources of a worker container whose JobQueue sets none (``SKIPLOCK_OPERATOR_DEFAULT_WORKER_RESOURCES``,
+    JSON), so no worker pod runs BestEffort."""
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:
         env = os.environ if env is None else env
@@ -89,6 +95,15 @@ class OperatorConfig:
             if raw:
                 values[name] = _flag(name, raw)
         values["policy"] = policy_from_env(env)
+        raw_resources = env.get(ENV + "DEFAULT_WORKER_RESOURCES", "").strip()
+        if raw_resources:
+            try:
+                parsed = json.loads(raw_resources)
+            except ValueError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                raise ValueError(f"{ENV}DEFAULT_WORKER_RESOURCES must be a JSON object (requests/limits)")
+            values["default_worker_resources"] = parsed
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
@@ -104,13 +119,13 @@ def _items(env: Mapping[str, str], name: str) -> tuple[str, ...]:
 
 
 def policy_from_env(env: Mapping[str, str]) -> Policy:
-    """``SKIPLOCK_OPERATOR_ALLOWED_IMAGES``, ``..._ALLOWED_SERVICE_ACCOUNTS``, ``..._ALLOWED_POD_ANNOTATIONS``,
+    """``SKIPLOCK_OPERATOR_ALLOWED_IMAGES``, ``..._ALLOWED_SERVICE_ACCOUNTS``, ``..._ALLOWED_ANNOTATION_KEYS``,
     ``..._ALLOWED_DSN_HOSTS`` (comma-separated) and ``..._ALLOW_SCHEDULING`` (true/false)."""
     scheduling = env.get(ENV + "ALLOW_SCHEDULING", "").strip().lower()
     return Policy(
         allowed_images=_items(env, "ALLOWED_IMAGES"),
         allowed_service_accounts=_items(env, "ALLOWED_SERVICE_ACCOUNTS"),
-        allowed_pod_annotations=_items(env, "ALLOWED_POD_ANNOTATIONS"),
+        allowed_pod_annotations=_items(env, "ALLOWED_ANNOTATION_KEYS"),
         allow_scheduling=_flag("allow_scheduling", scheduling) if scheduling else False,
         allowed_dsn_hosts=_items(env, "ALLOWED_DSN_HOSTS"),
     )

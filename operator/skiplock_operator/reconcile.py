@@ -300,6 +300,8 @@ async def ensure_deployment(
     namespace, name = key_of(body)
     uid = str(body["metadata"].get("uid"))
     dname = resources.deployment_name(name)
+    if not spec.resources and rt.config.default_worker_resources:  # the admin's default: no BestEffort workers
+        spec = dataclasses.replace(spec, resources=rt.config.default_worker_resources)
     actual = await rt.kube.get_deployment(namespace, dname)
     if actual is None:
         replicas = initial_replicas(spec, (body.get("status") or {}).get("desiredReplicas"), budget)

@@ -185,3 +185,18 @@ async def test_a_host_outside_the_allow_list_is_never_dialled(schema: str, clust
         messages = {(c or {}).get("message") for c in same}
         assert len(messages) == 1, "the status tells a refused port from a tarpit"
         assert tarpit.accepted == 0, "the operator connected to a host outside its allow-list"
+
+
+async def test_a_worker_without_resources_gets_the_admins_default_and_its_own_otherwise(
+    pg_dsn: str, schema: str, cluster: Cluster
+) -> None:
+    default = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
+    own = {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}}
+    async with running_operator(cluster, config={"default_worker_resources": default}):
+        await cluster.apply_secret("db", pg_dsn)
+        await cluster.create_jobqueue("plain", jobqueue_spec("plain", schema))
+        await cluster.create_jobqueue("sized", {**jobqueue_spec("sized", schema), "resources": own})
+        plain = await await_for(lambda: cluster.deployment("plain"), what="Deployment without resources")
+        sized = await await_for(lambda: cluster.deployment("sized"), what="Deployment with resources")
+    assert plain["spec"]["template"]["spec"]["containers"][0]["resources"] == default
+    assert sized["spec"]["template"]["spec"]["containers"][0]["resources"] == own

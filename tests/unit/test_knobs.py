@@ -20,14 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "jobqueues.skiplock.io.yaml").read_text())
 SPEC = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
-# Knobs whose CRD field is still being added to the CRD (the task model: a JobQueue names an app and several
-# queues). Skipped only while absent: once a field is in the CRD, it is checked like every other.
-NOT_YET_IN_CRD = {"app", "queues"}
-
-# Knobs whose default is derived from the lease. The CRD had fixed defaults for them (15 s and 30 s); the task
-# model drops those so the operator derives them too. Until the CRD loses them, a CRD default is tolerated here.
-CRD_DEFAULT_BEING_REMOVED = {"heartbeatSeconds", "recoverSeconds"}
-
 # CRD defaults that differ from the worker's on purpose, and why.
 CRD_DEFAULT_DIFFERS = {"logFormat": "pods log JSON for the cluster's log pipeline; a terminal gets plain lines"}
 
@@ -201,12 +193,10 @@ def test_common_knobs_are_accepted_before_and_after_the_command():
 def test_crd_field_agrees_with_its_knob(path: str):
     k = knob_crd_fields()[path]
     field = crd_field(path)
-    if field is None:
-        assert k.name in NOT_YET_IN_CRD, f"spec.{path} ({k.name}) is missing from the CRD"
-        pytest.skip(f"spec.{path} is not in the CRD yet (listed in NOT_YET_IN_CRD)")  # counted as skipped, not passed
+    assert field is not None, f"spec.{path} ({k.name}) is missing from the CRD"
     if k.type is tuple:
         assert field["items"]["type"] == "string", path
-    tolerated = path in CRD_DEFAULT_DIFFERS or (path in CRD_DEFAULT_BEING_REMOVED and k.default is None)
+    tolerated = path in CRD_DEFAULT_DIFFERS
     problems = crd_field_problems(k, {n: v for n, v in field.items() if n != "default" or not tolerated})
     assert problems == []
     if path in CRD_DEFAULT_DIFFERS:
@@ -241,7 +231,7 @@ def test_every_crd_spec_field_is_a_knob_or_the_operators():
 def test_the_drift_lists_name_real_knobs():
     crd_paths = set(knob_crd_fields())
     assert {BY_NAME[n].crd for n in NOT_YET_IN_CRD} <= crd_paths
-    assert crd_paths >= CRD_DEFAULT_BEING_REMOVED and set(CRD_DEFAULT_DIFFERS) <= crd_paths
+    assert set(CRD_DEFAULT_DIFFERS) <= crd_paths
 
 
 # ---------------------------------------------------------------------------------------------- docs

@@ -24,7 +24,7 @@ def test_policy_comes_from_env() -> None:
     env = {
         "SKIPLOCK_OPERATOR_ALLOWED_IMAGES": "registry.example.com/team-a/, ghcr.io/org/",
         "SKIPLOCK_OPERATOR_ALLOWED_SERVICE_ACCOUNTS": "worker",
-        "SKIPLOCK_OPERATOR_ALLOWED_POD_ANNOTATIONS": "prometheus.io/,team",
+        "SKIPLOCK_OPERATOR_ALLOWED_ANNOTATION_KEYS": "prometheus.io/,team",
         "SKIPLOCK_OPERATOR_ALLOW_SCHEDULING": "true",
         "SKIPLOCK_OPERATOR_ALLOWED_DSN_HOSTS": ".db.internal,10.0.0.0/8",
     }
@@ -135,3 +135,14 @@ def test_the_default_budget_is_80_percent_of_max_connections_minus_the_reserved(
     assert budget_from_limits(100, 3) == 77
     assert budget_from_limits(500, 10) == 390
     assert budget_from_limits(2, 3) == 0
+
+
+def test_default_worker_resources_come_from_json_and_a_bad_value_is_refused():
+    import pytest
+
+    from skiplock_operator.config import OperatorConfig
+
+    env = {"SKIPLOCK_OPERATOR_DEFAULT_WORKER_RESOURCES": '{"requests": {"cpu": "50m"}}'}
+    assert OperatorConfig.from_env(env).default_worker_resources == {"requests": {"cpu": "50m"}}
+    with pytest.raises(ValueError, match="JSON object"):
+        OperatorConfig.from_env({"SKIPLOCK_OPERATOR_DEFAULT_WORKER_RESOURCES": "[1]"})
