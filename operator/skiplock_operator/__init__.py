@@ -10,6 +10,8 @@ import logging
 import threading
 from typing import Any
 
+from skiplock.errors import ConfigError
+
 __all__ = ["run", "serve"]
 
 log = logging.getLogger(__name__)
@@ -56,14 +58,15 @@ async def serve(
 
 def _process_metrics(port: int | None) -> Any:
     """One metrics object per process (a registry refuses the same names twice); the exporter starts once."""
-    from prometheus_client import REGISTRY, start_http_server
+    from prometheus_client import REGISTRY
 
+    from skiplock.metrics import serve as serve_metrics
     from skiplock_operator.metrics import OperatorMetrics
 
     if id(REGISTRY) not in _METRICS:
+        if port:  # the worker's server: binds first (a busy port is a clear error), 404s, bounded, timeouts
+            serve_metrics(REGISTRY, "0.0.0.0", port, {}, what="operator metrics").start()
         _METRICS[id(REGISTRY)] = OperatorMetrics(REGISTRY)
-        if port:
-            start_http_server(port, registry=REGISTRY)
     return _METRICS[id(REGISTRY)]
 
 
@@ -103,4 +106,7 @@ def run(
         )
     except KeyboardInterrupt:
         return 130
+    except ConfigError as exc:  # e.g. a busy metrics port
+        log.error("%s", exc)
+        return 2
     return 0

@@ -453,3 +453,16 @@ async def test_behind_pgbouncer_the_listener_proves_itself_and_reports_what_it_c
             connected = worker.registry.get_sample_value("skiplock_listener_connected")
             enabled = worker.registry.get_sample_value("skiplock_listener_enabled")
     assert (connected, enabled) == ((1.0, 1.0) if listens else (0.0, 0.0))
+
+
+def test_enqueue_refuses_a_payload_nested_deeper_than_a_worker_decodes(queue):
+    from skiplock.errors import PayloadError
+    from skiplock.job import MAX_PAYLOAD_DEPTH
+
+    deep: list = []
+    for _ in range(MAX_PAYLOAD_DEPTH):
+        deep = [deep]
+    with pytest.raises(PayloadError, match=f"deeper than {MAX_PAYLOAD_DEPTH}"):
+        queue.enqueue("q", deep)
+    assert queue.enqueue("q", deep[0]).id > 0, "exactly the limit is accepted"
+    assert queue.enqueue("q", {"text": "[" * 5000}).id > 0, "brackets inside strings do not count"

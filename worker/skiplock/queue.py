@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from skiplock import migrate as migrations
 from skiplock.backoff import backoff_seconds
 from skiplock.errors import ConfigError, DatabaseUnavailableError, EnqueueError, NonRetryableError, PayloadError
-from skiplock.job import EnqueueResult, Job, QueueStats, job_from_row
+from skiplock.job import MAX_PAYLOAD_DEPTH, EnqueueResult, Job, QueueStats, job_from_row, payload_depth_exceeded
 from skiplock.settings import QUEUE_NAME, Settings, redact
 from skiplock.sql import Queries, queries_for
 
@@ -92,6 +92,8 @@ def encode_payload(payload: Any, max_bytes: int) -> str:
         raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
     if _NUL_ESCAPE.search(text):
         raise PayloadError("payload contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
+    if payload_depth_exceeded(text):  # a worker must be able to decode what a producer stores
+        raise PayloadError(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects")
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise PayloadError(
