@@ -5,7 +5,7 @@ No Docker daemon exists on our machines, so this replays what the two stages do:
 cache) into an empty environment, then run the entry point. Offline and quick (about 3 s): the dependencies
 are not downloaded again but taken from the test venv's site-packages, appended *after* the new environment's
 own, so `skiplock` itself can only come from the wheel. Not covered: the base image, apt/OS layers, the USER
-switch and the BuildKit bind mount (see README.md ("What was and was not exercised")).
+switch and the BuildKit bind mount (see docs/image.md, "What was and was not exercised").
 """
 
 from __future__ import annotations

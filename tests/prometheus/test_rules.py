@@ -33,8 +33,7 @@ from skiplock_operator.metrics import OperatorMetrics
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "charts/skiplock/files/alerts.yaml"
 DASHBOARD = ROOT / "charts/skiplock/files/dashboard.json"
-# The metrics reference: its own page once the docs are split out of the README, else the README's section.
-DOCS = next(p for p in (ROOT / "docs" / "metrics.md", ROOT / "README.md") if p.exists())
+DOCS = ROOT / "docs" / "metrics.md"  # the metrics reference
 RUNBOOKS = ROOT / "docs" / "alerts.md"
 UNIT_TESTS = sorted(Path(__file__).parent.glob("*.test.yaml"))
 RUNBOOK_BASE = "https://github.com/skiplock/skiplock/blob/main/docs/alerts.md#"
@@ -200,7 +199,7 @@ def test_every_metric_named_by_alerts_and_dashboard_is_exported(scrape: tuple[st
 
 
 def test_docs_name_and_explain_every_exported_metric(scrape: tuple[str, str]) -> None:
-    """README's metrics reference matches what the code exports (the worker's metrics and table health, the
+    """The metrics reference matches what the code exports (the worker's metrics and table health, the
     operator's metrics); the operator's queue-wide series also have rows in docs/alerts.md."""
     registry = CollectorRegistry()
     OperatorMetrics(registry)

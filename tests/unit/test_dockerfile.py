@@ -1,7 +1,7 @@
 """The Dockerfile and its locks, read as text (no Docker daemon here): stages and targets, user, entrypoint,
 labels, install hygiene, and hash-pinned dependencies that cover what pyproject.toml requires.
 
-What this cannot prove (a real `docker build` and a container run) is listed in README.md ("What was and was
+What this cannot prove (a real `docker build` and a container run) is listed in docs/image.md ("What was and was
 not exercised"); the install steps themselves run in a fresh virtualenv in tests/chart/test_image_install.py.
 """
 
