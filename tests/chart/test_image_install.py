@@ -90,7 +90,7 @@ def test_entry_point_runs_from_the_installed_wheel(venv: Path, tmp_path: Path) -
 
 def test_packages_come_from_the_wheel_and_the_operator_extra_imports(venv: Path, tmp_path: Path) -> None:
     probe = textwrap.dedent("""
-        import skiplock, skiplock_operator, kopf, kubernetes_asyncio, psycopg, psycopg_pool, prometheus_client
+        import skiplock, skiplock_operator, kopf, kubernetes, psycopg, psycopg_pool, prometheus_client
         print(skiplock.__file__)
         print(skiplock_operator.__file__)
     """)

@@ -414,7 +414,7 @@ def test_the_worker_image_has_no_kubernetes_stack_and_agrees_with_the_operator_l
     locks: dict[str, dict[str, Pin]],
 ) -> None:
     worker, operator = locks["worker"], locks["operator"]
-    for name in ("kopf", "kubernetes-asyncio", "aiohttp"):
+    for name in ("kopf", "kubernetes", "aiohttp"):
         assert name not in worker, f"{name} in the worker image"
         assert name in operator, f"{name} missing from the operator image"
     for name, pin in worker.items():
