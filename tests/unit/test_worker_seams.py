@@ -214,3 +214,29 @@ async def test_a_failed_async_checkout_is_remembered_even_if_the_handler_swallow
         await lazy.execute("SELECT 1")
     assert isinstance(lazy.failed, OSError)
     await asyncio.sleep(0)
+
+
+async def test_a_flush_in_flight_keeps_its_jobs_held():
+    from skiplock.metrics import WorkerMetrics
+
+    gate = asyncio.Event()
+
+    class SlowControl(FakeControl):
+        async def complete(self, jobs: list[Job], *, worker: str) -> set[int]:
+            await gate.wait()
+            return {j.id for j in jobs}
+
+    bound = WorkerMetrics(__import__("prometheus_client").CollectorRegistry()).describe_worker(["q"], 1, "t")
+    completer = Completer(SlowControl(), SETTINGS, bound, "me", lambda j, o: None)  # type: ignore[arg-type]
+    completer.defer(job(7))
+    flush = asyncio.create_task(completer.flush())
+    await asyncio.sleep(0.01)
+    assert completer.holds(job(7)) and [j.id for j in completer.jobs()] == [7], "in flight: still this worker's"
+    gate.set()
+    assert await flush and completer.jobs() == []
+
+
+def test_one_claim_takes_and_locks_about_limit_rows_over_all_queues():
+    from skiplock.queue import per_queue_limit
+
+    assert per_queue_limit(10, 1) == 10 and per_queue_limit(10, 3) == 4 and per_queue_limit(10, 50) == 1

@@ -226,16 +226,26 @@ def claim_params(
     *,
     lease_seconds: float,
     leases: Mapping[str, float] | None = None,
+    rotate: int = 0,
 ) -> dict[str, Any]:
-    """Parameters of a claim: the queues (round-robin), the claimer's lease and per-task lease overrides."""
+    """Parameters of a claim: the queues (round-robin from the one after ``rotate``, at most
+    ``per_queue_limit(limit, queues)`` of each), the claimer's lease and per-task lease overrides."""
+    names = _names(queues)
     return {
-        "queues": _names(queues),
+        "queues": names,
         "limit": limit,
+        "per_queue": per_queue_limit(limit, len(names)),
+        "rotate": rotate % max(1, len(names)),
         "worker": worker,
         "now": now,
         "lease_seconds": float(lease_seconds),
         "leases": json.dumps(dict(leases)) if leases else None,
     }
+
+
+def per_queue_limit(limit: int, queues: int) -> int:
+    """Most candidates one claim takes (and locks) per queue: the claim locks about ``limit`` rows in all."""
+    return max(1, -(-limit // max(1, queues)))
 
 
 def fence_params(jobs: Sequence[Job], worker: str, now: datetime | None) -> dict[str, Any]:
@@ -257,9 +267,10 @@ def complete_and_claim_params(
     *,
     lease_seconds: float,
     leases: Mapping[str, float] | None = None,
+    rotate: int = 0,
 ) -> dict[str, Any]:
     """Parameters of ``job_complete_and_claim`` (claim alone: no ``done``)."""
-    claim = claim_params(queues, limit, worker, now, lease_seconds=lease_seconds, leases=leases)
+    claim = claim_params(queues, limit, worker, now, lease_seconds=lease_seconds, leases=leases, rotate=rotate)
     return claim | fence_params(done, worker, now)
 
 
@@ -415,9 +426,12 @@ class Statements:
         now: datetime | None,
         lease_seconds: float | None = None,
         leases: Mapping[str, float] | None = None,
+        rotate: int = 0,
     ) -> Call[tuple[set[int], list[Job]]]:
         lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        params = complete_and_claim_params(done, queues, limit, worker, now, lease_seconds=lease, leases=leases)
+        params = complete_and_claim_params(
+            done, queues, limit, worker, now, lease_seconds=lease, leases=leases, rotate=rotate
+        )
         return Call(self.q.job_complete_and_claim, params, lambda r: completed_and_claimed(r.rows))
 
     def confirm_done(self, jobs: Sequence[Job], worker: str) -> Call[set[int]]:
@@ -685,12 +699,14 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         now: datetime | None = None,
         lease_seconds: float | None = None,
         leases: Mapping[str, float] | None = None,
+        rotate: int = 0,
         conn: psycopg.Connection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
         """Mark ``done`` jobs done (fenced, as :meth:`complete`) and claim up to ``limit`` new ones of one queue or
         several (round-robin across queues), in one statement and one commit. Returns the ids completed and the
-        jobs claimed. ``leases`` maps task names to their own lease. ``conn`` must autocommit."""
-        call = self._s.complete_and_claim(done, queue, limit, worker, now, lease_seconds, leases)
+        jobs claimed. ``leases`` maps task names to their own lease; ``rotate`` picks the queue served first
+        (at most ``per_queue_limit`` jobs of each queue). ``conn`` must autocommit."""
+        call = self._s.complete_and_claim(done, queue, limit, worker, now, lease_seconds, leases, rotate)
         return self._call(call, conn)
 
     def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int]:
@@ -916,10 +932,11 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
         now: datetime | None = None,
         lease_seconds: float | None = None,
         leases: Mapping[str, float] | None = None,
+        rotate: int = 0,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
         """See :meth:`Queue.complete_and_claim`: the worker's hot path."""
-        call = self._s.complete_and_claim(done, queue, limit, worker, now, lease_seconds, leases)
+        call = self._s.complete_and_claim(done, queue, limit, worker, now, lease_seconds, leases, rotate)
         return await self._call(call, conn)
 
     async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int]:

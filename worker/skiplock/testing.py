@@ -45,6 +45,8 @@ class RunReport:
     failed: list[int] = field(default_factory=list)
     unknown: list[int] = field(default_factory=list)
     """Jobs whose task the app does not register (retried or failed as a worker would)."""
+    lease_lost: list[int] = field(default_factory=list)
+    """Jobs whose result was refused because their lease was lost (cancelled or recovered elsewhere)."""
     timed_out: bool = False
 
     @property

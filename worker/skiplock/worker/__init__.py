@@ -122,6 +122,7 @@ class Worker:
         self._loop_thread: int | None = None
         self._stopping: asyncio.Event | None = None
         self._stop_requests = 0
+        self._lock = threading.Lock()
         self._force = False
         self._started = threading.Event()
         self._finished = threading.Event()
@@ -169,10 +170,11 @@ class Worker:
 
     def request_stop(self) -> None:
         """First call: stop claiming and drain. Second: stop waiting for running jobs. Safe from any thread."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            self._stop_requests += 1  # before run(): it stops at once
-            return
+        with self._lock:
+            loop = self._loop
+            if loop is None or loop.is_closed():
+                self._stop_requests += 1  # before run(): it stops at once
+                return
         if threading.get_ident() == self._loop_thread:
             self._on_stop()
         else:
@@ -206,13 +208,20 @@ class Worker:
         self._thread = threading.Thread(target=main, name="skiplock-worker", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout):
-            raise TimeoutError(f"worker not ready within {timeout:g}s")
+            self.request_stop()
+            self._thread.join(STOP_WAIT_SECONDS)
+            raise TimeoutError(f"worker not ready within {timeout:g}s (stopped)")
         if self._error is not None:
             raise self._error
 
     def stop(self, timeout: float | None = None) -> int | None:
-        """Drain and wait (from any thread); returns the exit code, or None if it did not stop within ``timeout``."""
+        """Drain and wait (from any thread but the worker's own loop: await the task of ``run()`` there);
+        returns the exit code, or None if it did not stop within ``timeout``."""
+        if self._loop is not None and threading.get_ident() == self._loop_thread:
+            raise RuntimeError("stop() would block the worker's own event loop: call request_stop() and await run()")
         self.request_stop()
+        if self._loop is None and self._thread is None:  # never started
+            return self.exit_code
         if self._thread is not None:
             self._thread.join(timeout)
         elif not self._finished.wait(timeout):
@@ -228,11 +237,12 @@ class Worker:
     # ------------------------------------------------------------------------------------------ lifecycle
     async def _run(self, until_idle: bool) -> int:
         s = self.settings
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
         stopping = self._stopping = asyncio.Event()
-        if self._stop_requests:
-            stopping.set()
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
+            if self._stop_requests:
+                stopping.set()
         exporter = self._bind_exporter()  # a busy port fails before any connection is opened
         try:
             await asyncio.to_thread(check_connect, s.require_dsn())
@@ -248,7 +258,7 @@ class Worker:
         await control.open()
         kinds = self.router.kinds
         slots = self._slots = Slots(s.concurrency, self._in_flight_changed)
-        completer = self._completer = Completer(control, s, self._bound, self.identity, self.observe)
+        completer = self._completer = Completer(control, s, self._bound, self.identity, self._observe)
         overrides = self.router.lease_overrides()
         leases = self._leases = Leases(
             control,
@@ -270,7 +280,7 @@ class Worker:
         tasks: list[asyncio.Task[Any]] = []
         try:
             if True in kinds:
-                pool = async_pool(dsn, "skiplock-handlers", s.concurrency, autocommit=False, timeout=30)
+                pool = async_pool(dsn, "skiplock-handlers", s.concurrency, autocommit=True, timeout=30)
                 await pool.open()
                 self._async = AsyncExecutor(pool, control.queue.queries, self.identity, self._on_result)
             if False in kinds:
@@ -295,7 +305,7 @@ class Worker:
                     self.queues,
                     lambda: self._wake("notify"),
                     application_name=APPLICATION_NAME,
-                    on_state=lambda up: self.metrics.listener_connected.set(1 if up else 0),
+                    on_state=self._listener_state,
                     on_notify=lambda: self.metrics.last_notification.set(time.time()),
                     on_unsupported=lambda: self.metrics.listener_enabled.set(0),
                 )
@@ -307,6 +317,11 @@ class Worker:
             try:
                 await claimer.run()
                 await self._drain()
+            except asyncio.CancelledError:  # run() cancelled (a lifespan's task.cancel(), Ctrl-C): hand back now
+                stopping.set()
+                self._force = True
+                await self._drain()
+                raise
             finally:
                 halt.set()
                 for t in tasks:
@@ -392,7 +407,7 @@ class Worker:
         assert self._slots is not None and self._completer is not None
         now = datetime.now(UTC)
         started = time.monotonic()
-        self.on_claimed(len(jobs))
+        self._callback(self.on_claimed, len(jobs))
         for job in jobs:
             m = self._bound[job.queue]
             m.claimed.inc()
@@ -433,14 +448,30 @@ class Worker:
             self._completer.fail(failure_for(job, r.error, r.task, self.settings))
         elif r.outcome == "done":
             m.finished["done"].inc()
-            self.observe(job, "done")
+            self._observe(job, "done")
             log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
         elif r.outcome == "lease_lost":
             m.finished["lease_lost"].inc()
-            self.observe(job, "lease_lost")
+            self._observe(job, "lease_lost")
             warn_lost(job, "completion refused: the lease was lost while the handler ran")
         elif r.outcome == "released":
             self._to_release.append(job)
+
+    def _listener_state(self, up: bool) -> None:
+        self.metrics.listener_connected.set(1 if up else 0)
+        if up:
+            self.metrics.listener_enabled.set(1)  # a later probe proved it after all
+
+    def _observe(self, job: Job, outcome: str) -> None:
+        self._callback(self.observe, job, outcome)
+
+    @staticmethod
+    def _callback(fn: Callable[..., None], *args: Any) -> None:
+        """A user callback: an exception is logged, never allowed to stop the claim loop or a flush."""
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("worker callback %r failed", fn, extra={"action": "callback_failed"})
 
     def _in_flight_changed(self, queue: str, delta: int) -> None:
         self._bound[queue].in_flight.inc(delta)

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ import psycopg
 
 from skiplock.job import Job
 from skiplock.metrics import WorkerMetrics
+from skiplock.queue import per_queue_limit
 from skiplock.settings import Settings
 from skiplock.worker.completer import Completer
 from skiplock.worker.control import Control
@@ -66,6 +68,7 @@ class Claimer:
         self._orphans_possible = False
         self._quiet_until = 0.0
         self._empty_streak = 0
+        self._rotate = 0
         self.until_idle = False  # stop once nothing is due and nothing runs (skiplock.testing)
         self.claims = 0
         self.empty_claims = 0
@@ -109,6 +112,8 @@ class Claimer:
         except BaseException:
             self._completer.give_back(done)
             raise
+        if self._control.uncertain:  # a try failed in flight: it may have claimed jobs whose reply was lost
+            self._orphans_possible = True
         if result is None:
             # The completions must not wait for a claim that keeps failing (a statement timeout, a lock wait):
             # the completer writes them on its own. The claim may have committed with its reply lost.
@@ -119,6 +124,7 @@ class Claimer:
         completed, jobs = result
         await self._completer.settle(done, completed)
         self.claims += 1
+        self._rotate += 1  # the next claim serves another queue first
         if jobs:
             self._empty_streak = 0
             self._start(jobs)
@@ -127,7 +133,10 @@ class Claimer:
             self._empty_streak += 1
             if self._empty_streak >= EMPTY_STREAK:
                 self._quiet_until = time.monotonic() + EMPTY_CLAIM_QUIET_SECONDS
-        full = len(jobs) == want
+        # Full: the batch was filled, or some queue gave all it may give one claim (more of it is waiting).
+        full = len(jobs) == want or (
+            len(self._queues) > 1 and max(Counter(j.queue for j in jobs).values(), default=0) >= self._per_queue(want)
+        )
         if full:
             self._metrics.wakeups.labels("busy").inc()
         return full
@@ -146,11 +155,15 @@ class Claimer:
                 worker=self._identity,
                 lease_seconds=self._settings.lease_seconds,
                 leases=self._leases_by_task,
+                rotate=self._rotate,
                 conn=self._conn,
             )
         except BaseException:
             await self._return_conn()
             raise
+
+    def _per_queue(self, want: int) -> int:
+        return per_queue_limit(want, len(self._queues))
 
     async def _return_conn(self) -> None:
         conn, self._conn = self._conn, None

@@ -61,6 +61,7 @@ class Completer:
         self._identity = identity
         self._done: list[Job] = []
         self._failed: list[Failure] = []
+        self._writing: list[Job] = []  # a flush in flight: still held (heartbeats, orphan release) until settled
         self._needed = asyncio.Event()
         self._closing = False
 
@@ -85,8 +86,9 @@ class Completer:
             self._needed.set()
 
     def jobs(self) -> list[Job]:
-        """Jobs finished here but not yet written: their leases must still be renewed."""
-        return self._done + [f.job for f in self._failed]
+        """Jobs finished here but not yet written (or being written): their leases must still be renewed, and
+        they are this worker's own, never orphans."""
+        return self._done + [f.job for f in self._failed] + self._writing
 
     def holds(self, job: Job) -> bool:
         return any(j.id == job.id and j.attempts == job.attempts for j in self.jobs())
@@ -166,6 +168,7 @@ class Completer:
         ok = True
         while ok and self._done:
             batch = self.take_done()
+            self._writing = list(batch)
             ok = False
             try:
                 done = await self._control.call(
@@ -175,11 +178,13 @@ class Completer:
                     await self.settle(batch, done)
                     ok = True
             finally:  # on failure keep the results for the next or final flush
+                self._writing = []
                 if not ok:
                     self._done[:0] = batch
         while ok and self._failed:
             fails, self._failed = self._failed[:FLUSH_MAX], self._failed[FLUSH_MAX:]
             fails.sort(key=lambda f: f.job.id)
+            self._writing = [f.job for f in fails]
             ok = False
             try:
                 statuses = await self._control.call(
@@ -190,6 +195,7 @@ class Completer:
                         self._count_failure(f, statuses.get(f.job.id))
                     ok = True
             finally:
+                self._writing = []
                 if not ok:
                     self._failed[:0] = fails
         return ok

@@ -42,7 +42,7 @@ class Control:
         self.queue = AsyncQueue(self.pool, settings, owned=True)
         self.ok = False
         self.failures = 0
-        self.last_failed = False  # the most recent call failed (its effect on the server is unknown)
+        self.uncertain = False  # a try of the last call failed in flight: it may have committed unseen
 
     async def open(self) -> None:
         await self.pool.open()
@@ -51,19 +51,24 @@ class Control:
         await self.pool.close()
 
     async def call(self, operation: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        """``uncertain`` is True afterwards when any try failed: that try may have committed with its reply lost
+        (the claimer then reclaims jobs leased to this worker that it does not know)."""
+        self.uncertain = False
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 result = await fn()
                 break
             except TRANSIENT as exc:
+                _reraise_cancellation()
+                self.uncertain = True
                 if attempt < ATTEMPTS:
                     continue
                 self._error(operation, exc, logging.WARNING)
                 return None
             except psycopg.Error as exc:  # not transient: a bug, a privilege, a standby
+                _reraise_cancellation()
                 self._error(operation, exc, logging.ERROR)
                 return None
-        self.last_failed = False
         if not self.ok:
             if self.failures:
                 log.info("database reachable again", extra={"action": "db_recovered"})
@@ -76,7 +81,6 @@ class Control:
         self.metrics.db_errors.labels(operation).inc()
         self.metrics.database_up.set(0)
         self.ok = False
-        self.last_failed = True
         self.failures += 1
         if self.failures == 1 or self.failures % 10 == 0:
             log.log(
@@ -95,3 +99,10 @@ class Control:
         delay = backoff_seconds(max(self.failures, 1), base=min(0.2, cap), cap=cap, jitter=0.5)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), timeout=delay)
+
+
+def _reraise_cancellation() -> None:
+    """A cancel that landed inside a database call may surface as a query error: never survive it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -145,7 +145,9 @@ class Slots:
 
 
 def _finish_sync(conn: psycopg.Connection[Any] | None, job: Job, worker: str, q: Queries) -> Outcome:
-    """After a sync handler returned: complete in its transaction when it wrote, else defer to the batch."""
+    """After a sync handler returned: complete in its transaction when it used job.conn, else defer to the batch.
+    (IDLE: the handler ended the job's transaction itself, with ``commit()`` or ``rollback()``: documented as
+    unfenced; the job is completed in the batch.)"""
     if conn is None:
         return "deferred"
     status = conn.info.transaction_status
@@ -202,9 +204,20 @@ class AsyncExecutor:
             result = Result(job, "failed", exc, time.monotonic(), target.task)
         self._report(result)
 
+    async def _checkout(self) -> Any:
+        """A job connection with its transaction already open, so the handler's ``transaction()`` blocks are
+        savepoints inside it: nothing the handler writes commits outside the fenced completion."""
+        conn = await self.pool.getconn()
+        try:
+            await conn.execute("BEGIN")
+        except BaseException:
+            await self.pool.putconn(conn)
+            raise
+        return conn
+
     async def _unit(self, job: Job, target: Target) -> Outcome:
         pool = self.pool
-        lazy = AsyncLazyConnection(pool.getconn)
+        lazy = AsyncLazyConnection(self._checkout)
         try:
             try:
                 await target.func(job.with_conn(lazy))
@@ -281,9 +294,19 @@ class ThreadExecutor:
         if results:
             self._report(results)
 
+    def _checkout(self) -> Any:
+        """As :meth:`AsyncExecutor._checkout`: the job's transaction is open before the handler sees it."""
+        conn = self.pool.getconn()
+        try:
+            conn.execute("BEGIN")
+        except BaseException:
+            self.pool.putconn(conn)
+            raise
+        return conn
+
     def _unit(self, job: Job, target: Target) -> Outcome:
         pool = self.pool
-        lazy = LazyConnection(pool.getconn)
+        lazy = LazyConnection(self._checkout)
         try:
             try:
                 target.func(job.with_conn(lazy))

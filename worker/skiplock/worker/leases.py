@@ -65,11 +65,12 @@ class Leases:
         if not jobs:
             return
         leases = [self.lease_for(j) for j in jobs]
-        lost = await self._control.call(
+        held = await self._control.call(
             "heartbeat", lambda: self._control.queue.heartbeat(jobs, worker=self._identity, leases=leases)
         )
-        if lost is None:
+        if held is None:
             return
+        lost = {j.id for j in jobs} - held
         for job in jobs:
             key = (job.id, job.attempts)
             # A job that finished during the round trip is not lost: only warn for attempts still held now.

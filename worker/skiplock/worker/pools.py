@@ -54,7 +54,8 @@ def async_pool(dsn: str, name: str, size: int, *, autocommit: bool, timeout: flo
 
 
 def sync_pool(dsn: str, name: str, size: int, *, timeout: float) -> ConnectionPool[Any]:
-    """An unopened sync pool for the ``job.conn`` of sync handlers (transactional connections)."""
+    """An unopened sync pool for the ``job.conn`` of sync handlers. Autocommit connections: the executor opens
+    the job's transaction itself at checkout (``BEGIN``), so the handler's ``transaction()`` blocks nest in it."""
     return ConnectionPool(
         dsn,
         min_size=1,
@@ -64,5 +65,5 @@ def sync_pool(dsn: str, name: str, size: int, *, timeout: float) -> ConnectionPo
         reconnect_timeout=0,
         timeout=timeout,
         check=_check,
-        kwargs={"application_name": APPLICATION_NAME},
+        kwargs={"application_name": APPLICATION_NAME, "autocommit": True},
     )

@@ -42,7 +42,7 @@ SELECT ins.id, (SELECT count(*) FROM woke) AS notified FROM ins ORDER BY ins.id;
 SELECT pg_notify(%(channel)s, %(queue)s);
 
 -- name: job_complete_and_claim
--- Mark claimed jobs done, fenced (rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of the given queues, round-robin across queues so a busy queue never starves a quiet one: one statement, one commit (claim alone: no ids).
+-- Mark claimed jobs done, fenced (rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of the given queues: at most `per_queue` of each, taken round-robin from the queue after `rotate` on (the claimer moves it every claim), so a busy queue never starves a quiet one; one statement, one commit (claim alone: no ids).
 WITH done AS (
     UPDATE {schema}.jobs AS j
     SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
@@ -51,19 +51,20 @@ WITH done AS (
     WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
     RETURNING j.id
 ), candidates AS (
-    SELECT c.id, row_number() OVER (PARTITION BY q.queue ORDER BY c.priority DESC, c.visible_at, c.id) AS turn,
-           c.priority, c.visible_at
-    FROM unnest(%(queues)s::text[]) AS q(queue)
+    SELECT c.id, q.n, row_number() OVER (PARTITION BY q.n ORDER BY c.priority DESC, c.visible_at, c.id) AS turn
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
     CROSS JOIN LATERAL (
         SELECT id, priority, visible_at FROM {schema}.jobs
         WHERE queue = q.queue AND status = 'pending'
           AND visible_at <= coalesce(%(now)s::timestamptz, now())
         ORDER BY priority DESC, visible_at, id
-        LIMIT %(limit)s
+        LIMIT %(per_queue)s
         FOR UPDATE SKIP LOCKED
     ) AS c
 ), picked AS (
-    SELECT id FROM candidates ORDER BY turn, priority DESC, visible_at, id LIMIT %(limit)s
+    SELECT id FROM candidates
+    ORDER BY turn, (n + cardinality(%(queues)s::text[]) - 1 - %(rotate)s) %% cardinality(%(queues)s::text[])
+    LIMIT %(limit)s
 ), claimed AS (
     UPDATE {schema}.jobs AS j
     SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
