@@ -282,8 +282,14 @@ def recover_params(
 
 
 def completed_and_claimed(rows: list[dict[str, Any]]) -> tuple[set[int], list[Job]]:
-    """The ids completed and the jobs claimed, from the rows of ``job_complete_and_claim``."""
-    return {r["id"] for r in rows if r["completed"]}, [job_from_row(r) for r in rows if not r["completed"]]
+    """The ids completed and the jobs claimed (in claim order: priority, then due time, then id), from the rows
+    of ``job_complete_and_claim`` (an UPDATE returns its rows in no particular order)."""
+    claimed = sorted((r for r in rows if not r["completed"]), key=_claim_order)
+    return {r["id"] for r in rows if r["completed"]}, [job_from_row(r) for r in claimed]
+
+
+def _claim_order(row: dict[str, Any]) -> tuple[int, Any, int]:
+    return (-row["priority"], row["visible_at"], row["id"])
 
 
 @dataclass(frozen=True)
