@@ -13,8 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from skiplock import Settings
 from skiplock.app import App
 from skiplock.testing import enqueued, run_jobs
 from skiplock.worker import APPLICATION_NAME, Worker
+from support.http import status_of
 from support.pg import await_for, wait_for
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -422,15 +421,8 @@ async def test_the_metrics_server_answers_404_for_unknown_paths(settings):
         port = probe.getsockname()[1]
     worker = Worker(settings=fast(settings, metrics_port=port, metrics_host="127.0.0.1"), handler=lambda job: None)
     async with worker:
-
-        def get(path: str) -> int:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-                    return int(r.status)
-            except urllib.error.HTTPError as e:
-                return int(e.code)
-
-        codes = {p: await asyncio.to_thread(get, p) for p in ("/metrics", "/healthz", "/nosuch", "/")}
+        urls = {p: f"http://127.0.0.1:{port}{p}" for p in ("/metrics", "/healthz", "/nosuch", "/")}
+        codes = {p: await asyncio.to_thread(status_of, url) for p, url in urls.items()}
     assert codes == {"/metrics": 200, "/healthz": 200, "/nosuch": 404, "/": 404}
 
 

@@ -6,13 +6,12 @@ import os
 import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 from prometheus_client import CollectorRegistry
 
 from skiplock.metrics import serve
 from skiplock_operator.metrics import OperatorMetrics
+from support.http import status_of
 
 
 def test_a_busy_operator_metrics_port_exits_2_with_a_clear_message():
@@ -36,14 +35,7 @@ def test_the_operator_metrics_server_answers_only_metrics():
     server = serve(registry, "127.0.0.1", 0, {}, what="operator metrics")
     server.start()
     try:
-
-        def get(path: str) -> int:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=5) as r:
-                    return int(r.status)
-            except urllib.error.HTTPError as e:
-                return int(e.code)
-
-        assert {p: get(p) for p in ("/metrics", "/", "/nosuch")} == {"/metrics": 200, "/": 404, "/nosuch": 404}
+        codes = {p: status_of(f"http://127.0.0.1:{server.port}{p}") for p in ("/metrics", "/", "/nosuch")}
+        assert codes == {"/metrics": 200, "/": 404, "/nosuch": 404}
     finally:
         server.stop()

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 import shutil
 import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from support.chaos import _user_exists
 from support.ci import missing
-from support.pg import wait_for
+from support.pg import _connects, wait_for
 
 
 @contextlib.contextmanager
@@ -59,19 +58,3 @@ def run_pgbouncer(pg_dsn: str, pool_mode: str, pool_size: int = 2) -> Iterator[s
         proc.terminate()
         proc.wait(timeout=10)
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _user_exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
-
-
-def _connects(dsn: str) -> bool:
-    try:
-        psycopg.connect(dsn, connect_timeout=2).close()
-    except psycopg.Error:
-        return False
-    return True

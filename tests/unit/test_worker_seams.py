@@ -15,6 +15,7 @@ from skiplock.handlers import Handler
 from skiplock.job import AsyncLazyConnection, Job, decode_payload, job_from_row, payload_depth_exceeded
 from skiplock.worker import serve_queues
 from skiplock.worker.completer import Completer, failure_for
+from skiplock.worker.control import Scope
 from skiplock.worker.executor import Router, Slots, UnknownTaskError
 
 SETTINGS = Settings(
@@ -138,7 +139,8 @@ async def test_the_completer_hands_done_jobs_to_claims_in_id_order_and_counts_wh
     observed: list[tuple[int, str]] = []
     control = FakeControl()
     bound = WorkerMetrics(__import__("prometheus_client").CollectorRegistry()).describe_worker(["q"], 1, "t")
-    completer = Completer(control, SETTINGS, bound, "me", lambda j, o: observed.append((j.id, o)))  # type: ignore[arg-type]
+    scope = Scope(control, SETTINGS, "me", ("q",))  # type: ignore[arg-type]
+    completer = Completer(scope, bound, lambda j, o: observed.append((j.id, o)))
     for i in (3, 1, 2):
         completer.defer(job(i))
     assert completer.holds(job(2)) and not completer.holds(job(2, attempts=2))
@@ -227,7 +229,7 @@ async def test_a_flush_in_flight_keeps_its_jobs_held():
             return {j.id for j in jobs}
 
     bound = WorkerMetrics(__import__("prometheus_client").CollectorRegistry()).describe_worker(["q"], 1, "t")
-    completer = Completer(SlowControl(), SETTINGS, bound, "me", lambda j, o: None)  # type: ignore[arg-type]
+    completer = Completer(Scope(SlowControl(), SETTINGS, "me", ("q",)), bound, lambda j, o: None)  # type: ignore[arg-type]
     completer.defer(job(7))
     flush = asyncio.create_task(completer.flush())
     await asyncio.sleep(0.01)

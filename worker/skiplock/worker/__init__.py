@@ -37,7 +37,7 @@ from skiplock.queue import Failure, check_connect
 from skiplock.settings import Settings
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import Completer, failure_for, warn_lost
-from skiplock.worker.control import Control
+from skiplock.worker.control import Control, Scope
 from skiplock.worker.executor import (
     AsyncExecutor,
     Outcome,
@@ -258,24 +258,16 @@ class Worker:
         await control.open()
         kinds = self.router.kinds
         slots = self._slots = Slots(s.concurrency, self._in_flight_changed)
-        completer = self._completer = Completer(control, s, self._bound, self.identity, self._observe)
-        overrides = self.router.lease_overrides()
+        scope = Scope(control, s, self.identity, self.queues, self.router.lease_overrides())
+        completer = self._completer = Completer(scope, self._bound, self._observe)
         leases = self._leases = Leases(
-            control,
-            s,
-            self.identity,
-            self.queues,
-            overrides,
-            self.metrics,
+            scope,
             self._bound,
             tracked=lambda: slots.jobs() + completer.jobs(),
             holds=lambda job: slots.holds(job) or completer.holds(job),
             wake=lambda: self._wake("recovered"),
         )
-        claimer = self._claimer = Claimer(
-            control, s, self.identity, self.queues, overrides, slots, completer, leases, self._start_jobs,
-            self.metrics, stopping,
-        )  # fmt: skip
+        claimer = self._claimer = Claimer(scope, slots, completer, leases, self._start_jobs, self.metrics, stopping)
         claimer.until_idle = until_idle
         tasks: list[asyncio.Task[Any]] = []
         try:

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -17,9 +17,8 @@ import psycopg
 from skiplock.job import Job
 from skiplock.metrics import WorkerMetrics
 from skiplock.queue import per_queue_limit
-from skiplock.settings import Settings
 from skiplock.worker.completer import Completer
-from skiplock.worker.control import Control
+from skiplock.worker.control import Scope
 from skiplock.worker.executor import Slots
 from skiplock.worker.leases import Leases
 
@@ -40,11 +39,7 @@ BUSY_RETURN_SECONDS = 1.0
 class Claimer:
     def __init__(
         self,
-        control: Control,
-        settings: Settings,
-        identity: str,
-        queues: Sequence[str],
-        lease_overrides: dict[str, float],
+        scope: Scope,
         slots: Slots,
         completer: Completer,
         leases: Leases,
@@ -52,11 +47,11 @@ class Claimer:
         metrics: WorkerMetrics,
         stopping: asyncio.Event,
     ) -> None:
-        self._control = control
-        self._settings = settings
-        self._identity = identity
-        self._queues = list(queues)
-        self._leases_by_task = lease_overrides or None
+        self._control = scope.control
+        self._settings = scope.settings
+        self._identity = scope.identity
+        self._queues = list(scope.queues)
+        self._leases_by_task = scope.lease_overrides or None
         self._slots = slots
         self._completer = completer
         self._leases = leases

@@ -16,7 +16,7 @@ from skiplock.job import Job
 from skiplock.metrics import BoundMetrics
 from skiplock.queue import Failure, format_error
 from skiplock.settings import Settings
-from skiplock.worker.control import Control
+from skiplock.worker.control import Scope
 from skiplock.worker.executor import UnknownTaskError
 
 log = logging.getLogger(__name__)
@@ -46,19 +46,12 @@ def failure_for(job: Job, exc: BaseException, task: Task | None, settings: Setti
 
 
 class Completer:
-    def __init__(
-        self,
-        control: Control,
-        settings: Settings,
-        metrics: dict[str, BoundMetrics],
-        identity: str,
-        observe: Callable[[Job, str], None],
-    ) -> None:
+    def __init__(self, scope: Scope, metrics: dict[str, BoundMetrics], observe: Callable[[Job, str], None]) -> None:
         self._observe = observe  # each written outcome: done, retried, failed, unknown_*, lease_lost
-        self._control = control
-        self._settings = settings
+        self._control = scope.control
+        self._settings = scope.settings
         self._m = metrics
-        self._identity = identity
+        self._identity = scope.identity
         self._done: list[Job] = []
         self._failed: list[Failure] = []
         self._writing: list[Job] = []  # a flush in flight: still held (heartbeats, orphan release) until settled

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import psycopg
@@ -26,6 +27,18 @@ TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSEr
 # connection may be dead (each failure discards one), so one more than the pool holds.
 ATTEMPTS = CONTROL_CONNECTIONS + 1
 BACKOFF_CAP_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What every seam of one worker shares: its control calls, settings, identity, the queues it serves and
+    the leases of tasks that set their own."""
+
+    control: Control
+    settings: Settings
+    identity: str
+    queues: tuple[str, ...]
+    lease_overrides: dict[str, float] = field(default_factory=dict)
 
 
 class Control:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from skiplock.job import Job
-from skiplock.metrics import BoundMetrics, WorkerMetrics
-from skiplock.settings import Settings
-from skiplock.worker.control import Control
+from skiplock.metrics import BoundMetrics
+from skiplock.worker.control import Scope
 
 log = logging.getLogger(__name__)
 
@@ -20,23 +19,18 @@ log = logging.getLogger(__name__)
 class Leases:
     def __init__(
         self,
-        control: Control,
-        settings: Settings,
-        identity: str,
-        queues: Sequence[str],
-        lease_overrides: dict[str, float],
-        metrics: WorkerMetrics,
+        scope: Scope,
         bound: dict[str, BoundMetrics],
         tracked: Callable[[], list[Job]],
         holds: Callable[[Job], bool],
         wake: Callable[[], None],
     ) -> None:
-        self._control = control
+        settings, lease_overrides = scope.settings, scope.lease_overrides
+        self._control = scope.control
         self._settings = settings
-        self._identity = identity
-        self._queues = list(queues)
+        self._identity = scope.identity
+        self._queues = list(scope.queues)
         self._overrides = lease_overrides
-        self._metrics = metrics
         self._m = bound
         self._tracked = tracked  # every job this worker holds a lease for (running or finished but unwritten)
         self._holds = holds  # whether it still holds this attempt (it may have finished during a round trip)
