@@ -438,7 +438,8 @@ class Statements:
         params = complete_and_claim_params(
             done, queues, limit, worker, now, lease_seconds=lease, leases=leases, rotate=rotate
         )
-        return Call(self.q.job_complete_and_claim, params, lambda r: completed_and_claimed(r.rows))
+        query = self.q.job_complete_and_claim_one if len(params["queues"]) == 1 else self.q.job_complete_and_claim
+        return Call(query, params, lambda r: completed_and_claimed(r.rows))
 
     def confirm_done(self, jobs: Sequence[Job], worker: str) -> Call[set[int]]:
         return Call(self.q.job_confirm_done, fence_params(jobs, worker, None), _id_set)

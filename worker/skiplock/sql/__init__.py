@@ -66,6 +66,7 @@ class Queries:
     job_enqueue_many: LiteralString
     job_notify: LiteralString
     job_complete_and_claim: LiteralString
+    job_complete_and_claim_one: LiteralString
     job_complete: LiteralString
     job_confirm_done: LiteralString
     job_fail: LiteralString

@@ -257,7 +257,7 @@ class Worker:
         control = self._control = Control(s, self.metrics)
         await control.open()
         kinds = self.router.kinds
-        slots = self._slots = Slots(s.concurrency, self._in_flight_changed)
+        slots = self._slots = Slots(s.concurrency)
         scope = Scope(control, s, self.identity, self.queues, self.router.lease_overrides())
         completer = self._completer = Completer(scope, self._bound, self._observe)
         leases = self._leases = Leases(
@@ -413,6 +413,7 @@ class Worker:
                 self._completer.fail(failure_for(job, target, None, self.settings))
                 continue
             self._submit(job, target, started)
+        self._publish_in_flight()
 
     def _submit(self, job: Job, target: Target, started: float) -> None:
         assert self._slots is not None
@@ -423,9 +424,14 @@ class Worker:
 
     def _on_results(self, results: list[Result]) -> None:
         for r in results:
-            self._on_result(r)
+            self._finish(r)
+        self._publish_in_flight()
 
     def _on_result(self, r: Result) -> None:
+        self._finish(r)
+        self._publish_in_flight()
+
+    def _finish(self, r: Result) -> None:
         assert self._slots is not None and self._completer is not None
         job = r.job
         entry = self._slots.pop(job)
@@ -465,8 +471,10 @@ class Worker:
         except Exception:
             log.exception("worker callback %r failed", fn, extra={"action": "callback_failed"})
 
-    def _in_flight_changed(self, queue: str, delta: int) -> None:
-        self._bound[queue].in_flight.inc(delta)
+    def _publish_in_flight(self) -> None:
+        assert self._slots is not None
+        for queue, running in self._slots.per_queue.items():
+            self._bound[queue].in_flight.set(running)
 
     def _wake(self, source: str) -> None:
         if self._claimer is not None:

@@ -106,11 +106,11 @@ class Entry:
 class Slots:
     """The jobs running now (at most ``capacity``); ``freed`` is set whenever one ends."""
 
-    def __init__(self, capacity: int, on_change: Callable[[str, int], None] = lambda q, d: None) -> None:
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._running: dict[int, Entry] = {}
         self.freed = asyncio.Event()
-        self._on_change = on_change
+        self.per_queue: dict[str, int] = {}  # running jobs by queue (the in-flight gauges, set once per batch)
 
     def free(self) -> int:
         return self.capacity - len(self._running)
@@ -120,7 +120,7 @@ class Slots:
 
     def add(self, job: Job, started: float) -> Entry:
         entry = self._running[job.id] = Entry(job, started)
-        self._on_change(job.queue, 1)
+        self.per_queue[job.queue] = self.per_queue.get(job.queue, 0) + 1
         return entry
 
     def pop(self, job: Job) -> Entry | None:
@@ -129,7 +129,7 @@ class Slots:
         if entry is None or entry.job.attempts != job.attempts:
             return None
         del self._running[job.id]
-        self._on_change(job.queue, -1)
+        self.per_queue[job.queue] -= 1
         self.freed.set()
         return entry
 
