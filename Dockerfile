@@ -79,5 +79,5 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     && python -m pip install --no-cache-dir --no-index --find-links=/wheels --no-deps "skiplock[operator]" \
     && python -m pip check \
     && skiplock --help >/dev/null \
-    && python -c "import kopf, kubernetes_asyncio, skiplock_operator"
+    && python -c "import kopf, kubernetes, skiplock_operator"
 USER 10001:10001

@@ -1,24 +1,49 @@
 # Every target creates or refreshes .venv first, so a fresh clone needs nothing but python3 (3.11+).
 PYTHON ?= python3
+# The interpreter found before .venv/bin goes first on PATH below.
+HOST_PYTHON := $(shell command -v $(PYTHON) 2>/dev/null || echo $(PYTHON))
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 K8S_TOOLS := $(CURDIR)/.cache/k8s-tools
 export PATH := $(K8S_TOOLS)/helm:$(K8S_TOOLS)/kubectl:$(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: demo test lint bench soak install clean lock
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[operator,test,dev,demo]'
-	touch $(STAMP)
+# The venv starts without pip when the interpreter has one (pip --python installs into it): bootstrapping
+# pip into a fresh venv costs more than the whole demo install on a busy machine.
+$(BIN)/python:
+	$(HOST_PYTHON) -m venv --without-pip $(VENV)
+
+HOST_HAS_PIP = $(shell $(HOST_PYTHON) -m pip --version >/dev/null 2>&1 && echo yes)
+
+# The full install (operator, tests, linters, docs) also covers the demo, and gives the venv its own pip.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip >/dev/null
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[operator,test,dev,demo,docs]'
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo needs only the package and the embedded PostgreSQL: a fresh `make demo` does not wait for the
+# operator, test and lint toolchains.
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(if $(HOST_HAS_PIP),$(HOST_PYTHON) -m pip --python $(BIN)/python,$(BIN)/python -m ensurepip >/dev/null && $(BIN)/python -m pip) \
+	  install -q -e '.[demo]'
+	touch $(DEMO_STAMP)
 
 install: $(STAMP)
 
-## make demo: the main job on an embedded PostgreSQL (or on $SKIPLOCK_DSN / $DATABASE_URL when set)
-demo: $(STAMP)
-	$(BIN)/skiplock demo
+## make demo: the main job on an embedded PostgreSQL (or on $SKIPLOCK_DSN / $DATABASE_URL when set);
+## make demo DEMO_ARGS=--keep leaves the embedded server running and prints its DSN
+demo: $(DEMO_STAMP)
+	$(BIN)/skiplock demo $(DEMO_ARGS)
+
+## make docs: the JobQueue reference from the CRD, then the documentation site, strictly (site/)
+.PHONY: docs
+docs: $(STAMP)
+	$(BIN)/python tools/gen-crd-docs.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 ## make test: lint, then the whole suite against a real PostgreSQL (SKIPLOCK_TEST_DSN, Docker, or embedded)
 test: $(STAMP)
@@ -48,4 +73,4 @@ lock: $(STAMP)
 	$(LOCK) --constraint requirements/operator.lock -o requirements/worker.lock
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache site

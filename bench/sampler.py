@@ -28,13 +28,16 @@ from run import database
 # Where a sample goes: the first bucket whose marker is in its stack (most specific first).
 BUCKETS = (
     ("claim + completions (AsyncQueue.complete_and_claim: one statement)", ("AsyncQueue.complete_and_claim",)),
-    ("lone completion flush (AsyncQueue.complete)", ("AsyncQueue.complete", "Worker._flush")),
-    ("heartbeat / recovery", ("AsyncQueue.heartbeat", "AsyncQueue.recover_expired")),
+    ("lone completion flush (Completer.flush)", ("Completer.flush", "AsyncQueue.complete")),
+    ("heartbeat / recovery (Leases)", ("Leases.beat", "Leases.recover")),
     ("listener", ("Listener.run",)),
-    ("handler thread: inbox, lazy job.conn, handler, fenced unit", ("Worker._handler_thread",)),
-    ("results back on the loop (Worker._collect, call_soon_threadsafe)", ("Worker._collect", "call_soon_threadsafe")),
-    ("async handler unit: pool checkout, handler", ("Worker._run_async",)),
-    ("per-job bookkeeping: start, metrics, dataclasses", ("Worker._start", "Worker._finished", "Worker._record")),
+    ("handler thread: inbox, lazy job.conn, handler, fenced unit", ("ThreadExecutor._thread",)),
+    (
+        "results back on the loop (ThreadExecutor.collect, call_soon_threadsafe)",
+        ("ThreadExecutor.collect", "call_soon_threadsafe"),
+    ),
+    ("async handler unit: lazy job.conn, handler", ("AsyncExecutor._run",)),
+    ("per-job bookkeeping: start, routing, metrics", ("Worker._start_jobs", "Worker._on_result", "Slots.")),
     ("pool maintenance", ("psycopg_pool",)),
     ("event loop: select / scheduling", ("EpollSelector.select", "BaseEventLoop._run_once")),
 )

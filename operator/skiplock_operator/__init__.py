@@ -10,6 +10,8 @@ import logging
 import threading
 from typing import Any
 
+from skiplock.errors import ConfigError
+
 __all__ = ["run", "serve"]
 
 log = logging.getLogger(__name__)
@@ -32,9 +34,10 @@ async def serve(
     import kopf
 
     from skiplock_operator.config import OperatorConfig
-    from skiplock_operator.handlers import configure, register
+    from skiplock_operator.handlers import compact_kopf_logs, configure, register
 
     config = config or OperatorConfig.from_env()
+    compact_kopf_logs()
     registry = kopf.OperatorRegistry()
     settings = kopf.OperatorSettings()
     configure(settings, peering=peering, standalone=standalone)
@@ -55,14 +58,15 @@ async def serve(
 
 def _process_metrics(port: int | None) -> Any:
     """One metrics object per process (a registry refuses the same names twice); the exporter starts once."""
-    from prometheus_client import REGISTRY, start_http_server
+    from prometheus_client import REGISTRY
 
+    from skiplock.metrics import serve as serve_metrics
     from skiplock_operator.metrics import OperatorMetrics
 
     if id(REGISTRY) not in _METRICS:
+        if port:  # the worker's server: binds first (a busy port is a clear error), 404s, bounded, timeouts
+            serve_metrics(REGISTRY, "0.0.0.0", port, {}, what="operator metrics").start()
         _METRICS[id(REGISTRY)] = OperatorMetrics(REGISTRY)
-        if port:
-            start_http_server(port, registry=REGISTRY)
     return _METRICS[id(REGISTRY)]
 
 
@@ -82,9 +86,17 @@ def run(
     except ImportError as exc:
         log.error("the operator needs the extra: pip install 'skiplock[operator]' (%s)", exc)
         return 2
+    from skiplock_operator.config import OperatorConfig
+
+    try:
+        config = OperatorConfig.from_env()
+    except ValueError as exc:
+        log.error("invalid SKIPLOCK_OPERATOR_* setting: %s", exc)
+        return 2
     try:
         asyncio.run(
             serve(
+                config=config,
                 namespaces=namespaces,
                 all_namespaces=all_namespaces,
                 liveness_port=liveness_port,
@@ -94,4 +106,7 @@ def run(
         )
     except KeyboardInterrupt:
         return 130
+    except ConfigError as exc:  # e.g. a busy metrics port
+        log.error("%s", exc)
+        return 2
     return 0

@@ -1,139 +1,371 @@
-"""Database access of the operator: one small pool per (DSN, schema), shared by the JobQueues that use it.
+"""Database access of the operator: one connection per (DSN, schema), shared by the JobQueues that use it.
 
-Only three things happen here: migrate a schema, read one queue's stats (``AsyncQueue.stats``), and close
-pools. A pool whose database fails is closed and dropped, so no half-dead pool retries in the background;
-the next poll opens a new one. Every error leaves as :class:`DatabaseUnavailableError`, password masked.
+What happens here: migrate a schema, read queue stats and the next due time of delayed jobs, read the
+server's connection limits. Each (DSN, schema) has its own lock, so a tenant whose database hangs stalls
+only the JobQueues that share that very DSN; connects are bounded per namespace as well.
+
+Every call is bounded by ``timeout``. When a query outlives it, the socket is shut down from our side and
+the connection dropped: no cancel request is sent over a link that may be dead (that waits for its own
+timeout), so an outage is reported within ``timeout`` plus a moment. Every error leaves as
+:class:`DatabaseProblem` with a fixed, classified reason: driver messages can quote the DSN (or whatever
+text a Secret held), so none of them reaches a status, an Event or a log line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import logging
-from collections.abc import Hashable
-from typing import Any
+import os
+import socket
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
 
-from skiplock import AsyncQueue, QueueStats, Settings
+from skiplock import QueueStats
 from skiplock.errors import DatabaseUnavailableError
-from skiplock.settings import redact
+from skiplock.migrate import amigrate
+from skiplock.queue import stats_from_row
+from skiplock.sql import queries_for
 
 log = logging.getLogger(__name__)
 PoolKey = tuple[str, str]
+T = TypeVar("T")
+
+# Classified reasons (condition reasons and Event reasons): the only words about a failure that leave here.
+DSN_INVALID = "DSNInvalid"
+HOST_NOT_ALLOWED = "HostNotAllowed"
+HOST_UNKNOWN = "HostUnknown"
+CONNECT_REFUSED = "ConnectRefused"
+CONNECT_TIMEOUT = "ConnectTimeout"
+AUTH_FAILED = "AuthFailed"
+DATABASE_MISSING = "DatabaseMissing"
+CONNECT_FAILED = "ConnectFailed"
+QUERY_TIMEOUT = "QueryTimeout"
+CONNECTION_LOST = "ConnectionLost"
+QUERY_FAILED = "QueryFailed"
+MESSAGES = {
+    DSN_INVALID: "the DSN in the Secret is not a valid PostgreSQL connection string",
+    HOST_NOT_ALLOWED: "the DSN's host is not in the operator's allowed database hosts",
+    HOST_UNKNOWN: "the DSN's host name does not resolve",
+    CONNECT_REFUSED: "the database server refused the connection",
+    CONNECT_TIMEOUT: "the database server did not answer the connection in time",
+    AUTH_FAILED: "the database rejected the credentials",
+    DATABASE_MISSING: "the database named in the DSN does not exist",
+    CONNECT_FAILED: "the operator could not connect to the database",
+    QUERY_TIMEOUT: "the database did not answer a query in time",
+    CONNECTION_LOST: "the connection to the database was lost",
+    QUERY_FAILED: "a database query of the operator failed",
+}
+REASONS = tuple(MESSAGES)
+CONNECT_SLOTS_PER_NAMESPACE = 2
+"""At most this many connects in flight per namespace: one tenant's slow databases cannot hold them all."""
+DEFAULT_BUDGET_SHARE = 0.8
+"""Default connection budget: this share of the server's max_connections, minus the reserved slots."""
+
+
+class DatabaseProblem(DatabaseUnavailableError):
+    """A database failure, classified: ``reason`` is one of :data:`REASONS`, the message is fixed text."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(MESSAGES[reason])
+        self.reason = reason
+
+
+def classify(exc: BaseException, *, connecting: bool) -> str:
+    """The reason of a failure. The driver's text is looked at here, and only here; it is never passed on."""
+    if isinstance(exc, DatabaseProblem):
+        return exc.reason
+    if isinstance(exc, TimeoutError):
+        return CONNECT_TIMEOUT if connecting else QUERY_TIMEOUT
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        return QUERY_TIMEOUT
+    if connecting and isinstance(exc, psycopg.ProgrammingError):
+        return DSN_INVALID
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    text = str(exc).lower()
+    role_missing = "role" in text and "does not exist" in text
+    if sqlstate.startswith("28") or role_missing or "authentication" in text or "pg_hba.conf" in text:
+        return AUTH_FAILED
+    if sqlstate == "3D000" or ("database" in text and "does not exist" in text):
+        return DATABASE_MISSING
+    if not connecting:
+        return CONNECTION_LOST if isinstance(exc, psycopg.OperationalError | OSError) else QUERY_FAILED
+    if "refused" in text:
+        return CONNECT_REFUSED
+    if "timeout" in text or "timed out" in text:
+        return CONNECT_TIMEOUT
+    if "translate host name" in text or "name or service not known" in text or "name resolution" in text:
+        return HOST_UNKNOWN
+    return CONNECT_FAILED
+
+
+def dsn_hosts(dsn: str) -> tuple[str, ...]:
+    """The hosts a DSN names (``host`` and ``hostaddr``, comma lists split); raises DSNInvalid."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception:  # the parser's message quotes the input: drop it
+        raise DatabaseProblem(DSN_INVALID) from None
+    hosts: list[str] = []
+    for name in ("host", "hostaddr"):
+        value = params.get(name)
+        if isinstance(value, str):
+            hosts.extend(h.strip() for h in value.split(",") if h.strip())
+    return tuple(hosts)
+
+
+def host_allowed(host: str, allowed: Sequence[str]) -> bool:
+    """``allowed`` holds exact names, ``.suffix`` domains and IP networks (``10.0.0.0/8``)."""
+    for rule in allowed:
+        if rule.startswith("."):
+            if host.endswith(rule) and len(host) > len(rule):
+                return True
+        elif "/" in rule and not rule.startswith("/"):
+            with contextlib.suppress(ValueError):
+                if ipaddress.ip_address(host) in ipaddress.ip_network(rule, strict=False):
+                    return True
+        elif host == rule:
+            return True
+    return False
+
+
+def check_dsn(dsn: str, allowed_hosts: Sequence[str]) -> None:
+    """Raise DSNInvalid / HostNotAllowed before any connect (an empty allow-list allows every host)."""
+    hosts = dsn_hosts(dsn)
+    if allowed_hosts and (not hosts or not all(host_allowed(h, allowed_hosts) for h in hosts)):
+        raise DatabaseProblem(HOST_NOT_ALLOWED)
+
+
+def sever(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Shut the socket down under a pending read: the read fails at once, and psycopg sends no cancel."""
+    with contextlib.suppress(Exception):
+        sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
+
+
+@dataclass
+class _Entry:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    conn: psycopg.AsyncConnection[Any] | None = None
+    migrated: bool = False
+    limits: tuple[int, int] | None = None
 
 
 class Databases:
-    def __init__(self, *, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        *,
+        timeout: float = 5.0,
+        allowed_hosts: Sequence[str] = (),
+        connect_slots: int = CONNECT_SLOTS_PER_NAMESPACE,
+    ) -> None:
         self._timeout = timeout
-        self._queues: dict[PoolKey, AsyncQueue] = {}
+        self._allowed_hosts = tuple(allowed_hosts)
+        self._connect_slots = connect_slots
+        self._entries: dict[PoolKey, _Entry] = {}
         self._users: dict[Hashable, PoolKey] = {}
-        self._migrated: set[PoolKey] = set()
-        self._lock = asyncio.Lock()
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
-        return len(self._queues)
+        """Open connections."""
+        return sum(1 for e in self._entries.values() if e.conn is not None and not e.conn.closed)
 
-    async def _open(self, key: PoolKey) -> AsyncQueue:
-        dsn, schema = key
-        try:
-            async with asyncio.timeout(self._timeout):
-                conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=max(1, int(self._timeout)))
-                await conn.close()
-        except (psycopg.Error, TimeoutError, OSError) as exc:
-            raise _unavailable(exc, dsn) from None
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=2,
-            open=False,
-            timeout=self._timeout,
-            name=f"skiplock-operator-{schema}",
-            kwargs={"connect_timeout": max(1, int(self._timeout)), "application_name": "skiplock-operator"},
-            check=AsyncConnectionPool.check_connection,
-        )
-        await pool.open()
-        return AsyncQueue(pool, Settings(dsn=dsn, schema=schema, worker_id="skiplock-operator"), owned=True)
+    # ------------------------------------------------------------------ plumbing
+    def _entry(self, user: Hashable, key: PoolKey) -> _Entry:
+        previous = self._users.get(user)
+        self._users[user] = key
+        if previous is not None and previous != key:
+            self._close_unused(previous)
+        return self._entries.setdefault(key, _Entry())
 
-    async def _queue(self, user: Hashable, key: PoolKey) -> AsyncQueue:
-        async with self._lock:
-            previous = self._users.get(user)
-            self._users[user] = key
-            if previous is not None and previous != key:
-                await self._close_unused(previous)
-            queue = self._queues.get(key)
-            if queue is None:
-                queue = self._queues[key] = await self._open(key)
-            return queue
-
-    async def _drop(self, key: PoolKey) -> None:
-        async with self._lock:
-            queue = self._queues.pop(key, None)
-            self._migrated.discard(key)
-        if queue is not None:
-            await queue.close()
-
-    async def _close_unused(self, key: PoolKey) -> None:
+    def _close_unused(self, key: PoolKey) -> None:
+        """Close a connection nobody uses any more, once its in-flight call (if any) is over."""
         if key in self._users.values():
             return
-        queue = self._queues.pop(key, None)
-        self._migrated.discard(key)
-        if queue is not None:
-            await queue.close()
+        entry = self._entries.pop(key, None)
+        if entry is not None and entry.conn is not None:
+            task = asyncio.get_running_loop().create_task(_retire(entry))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
 
-    async def _call(self, user: Hashable, key: PoolKey, what: str, body: Any) -> Any:
+    def _namespace_slots(self, user: Hashable) -> asyncio.Semaphore:
+        namespace = str(user[0]) if isinstance(user, tuple) and user else ""
+        return self._slots.setdefault(namespace, asyncio.Semaphore(self._connect_slots))
+
+    async def _connect(self, user: Hashable, dsn: str) -> psycopg.AsyncConnection[Any]:
+        check_dsn(dsn, self._allowed_hosts)
+        seconds = max(2, round(self._timeout))
+        async with self._namespace_slots(user):
+            try:
+                async with asyncio.timeout(seconds + 1):  # psycopg's connect_timeout fires first
+                    conn = await psycopg.AsyncConnection.connect(
+                        dsn,
+                        connect_timeout=seconds,
+                        application_name="skiplock-operator",
+                        keepalives=1,
+                        keepalives_idle=max(1, int(self._timeout)),
+                        keepalives_interval=1,
+                        keepalives_count=2,
+                        tcp_user_timeout=int(self._timeout * 1000),
+                    )
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                raise DatabaseProblem(classify(exc, connecting=True)) from None
         try:
-            queue = await self._queue(user, key)
-            async with asyncio.timeout(self._timeout):
-                return await body(queue)
-        except DatabaseUnavailableError:
-            await self._drop(key)
+            async with conn.transaction():
+                await conn.execute(queries_for("skiplock").session_statement_timeout, {"ms": str(self._ms())})
+        except BaseException:
+            sever(conn)
+            await _close(conn)
             raise
-        except (psycopg.Error, PoolTimeout, TimeoutError, OSError) as exc:
-            await self._drop(key)
-            raise _unavailable(exc, key[0], what) from None
+        return conn
 
+    def _ms(self) -> int:
+        return max(1, int(self._timeout * 1000))
+
+    async def _bounded(self, conn: psycopg.AsyncConnection[Any], work: Awaitable[T]) -> T:
+        """``work`` within the timeout. On timeout (or our own cancellation) the socket is shut down, so the
+        pending read fails at once; the task is never cancelled, since psycopg would answer a cancellation
+        with a cancel request, which waits on a dead link for its own timeout."""
+        task = asyncio.ensure_future(_captured(work))  # never ends in an error: kopf re-raises those at exit
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self._timeout)
+        except asyncio.CancelledError:
+            sever(conn)
+            await asyncio.wait({task}, timeout=1.0)
+            raise
+        if not done:
+            sever(conn)
+            await asyncio.wait({task}, timeout=1.0)  # it fails at once on the severed socket
+            raise TimeoutError
+        ok, value = task.result()
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    async def _call(
+        self,
+        user: Hashable,
+        key: PoolKey,
+        body: Callable[[psycopg.AsyncConnection[Any], _Entry], Awaitable[T]],
+    ) -> T:
+        entry = self._entry(user, key)
+        async with entry.lock:
+            connecting = entry.conn is None or entry.conn.closed
+            try:
+                if connecting:
+                    entry.conn = await self._connect(user, key[0])
+                    entry.migrated = False
+                assert entry.conn is not None
+                connecting = False
+                return await self._bounded(entry.conn, body(entry.conn, entry))
+            except (psycopg.Error, OSError, TimeoutError, DatabaseProblem) as exc:
+                if entry.conn is not None:
+                    conn, entry.conn = entry.conn, None
+                    sever(conn)
+                    await _close(conn)
+                raise DatabaseProblem(classify(exc, connecting=connecting)) from None
+
+    # ------------------------------------------------------------------ calls
     async def ensure_schema(self, user: Hashable, dsn: str, schema: str) -> bool:
-        """Migrate ``schema`` once per pool (idempotent, advisory lock). True when this call migrated it."""
-        key = (dsn, schema)
-        if key in self._migrated and key in self._queues:
-            return False
+        """Migrate ``schema`` once per connection (idempotent, advisory lock). True when this call migrated it."""
 
-        async def migrate(queue: AsyncQueue) -> None:
-            await queue.migrate()
+        async def migrate(conn: psycopg.AsyncConnection[Any], entry: _Entry) -> bool:
+            if entry.migrated:
+                return False
+            await amigrate(conn, schema)
+            entry.migrated = True
+            return True
 
-        await self._call(user, key, "migrate", migrate)
-        self._migrated.add(key)
-        return True
+        return await self._call(user, (dsn, schema), migrate)
 
-    async def stats(self, user: Hashable, dsn: str, schema: str, queue: str, *, lease_seconds: float) -> QueueStats:
-        async def read(aq: AsyncQueue) -> list[QueueStats]:
-            return await aq.stats(queue, lease_seconds=lease_seconds)
+    async def stats(
+        self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], *, lease_seconds: float
+    ) -> dict[str, QueueStats]:
+        """Stats of each of ``queues`` (zeros for a queue without jobs), in one round trip per queue."""
+        q = queries_for(schema)
 
-        rows: list[QueueStats] = await self._call(user, (dsn, schema), "stats", read)
-        for row in rows:
-            if row.queue == queue:
-                return row
-        return QueueStats(queue, 0, 0, 0, 0, 0, 0.0)
+        async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> dict[str, QueueStats]:
+            out: dict[str, QueueStats] = {}
+            async with conn.transaction():
+                cur = conn.cursor(row_factory=dict_row)
+                for name in queues:
+                    await cur.execute(q.queue_stats, {"queue": name, "lease_seconds": lease_seconds, "now": None})
+                    rows = [stats_from_row(r) for r in await cur.fetchall()]
+                    out[name] = next((r for r in rows if r.queue == name), QueueStats(name, 0, 0, 0, 0, 0, 0.0))
+            return out
+
+        return await self._call(user, (dsn, schema), read)
+
+    async def next_due_seconds(self, user: Hashable, dsn: str, schema: str, queues: Sequence[str]) -> float | None:
+        """Seconds until the first delayed job of ``queues`` becomes visible, or None when none waits."""
+        q = queries_for(schema)
+
+        async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> float | None:
+            async with conn.transaction():
+                row = await (await conn.execute(q.queue_next_due, {"queues": list(queues), "now": None})).fetchone()
+            return None if row is None or row[0] is None else max(0.0, float(row[0]))
+
+        return await self._call(user, (dsn, schema), read)
+
+    async def default_budget(self, user: Hashable, dsn: str, schema: str) -> int:
+        """``DEFAULT_BUDGET_SHARE`` of the server's max_connections minus its reserved connections."""
+
+        async def read(conn: psycopg.AsyncConnection[Any], entry: _Entry) -> tuple[int, int]:
+            if entry.limits is None:
+                async with conn.transaction():
+                    row = await (await conn.execute(queries_for(schema).server_connection_limits)).fetchone()
+                entry.limits = (int(row[0]), int(row[1])) if row else (100, 3)
+            return entry.limits
+
+        max_connections, reserved = await self._call(user, (dsn, schema), read)
+        return budget_from_limits(max_connections, reserved)
 
     async def release(self, user: Hashable) -> None:
-        async with self._lock:
-            key = self._users.pop(user, None)
-            if key is not None:
-                await self._close_unused(key)
+        key = self._users.pop(user, None)
+        if key is not None:
+            self._close_unused(key)
 
     async def close(self) -> None:
-        async with self._lock:
-            queues = list(self._queues.values())
-            self._queues.clear()
-            self._users.clear()
-            self._migrated.clear()
-        for queue in queues:
-            await queue.close()
+        for task in list(self._retiring):
+            task.cancel()
+        entries = list(self._entries.values())
+        self._entries.clear()
+        self._users.clear()
+        for entry in entries:
+            if entry.conn is not None:
+                sever(entry.conn)
+                await _close(entry.conn)
 
 
-def _unavailable(exc: BaseException, dsn: str, what: str = "connect") -> DatabaseUnavailableError:
-    detail = str(exc).strip() or type(exc).__name__
-    if isinstance(exc, TimeoutError):
-        detail = f"{what} timed out"
-    return DatabaseUnavailableError(redact(f"database unavailable ({what}): {detail}", dsn))
+def budget_from_limits(max_connections: int, reserved: int) -> int:
+    return max(0, int(max_connections * DEFAULT_BUDGET_SHARE) - reserved)
+
+
+async def _retire(entry: _Entry) -> None:
+    with contextlib.suppress(Exception):
+        async with entry.lock:
+            if entry.conn is not None:
+                conn, entry.conn = entry.conn, None
+                await _close(conn)
+
+
+async def _captured(work: Awaitable[Any]) -> tuple[bool, Any]:
+    """(True, result) or (False, exception): a task left behind a severed socket ends quietly."""
+    try:
+        return True, await work
+    except Exception as exc:
+        return False, exc
+
+
+async def _close(conn: psycopg.AsyncConnection[Any]) -> None:
+    with contextlib.suppress(Exception):
+        await conn.close()

@@ -12,9 +12,29 @@ from typing import Any
 import kopf
 
 from skiplock_operator import reconcile
-from skiplock_operator.config import GROUP, PLURAL, VERSION, OperatorConfig
-from skiplock_operator.k8s import Kube
+from skiplock_operator.config import GROUP, KIND, PLURAL, VERSION, OperatorConfig
+from skiplock_operator.k8s import DSN_LABEL, Kube
 from skiplock_operator.metrics import OperatorMetrics
+from skiplock_operator.resources import MANAGED_BY, MANAGER
+
+
+class CompactKopfRecords(logging.Filter):
+    """kopf's object logger attaches its whole settings object to every record (a JSON formatter dumps it
+    all); keep one short ``object`` field instead, so a line stays one short event."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ref = vars(record).pop("k8s_ref", None)
+        vars(record).pop("settings", None)
+        vars(record).pop("k8s_skip", None)
+        if isinstance(ref, dict) and ref.get("name"):
+            record.object = f"{ref.get('namespace') or ''}/{ref['name']}".lstrip("/")
+        return True
+
+
+def compact_kopf_logs() -> None:
+    logger = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, CompactKopfRecords) for f in logger.filters):
+        logger.addFilter(CompactKopfRecords())
 
 
 def configure(settings: kopf.OperatorSettings, *, peering: str | None, standalone: bool) -> None:
@@ -25,7 +45,12 @@ def configure(settings: kopf.OperatorSettings, *, peering: str | None, standalon
         key="last-handled-configuration",
     )
     settings.persistence.finalizer = f"{GROUP}/operator"
-    settings.posting.level = logging.WARNING
+    # Events are posted explicitly (kopf.event): a Warning for each error condition, Normal for scale
+    # decisions and mode changes, all with the operator's own text. Log lines are not turned into Events
+    # (kopf's own lines can carry exception text).
+    settings.posting.enabled = True
+    settings.posting.loggers = False
+    settings.posting.level = logging.INFO
     settings.peering.standalone = standalone
     if peering:
         settings.peering.name = peering
@@ -42,23 +67,23 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
     server = config.server
     if server:
 
-        @kopf.on.login(registry=registry)
+        @kopf.on.login(registry=registry, id="login")
         def login(**_: Any) -> kopf.ConnectionInfo:
             return kopf.ConnectionInfo(server=server, insecure=config.insecure)
     else:
 
-        @kopf.on.login(registry=registry)
+        @kopf.on.login(registry=registry, id="login")
         def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
             info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
             return info or kopf.login_with_kubeconfig(**kwargs)
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(registry=registry, id="startup")
     async def startup(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         kube = await Kube.connect(config.server, insecure=config.insecure)
         memo.runtime = reconcile.Runtime(config, kube, metrics)
         logger.info("skiplock operator started")
 
-    @kopf.on.cleanup(registry=registry)
+    @kopf.on.cleanup(registry=registry, id="cleanup")
     async def cleanup(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
         if runtime is not None:
@@ -74,6 +99,25 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
     @kopf.on.delete(*resource, registry=registry, id="delete")
     async def delete_jobqueue(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await reconcile.finalize(memo.runtime, body)
+
+    if config.watch_deployments:
+
+        @kopf.on.event("apps", "v1", "deployments", registry=registry, id="owned", labels={MANAGED_BY: MANAGER})
+        def owned_deployment(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+            """Drift correction: a change to a Deployment we own wakes its JobQueue, whose poll undoes it."""
+            runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
+            for ref in body.get("metadata", {}).get("ownerReferences") or []:
+                if runtime is not None and ref.get("controller") and ref.get("kind") == KIND:
+                    runtime.owned_deployment_changed(body["metadata"]["namespace"], ref["name"])
+
+    if config.watch_secrets:
+
+        @kopf.on.event("", "v1", "secrets", registry=registry, id="dsn-secret", labels={DSN_LABEL: "true"})
+        def dsn_secret(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+            """A rotated DSN is used at once: the cached value goes and the JobQueues that read it wake."""
+            runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
+            if runtime is not None:
+                runtime.secret_changed(body["metadata"]["namespace"], body["metadata"]["name"])
 
     @kopf.daemon(*resource, registry=registry, id="autoscale", cancellation_backoff=1.0, cancellation_timeout=5.0)
     async def autoscale(

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from skiplock import QueueStats
+
 RESULTS = ("success", "invalid", "retry", "error")
+STATES = ("ready", "delayed", "processing", "stalled", "failed")
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.registry = registry
         self.reconciles = Counter(
             "skiplock_operator_reconciles",
             "JobQueue reconciles by result (success, invalid, retry, error).",
@@ -44,7 +49,7 @@ class OperatorMetrics:
         )
         self.errors = Counter(
             "skiplock_operator_errors",
-            "Errors by kind (database, kubernetes, secret, unexpected).",
+            "Errors by kind (database, kubernetes, secret, policy, conflict, unexpected).",
             ["kind"],
             registry=registry,
         )
@@ -60,10 +65,51 @@ class OperatorMetrics:
             ["source"],
             registry=registry,
         )
+        self.queue_jobs = Gauge(
+            "skiplock_queue_jobs",
+            "Jobs of a queue by state (ready, delayed, processing, stalled, failed), from the operator's poll.",
+            ["namespace", "jobqueue", "queue", "state"],
+            registry=registry,
+        )
+        self.queue_oldest_ready_age = Gauge(
+            "skiplock_queue_oldest_ready_age_seconds",
+            "Age of the oldest ready job of a queue (0 when none is ready), from the operator's poll.",
+            ["namespace", "jobqueue", "queue"],
+            registry=registry,
+        )
+        self.database_up = Gauge(
+            "skiplock_operator_database_up",
+            "1 when the operator's last poll of a JobQueue's database succeeded, else 0.",
+            ["namespace", "jobqueue"],
+            registry=registry,
+        )
         for result in RESULTS:
             self.reconciles.labels(result)
+        self._queues: dict[tuple[str, str], set[str]] = {}
+
+    def observe_queues(self, namespace: str, jobqueue: str, stats: Mapping[str, QueueStats]) -> None:
+        """Set the queue gauges of one JobQueue; queues it no longer serves lose their series."""
+        key = (namespace, jobqueue)
+        for gone in self._queues.get(key, set()) - set(stats):
+            self._remove_queue(namespace, jobqueue, gone)
+        for queue, row in stats.items():
+            for state in STATES:
+                self.queue_jobs.labels(namespace, jobqueue, queue, state).set(getattr(row, state))
+            self.queue_oldest_ready_age.labels(namespace, jobqueue, queue).set(row.oldest_ready_age_seconds)
+        self._queues[key] = set(stats)
+        self.database_up.labels(namespace, jobqueue).set(1)
+
+    def _remove_queue(self, namespace: str, jobqueue: str, queue: str) -> None:
+        for state in STATES:
+            with contextlib.suppress(KeyError):
+                self.queue_jobs.remove(namespace, jobqueue, queue, state)
+        with contextlib.suppress(KeyError):
+            self.queue_oldest_ready_age.remove(namespace, jobqueue, queue)
 
     def forget(self, namespace: str, jobqueue: str) -> None:
-        for gauge in (self.desired_replicas, self.current_replicas, self.ready_backlog):
+        """A JobQueue is gone: every series that names it goes too."""
+        for gauge in (self.desired_replicas, self.current_replicas, self.ready_backlog, self.database_up):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, jobqueue)
+        for queue in self._queues.pop((namespace, jobqueue), set()):
+            self._remove_queue(namespace, jobqueue, queue)

@@ -1,12 +1,16 @@
 """JobQueue to API calls: the create/update/resume reconcile, the per-object autoscaler loop, and cleanup.
 
 State shared by all handlers lives on one :class:`Runtime` (kopf's ``memo``): the Kubernetes client, the
-database pools, the LISTEN hub, metrics, and per-JobQueue wake-up events and status locks.
+database connections, the LISTEN hub, metrics, and per-JobQueue wake-up events and status locks.
+
+Everything written to a status, an Event or a log line is the operator's own text: a classified reason
+and a fixed message, never a driver's message (it can quote the DSN, or whatever a Secret held).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -16,17 +20,26 @@ from typing import Any
 import kopf
 
 from skiplock import QueueStats, __version__
-from skiplock.errors import DatabaseUnavailableError
+from skiplock.backoff import backoff_seconds
 from skiplock_operator import resources, scaling, status
 from skiplock_operator.config import OperatorConfig
-from skiplock_operator.database import Databases
+from skiplock_operator.database import DatabaseProblem, Databases
 from skiplock_operator.k8s import Kube, KubeApiError
 from skiplock_operator.metrics import OperatorMetrics
-from skiplock_operator.spec import InvalidSpecError, JobQueueSpec, parse_spec
+from skiplock_operator.spec import InvalidSpecError, JobQueueSpec, parse_spec, policy_violations
 from skiplock_operator.wakeup import Wakeups
 
 Key = tuple[str, str]
 Condition = tuple[str, bool, str, str]
+log = logging.getLogger(__name__)
+DUE_MARGIN_SECONDS = 0.05
+"""Poll this long after a delayed job's visible_at, so the job is ready when the poll looks."""
+
+
+class SecretProblem(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Runtime:
@@ -34,24 +47,40 @@ class Runtime:
         self.config = config
         self.kube = kube
         self.metrics = metrics
-        self.databases = Databases(timeout=config.database_timeout_seconds)
-        self.wakeups = Wakeups(retry_cap=config.retry_cap_seconds)
+        self.databases = Databases(
+            timeout=config.database_timeout_seconds, allowed_hosts=config.policy.allowed_dsn_hosts
+        )
+        self.wakeups = Wakeups()
         self.secrets: dict[tuple[str, str, str], tuple[float, str]] = {}
+        self.secret_users: dict[Key, set[str]] = {}
         self._kicks: dict[Key, asyncio.Event] = {}
         self._locks: dict[Key, asyncio.Lock] = {}
 
     def kick(self, key: Key) -> asyncio.Event:
-        """The event that wakes this JobQueue's autoscaler (NOTIFY, a spec change)."""
+        """The event that wakes this JobQueue's autoscaler (NOTIFY, a spec, Deployment or Secret change)."""
         return self._kicks.setdefault(key, asyncio.Event())
 
     def lock(self, key: Key) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
+
+    def secret_changed(self, namespace: str, name: str) -> None:
+        """A watched Secret changed: forget its cached values and wake the JobQueues that read it."""
+        for cached in [k for k in self.secrets if k[0] == namespace and k[1] == name]:
+            del self.secrets[cached]
+        for key, names in self.secret_users.items():
+            if key[0] == namespace and name in names:
+                self.kick(key).set()
+
+    def owned_deployment_changed(self, namespace: str, owner: str) -> None:
+        if (namespace, owner) in self._kicks:
+            self.kick((namespace, owner)).set()
 
     async def forget(self, key: Key) -> None:
         await self.wakeups.unsubscribe(key)
         await self.databases.release(key)
         self._kicks.pop(key, None)
         self._locks.pop(key, None)
+        self.secret_users.pop(key, None)
         self.metrics.forget(*key)
 
     async def close(self) -> None:
@@ -60,7 +89,7 @@ class Runtime:
         await self.kube.close()
 
     def backoff(self, attempt: int, base: float = 1.0) -> float:
-        return float(min(self.config.retry_cap_seconds, base * 2 ** max(0, attempt)))
+        return backoff_seconds(attempt + 1, base=base, cap=max(base, self.config.retry_cap_seconds), jitter=0.0)
 
 
 def key_of(body: Mapping[str, Any]) -> Key:
@@ -78,7 +107,8 @@ async def write_status(
 ) -> None:
     """Read-modify-write of ``.status`` under a per-JobQueue lock (the handler and the autoscaler both write
     conditions, and a merge patch replaces the whole list). Nothing is sent when nothing changed; ``seen``
-    (the status kopf last saw) saves the read when it already shows every value."""
+    (the status kopf last saw) saves the read when it already shows every value. A condition that changes
+    its status or reason posts one Event (Warning for error reasons, Normal otherwise)."""
     if seen is not None and not status_changes(seen, fields, conditions, generation):
         return
     namespace, name = key
@@ -86,9 +116,28 @@ async def write_status(
         current = await rt.kube.get_jobqueue(namespace, name)
         if current is None:
             return
-        changes = status_changes(current.get("status") or {}, fields, conditions, generation)
+        old = current.get("status") or {}
+        changes = status_changes(old, fields, conditions, generation)
         if changes:
             await rt.kube.patch_jobqueue_status(namespace, name, changes)
+    posted: set[str] = set()
+    for type_, ok, reason, message in transitions(old.get("conditions"), conditions):
+        if reason in posted:  # Ready and DatabaseReachable often turn for one cause: one Event
+            continue
+        posted.add(reason)
+        kind = "Warning" if not ok and reason in status.WARNING_REASONS else "Normal"
+        kopf.event(current, type=kind, reason=reason, message=f"{type_}={ok}: {message}")  # type: ignore[arg-type]
+
+
+def transitions(old: Any, conditions: tuple[Condition, ...]) -> list[Condition]:
+    """The conditions whose status or reason differ from ``old`` (pure)."""
+    out = []
+    for cond in conditions:
+        type_, ok, reason, _ = cond
+        was = status.get_condition(old, type_)
+        if was is None or was.get("status") != ("True" if ok else "False") or was.get("reason") != reason:
+            out.append(cond)
+    return out
 
 
 def status_changes(
@@ -107,32 +156,59 @@ def status_changes(
     return {k: v for k, v in new.items() if old.get(k) != v}
 
 
-async def read_dsn(rt: Runtime, namespace: str, spec: JobQueueSpec, *, fresh: bool = False) -> str | None:
-    """The DSN from the JobQueue's Secret, re-read at most every ``secret_ttl_seconds`` (or when ``fresh``)."""
-    key = (namespace, spec.dsn_secret_name, spec.dsn_secret_key)
-    cached = rt.secrets.get(key)
+async def read_dsn(rt: Runtime, key: Key, spec: JobQueueSpec, *, fresh: bool = False) -> str:
+    """The operator's DSN (``operatorDsnSecretRef``, else ``dsnSecretRef``), cached ``secret_ttl_seconds``;
+    raises SecretProblem. Only a Secret labelled ``skiplock.io/dsn: "true"`` is used."""
+    name, field = spec.operator_secret
+    rt.secret_users[key] = {name}
+    cache_key = (key[0], name, field)
+    cached = rt.secrets.get(cache_key)
     if cached is not None and not fresh and time.monotonic() - cached[0] < rt.config.secret_ttl_seconds:
         return cached[1]
-    value = await rt.kube.read_secret_key(*key)
-    if value is None:
-        rt.secrets.pop(key, None)
-    else:
-        rt.secrets[key] = (time.monotonic(), value)
-    return value
+    rt.secrets.pop(cache_key, None)
+    found = await rt.kube.read_secret_key(key[0], name, field)
+    if not found.found or (found.opted_in and found.value is None):
+        raise SecretProblem(status.SECRET_NOT_FOUND, f"Secret {name!r} with key {field!r} not found")
+    if not found.opted_in or found.value is None:
+        raise SecretProblem(
+            status.SECRET_NOT_OPTED_IN,
+            f'Secret {name!r} is not labelled skiplock.io/dsn: "true"; the operator reads only such Secrets',
+        )
+    rt.secrets[cache_key] = (time.monotonic(), found.value)
+    return found.value
 
 
-def secret_missing(spec: JobQueueSpec) -> str:
-    return f"Secret {spec.dsn_secret_name!r} with key {spec.dsn_secret_key!r} not found"
+def database_conditions(exc: DatabaseProblem) -> tuple[Condition, ...]:
+    return (
+        (status.DATABASE_REACHABLE, False, exc.reason, str(exc)),
+        (status.READY, False, exc.reason, str(exc)),
+    )
 
 
-def initial_replicas(spec: JobQueueSpec, last_desired: Any) -> int:
+def initial_replicas(spec: JobQueueSpec, last_desired: Any, budget: int = 0) -> int:
     s = spec.scaling
+    if spec.replicas is not None:
+        return spec.replicas
     if not s.enabled:
-        return spec.replicas if spec.replicas is not None else s.min_replicas
+        return s.min_replicas
     wanted = last_desired if isinstance(last_desired, int) else s.min_replicas
     replicas = min(s.max_replicas, max(s.min_replicas, wanted))
-    cap = scaling.budget_cap(s, spec.concurrency)
+    cap = scaling.budget_cap(dataclasses.replace(s, connection_budget=budget or s.connection_budget), spec.concurrency)
     return replicas if cap is None else min(replicas, cap)
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def conflict_message(name: str) -> str:
+    return (
+        f"Deployment {resources.deployment_name(name)!r} exists but is not controlled by this JobQueue: "
+        "it is left alone (rename or remove it)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- reconcile
@@ -143,55 +219,45 @@ async def reconcile(rt: Runtime, body: Mapping[str, Any], retry: int, logger: lo
     try:
         spec = parse_spec(body.get("spec"))
     except InvalidSpecError as exc:
-        rt.metrics.reconciles.labels("invalid").inc()
-        await write_status(
-            rt,
-            key,
-            generation=generation,
-            fields={"observedGeneration": generation},
-            conditions=((status.READY, False, status.INVALID_SPEC, str(exc)),),
-        )
+        await refuse(rt, key, generation, status.INVALID_SPEC, str(exc), "invalid")
         raise kopf.PermanentError(f"invalid spec: {exc}") from None
-    dsn = await read_dsn(rt, key[0], spec, fresh=True)
-    if dsn is None:
+    violations = policy_violations(spec, rt.config.policy)
+    if violations:
+        await refuse(rt, key, generation, status.POLICY_VIOLATION, "; ".join(violations), "policy")
+        raise kopf.PermanentError(f"policy violation: {'; '.join(violations)}")
+    try:
+        dsn = await read_dsn(rt, key, spec, fresh=True)
+        migrated = await rt.databases.ensure_schema(key, dsn, spec.schema)
+    except SecretProblem as exc:
         rt.metrics.reconciles.labels("retry").inc()
         rt.metrics.errors.labels("secret").inc()
-        await write_status(
-            rt,
-            key,
-            generation=generation,
-            conditions=((status.READY, False, status.SECRET_NOT_FOUND, secret_missing(spec)),),
-        )
-        raise kopf.TemporaryError(secret_missing(spec), delay=rt.backoff(retry, 2.0))
-    try:
-        migrated = await rt.databases.ensure_schema(key, dsn, spec.schema)
-    except DatabaseUnavailableError as exc:
+        await write_status(rt, key, generation=generation, conditions=((status.READY, False, exc.reason, str(exc)),))
+        raise kopf.TemporaryError(exc.reason, delay=rt.backoff(retry, 2.0)) from None
+    except DatabaseProblem as exc:
         rt.metrics.reconciles.labels("retry").inc()
         rt.metrics.errors.labels("database").inc()
-        await write_status(
-            rt,
-            key,
-            generation=generation,
-            conditions=(
-                (status.DATABASE_REACHABLE, False, status.CONNECT_FAILED, str(exc)),
-                (
-                    status.SCHEMA_READY,
-                    False,
-                    status.MIGRATION_PENDING,
-                    "waiting for the database to migrate the schema",
-                ),
-                (status.READY, False, status.CONNECT_FAILED, str(exc)),
-            ),
-        )
-        raise kopf.TemporaryError(str(exc), delay=rt.backoff(retry)) from None
+        rt.metrics.database_up.labels(*key).set(0)
+        pending = (status.SCHEMA_READY, False, status.MIGRATION_PENDING, "waiting for the database to migrate")
+        await write_status(rt, key, generation=generation, conditions=(*database_conditions(exc), pending))
+        raise kopf.TemporaryError(exc.reason, delay=rt.backoff(retry)) from None
     if migrated:
         logger.info(f"schema {spec.schema!r} is migrated")
     try:
-        await ensure_deployment(rt, body, spec)
+        deployment = await ensure_deployment(rt, body, spec)
     except KubeApiError as exc:
         rt.metrics.reconciles.labels("error").inc()
         rt.metrics.errors.labels("kubernetes").inc()
         raise kopf.TemporaryError(str(exc), delay=rt.backoff(retry)) from None
+    if deployment is None:
+        rt.metrics.reconciles.labels("retry").inc()
+        rt.metrics.errors.labels("conflict").inc()
+        await write_status(
+            rt,
+            key,
+            generation=generation,
+            conditions=((status.READY, False, status.DEPLOYMENT_CONFLICT, conflict_message(key[1])),),
+        )
+        raise kopf.TemporaryError(status.DEPLOYMENT_CONFLICT, delay=rt.backoff(retry, 5.0))
     await write_status(
         rt,
         key,
@@ -210,76 +276,103 @@ async def reconcile(rt: Runtime, body: Mapping[str, Any], retry: int, logger: lo
     rt.kick(key).set()
 
 
+async def refuse(rt: Runtime, key: Key, generation: Any, reason: str, message: str, result: str) -> None:
+    rt.metrics.reconciles.labels("invalid").inc()
+    rt.metrics.errors.labels(result).inc()
+    await write_status(
+        rt,
+        key,
+        generation=generation,
+        fields={"observedGeneration": generation},
+        conditions=((status.READY, False, reason, message),),
+    )
+
+
 def ready_message(key: Key) -> str:
     return f"worker Deployment {resources.deployment_name(key[1])!r} is reconciled"
 
 
-async def ensure_deployment(rt: Runtime, body: Mapping[str, Any], spec: JobQueueSpec) -> None:
+async def ensure_deployment(
+    rt: Runtime, body: Mapping[str, Any], spec: JobQueueSpec, *, budget: int = 0
+) -> dict[str, Any] | None:
+    """Create the worker Deployment or bring it back to the spec (drift); None when a Deployment of that
+    name exists that this JobQueue does not control (nothing is changed then). Else the Deployment."""
     namespace, name = key_of(body)
+    uid = str(body["metadata"].get("uid"))
     dname = resources.deployment_name(name)
+    if not spec.resources and rt.config.default_worker_resources:  # the admin's default: no BestEffort workers
+        spec = dataclasses.replace(spec, resources=rt.config.default_worker_resources)
     actual = await rt.kube.get_deployment(namespace, dname)
     if actual is None:
-        replicas = initial_replicas(spec, (body.get("status") or {}).get("desiredReplicas"))
+        replicas = initial_replicas(spec, (body.get("status") or {}).get("desiredReplicas"), budget)
         desired = resources.build_deployment(body, spec, replicas=replicas, version=__version__)
         try:
-            await rt.kube.create_deployment(namespace, desired)
-            return
+            return await rt.kube.create_deployment(namespace, desired) or desired
         except KubeApiError as exc:
             if exc.status != 409:
                 raise
-        actual = await rt.kube.get_deployment(namespace, dname)  # created meanwhile: patch it like any other
+        actual = await rt.kube.get_deployment(namespace, dname)  # created meanwhile: check whose it is
         if actual is None:
             raise KubeApiError(409, f"Deployment {dname!r} conflicts but cannot be read")
+    if controller_uid(actual) != uid:
+        return None
     desired = resources.build_deployment(body, spec, replicas=None, version=__version__)
     patch = resources.drift_patch(desired, actual) or {}
-    manual = spec.replicas if not spec.scaling.enabled and not spec.paused else None
-    if manual is not None and (actual.get("spec") or {}).get("replicas") != manual:
-        patch.setdefault("spec", {})["replicas"] = manual
+    if spec.manual and not spec.paused and (actual.get("spec") or {}).get("replicas") != spec.replicas:
+        patch.setdefault("spec", {})["replicas"] = spec.replicas
     if patch:
-        await rt.kube.patch_deployment(namespace, dname, patch)
+        return await rt.kube.patch_deployment(namespace, dname, patch) or actual
+    return actual
 
 
 async def finalize(rt: Runtime, body: Mapping[str, Any]) -> None:
-    """Delete the worker Deployment (GC would too; 404 counts as done) and drop pools and listeners."""
+    """Delete the worker Deployment if this JobQueue controls it (with a UID precondition), then forget."""
     namespace, name = key_of(body)
-    await rt.kube.delete_deployment(namespace, resources.deployment_name(name))
+    dname = resources.deployment_name(name)
+    actual = await rt.kube.get_deployment(namespace, dname)
+    if actual is not None and controller_uid(actual) == str(body["metadata"].get("uid")):
+        await rt.kube.delete_deployment(namespace, dname, uid=str(actual["metadata"].get("uid")))
     await rt.forget((namespace, name))
 
 
 # ---------------------------------------------------------------------------------------------- autoscaler
 class Autoscaler:
     """One JobQueue's scaling loop (a kopf daemon): poll, decide, scale, report; sleep until the interval
-    passes or the kick event is set (NOTIFY while at zero, a spec change)."""
+    passes, a delayed job comes due, or the kick event is set (NOTIFY, a spec/Deployment/Secret change)."""
 
     IDLE_SECONDS = 5.0
     MIN_POLL_GAP_SECONDS = 0.1
+    """Debounce at zero replicas: a stream of NOTIFYs becomes at most this many polls a second."""
+    BUSY_POLL_GAP_SECONDS = 0.5
+    """Debounce while workers run (1 -> N on NOTIFY): at most two polls a second."""
 
     def __init__(self, rt: Runtime, body: kopf.Body, logger: logging.Logger | Any) -> None:
         self.rt, self.body, self.logger = rt, body, logger
         self.key = key_of(body)
         self.history: tuple[scaling.Recommendation, ...] = ()
         self.failures = 0
+        self.gap = self.MIN_POLL_GAP_SECONDS
 
     async def run(self, stopped: Any) -> None:
         kick = self.rt.kick(self.key)
         last_poll = -math.inf
         try:
             while not stopped:
-                pause = self.MIN_POLL_GAP_SECONDS - (time.monotonic() - last_poll)
-                if pause > 0:  # a stream of NOTIFYs (below the activation threshold) must not become a query storm
+                pause = self.gap - (time.monotonic() - last_poll)
+                if pause > 0:  # notifications coalesce: one poll per gap at most
                     await asyncio.sleep(pause)
                 kick.clear()
                 last_poll = time.monotonic()
                 try:
-                    delay = await self.step(kick)
+                    delay = await self.step()
                 except (KubeApiError, OSError) as exc:
                     self.rt.metrics.errors.labels("kubernetes").inc()
                     self.logger.warning(f"autoscaler step failed: {exc}")
                     delay = self.rt.backoff(self.failures)
                     self.failures += 1
-                except Exception:  # never let one bad poll end the loop (CancelledError still passes)
+                except Exception as exc:  # never let one bad poll end the loop (CancelledError still passes)
                     self.rt.metrics.errors.labels("unexpected").inc()
-                    self.logger.exception("autoscaler step failed unexpectedly")
+                    self.logger.error(f"autoscaler step failed unexpectedly: {type(exc).__name__}")
                     delay = self.rt.backoff(self.failures)
                     self.failures += 1
                 source = await wait(kick, stopped, delay)
@@ -287,84 +380,70 @@ class Autoscaler:
         finally:
             await self.rt.wakeups.unsubscribe(self.key)
 
-    async def step(self, kick: asyncio.Event) -> float:
+    async def step(self) -> float:
         """One poll; returns the seconds to wait before the next one."""
         rt, (namespace, name) = self.rt, self.key
         try:
             spec = parse_spec(self.body.get("spec"))
         except InvalidSpecError:
             return self.IDLE_SECONDS  # the reconcile handler reports it; nothing to scale
+        if policy_violations(spec, rt.config.policy):
+            return self.IDLE_SECONDS  # reported by the reconcile handler too
         interval = spec.scaling.polling_interval_seconds
-        deployment = await rt.kube.get_deployment(namespace, resources.deployment_name(name))
-        if deployment is None:
-            conditions = (self.body.get("status") or {}).get("conditions")
-            if status.is_true(conditions, status.SCHEMA_READY):  # reconciled once, then deleted by hand
-                self.logger.warning("worker Deployment is missing: creating it again")
-                await ensure_deployment(rt, self.body, spec)
-            return interval  # else not created yet: the reconcile handler waits for the database
-        current = int((deployment.get("spec") or {}).get("replicas", 1))
-        rt.metrics.current_replicas.labels(namespace, name).set(current)
-        if spec.paused:
-            await self.rt.wakeups.unsubscribe(self.key)
-            await self.report(
-                deployment,
-                None,
-                current,
-                conditions=(
-                    (
-                        status.SCALING_ACTIVE,
-                        False,
-                        status.PAUSED,
-                        "spec.paused is true: replicas are left alone",
-                    ),
-                ),
-            )
-            return interval
-        dsn = await read_dsn(rt, namespace, spec, fresh=self.failures > 0)
-        if dsn is None:
-            await write_status(
-                rt,
-                self.key,
-                conditions=((status.READY, False, status.SECRET_NOT_FOUND, secret_missing(spec)),),
-            )
-            return rt.backoff(self.failures, interval)
+        try:
+            dsn = await read_dsn(rt, self.key, spec, fresh=self.failures > 0)
+        except SecretProblem as exc:
+            self.failures += 1
+            rt.metrics.database_up.labels(namespace, name).set(0)
+            await write_status(rt, self.key, conditions=((status.READY, False, exc.reason, str(exc)),))
+            return min(interval, rt.backoff(self.failures))
+        queues = spec.served_queues
         started = time.monotonic()
         try:
-            await rt.databases.ensure_schema(self.key, dsn, spec.schema)  # a no-op once per pool; new DSN: migrate
-            stats = await rt.databases.stats(self.key, dsn, spec.schema, spec.queue, lease_seconds=spec.lease_seconds)
-        except DatabaseUnavailableError as exc:
-            return await self.unreachable(str(exc), interval)
+            await rt.databases.ensure_schema(self.key, dsn, spec.schema)  # a no-op once per connection
+            stats = await rt.databases.stats(self.key, dsn, spec.schema, queues, lease_seconds=spec.lease_seconds)
+            due = await rt.databases.next_due_seconds(self.key, dsn, spec.schema, queues)
+            budget = spec.scaling.connection_budget or await rt.databases.default_budget(self.key, dsn, spec.schema)
+        except DatabaseProblem as exc:
+            return await self.unreachable(exc, interval)
         rt.metrics.poll_duration.observe(time.monotonic() - started)
+        rt.metrics.observe_queues(namespace, name, stats)
         self.failures = 0
-        if not spec.scaling.enabled:
-            await self.rt.wakeups.unsubscribe(self.key)
-            await self.report(
-                deployment,
-                stats,
-                current,
-                desired=spec.replicas,
-                conditions=(
-                    (
-                        status.SCALING_ACTIVE,
-                        False,
-                        status.AUTOSCALING_DISABLED,
-                        "spec.scaling.enabled is false: spec.replicas (kubectl scale) sets the replicas",
-                    ),
-                ),
+        deployment = await ensure_deployment(rt, self.body, spec, budget=budget)  # creates it, or undoes drift
+        if deployment is None:
+            await write_status(
+                rt, self.key, conditions=((status.READY, False, status.DEPLOYMENT_CONFLICT, conflict_message(name)),)
             )
             return interval
-        obs = scaling.Observation(stats.ready, stats.processing, stats.oldest_ready_age_seconds)
+        current = int((deployment.get("spec") or {}).get("replicas", 1))
+        rt.metrics.current_replicas.labels(namespace, name).set(current)
+        total = total_stats(stats)
+        wake_in = interval if due is None else min(interval, due + DUE_MARGIN_SECONDS)
+        if spec.paused or spec.manual or not spec.scaling.enabled:
+            await rt.wakeups.unsubscribe(self.key)
+            if spec.paused:
+                why = (status.PAUSED, "spec.paused is true: replicas are left alone")
+            elif spec.manual:
+                why = (
+                    status.MANUAL_REPLICAS,
+                    f"spec.replicas is {spec.replicas} (kubectl scale): autoscaling is off until it is unset",
+                )
+            else:
+                why = (status.AUTOSCALING_DISABLED, "spec.scaling.enabled is false: replicas are left alone")
+            await self.report(
+                deployment,
+                total,
+                current,
+                desired=spec.replicas if spec.manual else current,
+                conditions=((status.SCALING_ACTIVE, False, *why),),
+            )
+            return interval
+        obs = scaling.Observation(total.ready, total.processing, total.oldest_ready_age_seconds)
         now = time.monotonic()
         if not self.history:  # a fresh loop (operator restart): today's replicas count as a recommendation,
             self.history = (scaling.Recommendation(now, current),)  # so no scale-down before a full window
-        decision = scaling.decide(
-            obs,
-            current,
-            spec.scaling,
-            concurrency=spec.concurrency,
-            now=now,
-            history=self.history,
-        )
+        policy = dataclasses.replace(spec.scaling, connection_budget=budget)
+        decision = scaling.decide(obs, current, policy, concurrency=spec.concurrency, now=now, history=self.history)
         self.history = decision.history
         scaled_at = None
         if decision.changed:
@@ -375,55 +454,48 @@ class Autoscaler:
             kopf.event(self.body, type="Normal", reason=decision.reason, message=decision.message)
             self.logger.info(decision.message)
             scaled_at = status.now_iso()
-        if decision.replicas == 0 and spec.listen:
-            await rt.wakeups.subscribe(self.key, dsn, spec.worker_settings().channel, spec.queue, kick)
+        if spec.listen:  # at zero and while running: 0 -> 1 and 1 -> N both start from a NOTIFY
+            await rt.wakeups.subscribe(self.key, dsn, spec.worker_settings().channel, queues, self.rt.kick(self.key))
         else:
             await rt.wakeups.unsubscribe(self.key)
+        self.gap = self.MIN_POLL_GAP_SECONDS if decision.replicas == 0 else self.BUSY_POLL_GAP_SECONDS
         scaling_condition: Condition = (
             (status.SCALING_ACTIVE, True, status.CONNECTION_BUDGET_LIMITED, decision.message)
             if decision.budget_limited
-            else (
-                status.SCALING_ACTIVE,
-                True,
-                status.BACKLOG_POLLED,
-                f"{decision.reason}: {decision.message}",
-            )
+            else (status.SCALING_ACTIVE, True, status.BACKLOG_POLLED, f"{decision.reason}: {decision.message}")
         )
         await self.report(
             deployment,
-            stats,
+            total,
             decision.replicas,
             desired=decision.replicas,
             scaled_at=scaled_at,
             conditions=(scaling_condition,),
         )
-        return interval
+        return wake_in
 
-    async def unreachable(self, message: str, interval: float) -> float:
-        """Keep the replicas as they are (no scale to zero on errors), say so, and back off."""
+    async def unreachable(self, exc: DatabaseProblem, interval: float) -> float:
+        """Keep the replicas as they are (no scale to zero on errors), say so, and poll again after one
+        interval (no growing back-off: a healed database is seen at the next poll)."""
         self.rt.metrics.errors.labels("database").inc()
+        self.rt.metrics.database_up.labels(*self.key).set(0)
         self.failures += 1
-        self.logger.warning(f"database unreachable, replicas kept: {message}")
+        if self.failures == 1:
+            self.logger.warning(f"database unreachable ({exc.reason}), replicas kept")
         await write_status(
             self.rt,
             self.key,
             conditions=(
-                (status.DATABASE_REACHABLE, False, status.CONNECT_FAILED, message),
-                (
-                    status.SCALING_ACTIVE,
-                    False,
-                    status.CONNECT_FAILED,
-                    "replicas are kept until the database answers",
-                ),
-                (status.READY, False, status.CONNECT_FAILED, message),
+                *database_conditions(exc),
+                (status.SCALING_ACTIVE, False, exc.reason, "replicas are kept until the database answers"),
             ),
         )
-        return self.rt.backoff(self.failures, interval)
+        return interval
 
     async def report(
         self,
         deployment: Mapping[str, Any],
-        stats: QueueStats | None,
+        stats: QueueStats,
         replicas: int,
         *,
         desired: int | None = None,
@@ -436,27 +508,40 @@ class Autoscaler:
             "replicas": int(dep_status.get("replicas") or 0),
             "readyReplicas": int(dep_status.get("readyReplicas") or 0),
             "desiredReplicas": desired if desired is not None else replicas,
-        }
-        if stats is not None:
-            fields["backlog"] = {
+            "backlog": {
                 "ready": stats.ready,
                 "delayed": stats.delayed,
                 "processing": stats.processing,
                 "stalled": stats.stalled,
                 "failed": stats.failed,
-            }
-            fields["oldestReadyAgeSeconds"] = round(stats.oldest_ready_age_seconds, 3)
-            self.rt.metrics.ready_backlog.labels(namespace, name).set(stats.ready)
-            conditions = (
-                (status.DATABASE_REACHABLE, True, status.CONNECTED, "the operator reached the database"),
-                (status.READY, True, status.RECONCILED, ready_message(self.key)),
-                *conditions,
-            )
+            },
+            "oldestReadyAgeSeconds": round(stats.oldest_ready_age_seconds, 3),
+        }
+        self.rt.metrics.ready_backlog.labels(namespace, name).set(stats.ready)
+        conditions = (
+            (status.DATABASE_REACHABLE, True, status.CONNECTED, "the operator reached the database"),
+            (status.READY, True, status.RECONCILED, ready_message(self.key)),
+            *conditions,
+        )
         if scaled_at:
             fields["lastScaleTime"] = scaled_at
         self.rt.metrics.desired_replicas.labels(namespace, name).set(fields["desiredReplicas"])
         seen = self.body.get("status") or {}
         await write_status(self.rt, self.key, fields=fields, conditions=conditions, seen=seen)
+
+
+def total_stats(stats: Mapping[str, QueueStats]) -> QueueStats:
+    """The JobQueue's queues as one (counts add up; the oldest age is the largest)."""
+    rows = list(stats.values())
+    return QueueStats(
+        ",".join(stats),
+        sum(r.ready for r in rows),
+        sum(r.delayed for r in rows),
+        sum(r.processing for r in rows),
+        sum(r.stalled for r in rows),
+        sum(r.failed for r in rows),
+        max((r.oldest_ready_age_seconds for r in rows), default=0.0),
+    )
 
 
 async def wait(kick: asyncio.Event, stopped: Any, timeout: float) -> str:

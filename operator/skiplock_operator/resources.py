@@ -15,6 +15,8 @@ from skiplock_operator.spec import METRICS_PORT, JobQueueSpec
 NAME = "skiplock-worker"
 CONTAINER = "worker"
 LABEL_QUEUE = "skiplock.io/queue"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "skiplock-operator"
 GRACE_MARGIN_SECONDS = 10
 """Added to shutdownGraceSeconds: the worker hands unfinished jobs back after its grace, then exits."""
 
@@ -38,7 +40,7 @@ def labels(jobqueue: str, spec: JobQueueSpec, version: str) -> dict[str, str]:
         **selector_labels(jobqueue),
         "app.kubernetes.io/component": "worker",
         "app.kubernetes.io/part-of": "skiplock",
-        "app.kubernetes.io/managed-by": "skiplock-operator",
+        MANAGED_BY: MANAGER,
         "app.kubernetes.io/version": label_value(version),
         LABEL_QUEUE: label_value(spec.queue),
     }

@@ -13,6 +13,7 @@ from typing import Any
 
 from skiplock.errors import ConfigError
 from skiplock.settings import Settings
+from skiplock_operator.config import Policy
 from skiplock_operator.scaling import WORKER_CONNECTION_OVERHEAD, ScalingSpec
 
 METRICS_PORT = 9464
@@ -30,19 +31,24 @@ class InvalidSpecError(ValueError):
 @dataclass(frozen=True)
 class JobQueueSpec:
     queue: str
-    handler: str
+    handler: str | None
     image: str
     dsn_secret_name: str
     dsn_secret_key: str = "dsn"
+    app: str | None = None
+    queues: tuple[str, ...] = ()
+    operator_dsn_secret_name: str | None = None
+    """The DSN the operator uses (migrate, stats, LISTEN); workers only ever get ``dsnSecretRef``."""
+    operator_dsn_secret_key: str = "dsn"
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
     schema: str = "skiplock"
     concurrency: int = 10
     batch: int = 10
     lease_seconds: float = 60.0
-    heartbeat_seconds: float = 15.0
+    heartbeat_seconds: float | None = None
     poll_seconds: float = 2.0
-    recover_seconds: float = 30.0
+    recover_seconds: float | None = None
     max_attempts: int = 5
     backoff_base_seconds: float = 5.0
     backoff_cap_seconds: float = 3600.0
@@ -63,6 +69,23 @@ class JobQueueSpec:
     pod_labels: Mapping[str, str] = field(default_factory=dict)
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def served_queues(self) -> tuple[str, ...]:
+        """The queues the workers serve, hence the ones the operator polls and reports."""
+        return self.queues or (self.queue,)
+
+    @property
+    def operator_secret(self) -> tuple[str, str]:
+        """(name, key) of the Secret with the operator's DSN (default: the workers' one)."""
+        if self.operator_dsn_secret_name:
+            return self.operator_dsn_secret_name, self.operator_dsn_secret_key
+        return self.dsn_secret_name, self.dsn_secret_key
+
+    @property
+    def manual(self) -> bool:
+        """``spec.replicas`` is set (``kubectl scale``): the replicas are the user's, autoscaling is off."""
+        return self.replicas is not None
+
     def worker_settings(self) -> Settings:
         """The worker's settings (no DSN: it comes from the Secret); raises InvalidSpecError."""
         try:
@@ -70,6 +93,8 @@ class JobQueueSpec:
                 dsn=None,
                 schema=self.schema,
                 queue=self.queue,
+                queues=self.queues,
+                app=self.app,
                 handler=self.handler,
                 concurrency=self.concurrency,
                 batch=self.batch,
@@ -143,6 +168,15 @@ class _Reader:
             raise InvalidSpecError(f"{self.path}.{key} must be within {low:g}..{high:g} (got {value})")
         return float(value)
 
+    def optional_number(self, key: str, low: float, high: float) -> float | None:
+        return None if self.data.get(key) is None else self.number(key, 0.0, low, high)
+
+    def names(self, key: str) -> tuple[str, ...]:
+        value = self.data.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise InvalidSpecError(f"{self.path}.{key} must be a list of non-empty strings")
+        return tuple(value)
+
     def flag(self, key: str, default: bool) -> bool:
         value = self._value(key, default, False)
         if not isinstance(value, bool):
@@ -195,13 +229,22 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
     r = _Reader(spec, "spec")
     d = JobQueueSpec(queue="", handler="", image="", dsn_secret_name="")
     secret = r.child("dsnSecretRef")
+    operator_secret = r.child("operatorDsnSecretRef")
     backoff = r.child("backoff")
+    queues = r.names("queues")
+    handler, app = r.text("handler"), r.text("app")
+    if not handler and not app:
+        raise InvalidSpecError("spec.handler or spec.app is required")
     parsed = JobQueueSpec(
-        queue=r.text("queue", required=True),
-        handler=r.text("handler", required=True),
+        queue=r.text("queue", required=not queues) or queues[0],
+        handler=handler,
+        app=app,
+        queues=queues,
         image=r.text("image", required=True),
         dsn_secret_name=secret.text("name", required=True),
         dsn_secret_key=secret.text("key", d.dsn_secret_key),
+        operator_dsn_secret_name=operator_secret.text("name", required=bool(operator_secret.data)),
+        operator_dsn_secret_key=operator_secret.text("key", d.operator_dsn_secret_key),
         image_pull_policy=r.text("imagePullPolicy", d.image_pull_policy, choices=PULL_POLICIES),
         image_pull_secrets=tuple(
             _Reader(s, "spec.imagePullSecrets[]").text("name", required=True) for s in r.objects("imagePullSecrets")
@@ -210,9 +253,9 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
         concurrency=r.integer("concurrency", d.concurrency, 1, 1000),
         batch=r.integer("batch", d.batch, 1, 1000),
         lease_seconds=r.number("leaseSeconds", d.lease_seconds, 1, 86400),
-        heartbeat_seconds=r.number("heartbeatSeconds", d.heartbeat_seconds, 0.01, 43200),
+        heartbeat_seconds=r.optional_number("heartbeatSeconds", 0.01, 43200),
         poll_seconds=r.number("pollSeconds", d.poll_seconds, 0.01, 3600),
-        recover_seconds=r.number("recoverSeconds", d.recover_seconds, 0.01, 86400),
+        recover_seconds=r.optional_number("recoverSeconds", 0.01, 86400),
         max_attempts=r.integer("maxAttempts", d.max_attempts, 1, 1000),
         backoff_base_seconds=backoff.number("baseSeconds", d.backoff_base_seconds, 0.01, 86400),
         backoff_cap_seconds=backoff.number("capSeconds", d.backoff_cap_seconds, 0.01, 604800),
@@ -239,7 +282,7 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
 
 
 def check_cross_fields(s: JobQueueSpec) -> None:
-    if s.heartbeat_seconds * 2 > s.lease_seconds:
+    if s.heartbeat_seconds is not None and s.heartbeat_seconds * 2 > s.lease_seconds:
         raise InvalidSpecError(
             f"spec.heartbeatSeconds ({s.heartbeat_seconds:g}) must be at most half of spec.leaseSeconds "
             f"({s.lease_seconds:g})"
@@ -266,3 +309,37 @@ def check_cross_fields(s: JobQueueSpec) -> None:
     for key in SELECTOR_LABELS:
         if key in s.pod_labels:
             raise InvalidSpecError(f"spec.podLabels must not set {key} (the Deployment selector uses it)")
+
+
+def policy_violations(s: JobQueueSpec, policy: Policy) -> list[str]:
+    """What in ``s`` the admin's policy forbids (empty: allowed). Messages name the field, not a secret."""
+    out: list[str] = []
+    if policy.allowed_images and not any(s.image.startswith(prefix) for prefix in policy.allowed_images):
+        out.append(f"spec.image {s.image!r} is not under an allowed image prefix")
+    if (
+        s.service_account_name
+        and policy.allowed_service_accounts
+        and s.service_account_name not in policy.allowed_service_accounts
+    ):
+        out.append(f"spec.serviceAccountName {s.service_account_name!r} is not allowed")
+    if policy.allowed_pod_annotations:
+        for key in sorted(s.pod_annotations):
+            if not any(_key_allowed(key, rule) for rule in policy.allowed_pod_annotations):
+                out.append(f"spec.podAnnotations key {key!r} is not allowed")
+    if not policy.allow_scheduling:
+        for name, value in (
+            ("nodeSelector", s.node_selector),
+            ("tolerations", s.tolerations),
+            ("affinity", s.affinity),
+        ):
+            if value:
+                out.append(f"spec.{name} is not allowed by the operator's policy")
+    return out
+
+
+def _key_allowed(key: str, rule: str) -> bool:
+    if rule.endswith("*"):
+        return key.startswith(rule[:-1])
+    if rule.endswith("/"):
+        return key.startswith(rule)
+    return key == rule

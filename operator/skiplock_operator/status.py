@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from skiplock_operator.database import REASONS
+
 # Condition types: positive, so True is good.
 READY = "Ready"
 DATABASE_REACHABLE = "DatabaseReachable"
@@ -26,6 +28,25 @@ CONNECTION_BUDGET_LIMITED = "ConnectionBudgetLimited"
 AUTOSCALING_DISABLED = "AutoscalingDisabled"
 PAUSED = "Paused"
 DEPLOYMENT_MISSING = "DeploymentMissing"
+DEPLOYMENT_CONFLICT = "DeploymentConflict"
+SECRET_NOT_OPTED_IN = "SecretNotOptedIn"
+POLICY_VIOLATION = "PolicyViolation"
+MANUAL_REPLICAS = "ManualReplicas"
+# Database reasons: the classified ones of skiplock_operator.database (DSNInvalid, ConnectRefused, ...).
+
+WARNING_REASONS = frozenset(
+    {
+        INVALID_SPEC,
+        SECRET_NOT_FOUND,
+        SECRET_NOT_OPTED_IN,
+        POLICY_VIOLATION,
+        DEPLOYMENT_CONFLICT,
+        CONNECT_FAILED,
+        MIGRATION_PENDING,
+        *REASONS,
+    }
+)
+"""Reasons of error conditions: a condition turning to one of them posts a Warning Event (else Normal)."""
 
 MAX_MESSAGE = 1024
 

@@ -1,8 +1,8 @@
-"""Scale from zero without waiting for the poll: LISTEN on a schema's channel while a queue sits at zero.
+"""Wake a JobQueue's autoscaler on NOTIFY: the worker's own :class:`skiplock.listener.Listener`, shared.
 
-One connection per (DSN, schema), outside any pool, shared by every idle JobQueue on it. A notification
-whose payload is a subscriber's queue name sets that subscriber's event; so does every (re)connect, since
-notifications sent while the connection was down are lost (the poll stays the fallback).
+One listener per (DSN, channel, queue), shared by every JobQueue that polls that queue; a notification
+(and every reconnect, since notifications sent while it was down are lost) sets the subscribers' events.
+The autoscaler debounces them, and its poll stays the fallback.
 """
 
 from __future__ import annotations
@@ -10,105 +10,95 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
-import psycopg
-from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
-from skiplock.settings import redact
+from skiplock.listener import Listener
 
 log = logging.getLogger(__name__)
+ListenKey = tuple[str, str, str]
+CONNECT_TIMEOUT_SECONDS = 5
 
 
-class _Channel:
-    def __init__(self, dsn: str, channel: str, *, retry_cap: float) -> None:
-        self.dsn, self.channel, self.retry_cap = dsn, channel, retry_cap
-        self.subscribers: dict[Hashable, tuple[str, asyncio.Event]] = {}
-        self.listening = asyncio.Event()
-        self.task = asyncio.create_task(self._run(), name=f"skiplock-listen-{channel}")
-
-    def wake_all(self) -> None:
-        for _, event in self.subscribers.values():
-            event.set()
+class _Shared:
+    def __init__(self, dsn: str, channel: str, queue: str) -> None:
+        self.events: dict[Hashable, asyncio.Event] = {}
+        self.listener = Listener(
+            dsn=make_conninfo(dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS),
+            channel=channel,
+            queue=queue,
+            wake=self.wake,
+            application_name="skiplock-operator-listen",
+        )
+        self.task = asyncio.create_task(self._run(), name=f"skiplock-listen-{channel}-{queue}")
 
     async def _run(self) -> None:
-        delay = 0.5
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self.dsn,
-                    autocommit=True,
-                    connect_timeout=5,
-                    application_name="skiplock-operator-listen",
-                )
-                async with conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-                    self.listening.set()
-                    self.wake_all()
-                    delay = 0.5
-                    async for note in conn.notifies():
-                        for queue, event in self.subscribers.values():
-                            if note.payload == queue:
-                                event.set()
-            except psycopg.Error as exc:
-                self.listening.clear()
-                log.warning(
-                    "LISTEN connection lost, polling only until it is back: %s",
-                    redact(str(exc), self.dsn),
-                    extra={"action": "listen_lost", "channel": self.channel},
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.retry_cap)
+        """The listener, ending quietly on anything but cancellation (kopf re-raises task errors at exit)."""
+        try:
+            await self.listener.run()
+        except Exception as exc:
+            log.warning("LISTEN stopped (%s): polling only", type(exc).__name__, extra={"action": "listen_stopped"})
+
+    def wake(self) -> None:
+        for event in self.events.values():
+            event.set()
 
     async def close(self) -> None:
         self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await self.task
 
 
 class Wakeups:
-    """Subscribe a JobQueue's event to its queue's notifications; unsubscribe when it has replicas again."""
+    """Subscribe a JobQueue's event to its queues' notifications; unsubscribe when it stops listening."""
 
-    def __init__(self, *, retry_cap: float = 60.0) -> None:
-        self._channels: dict[tuple[str, str], _Channel] = {}
-        self._users: dict[Hashable, tuple[str, str]] = {}
-        self._retry_cap = retry_cap
+    def __init__(self) -> None:
+        self._shared: dict[ListenKey, _Shared] = {}
+        self._users: dict[Hashable, frozenset[ListenKey]] = {}
 
     def subscribed(self, user: Hashable) -> bool:
         return user in self._users
 
     def listening(self, user: Hashable) -> bool:
-        key = self._users.get(user)
-        return key is not None and self._channels[key].listening.is_set()
+        keys = self._users.get(user, frozenset())
+        return bool(keys) and all(self._shared[k].listener.connected for k in keys)
 
-    async def subscribe(self, user: Hashable, dsn: str, channel: str, queue: str, event: asyncio.Event) -> None:
-        """Set ``event`` when ``queue`` is notified on ``channel`` (``Settings.channel`` of the queue's schema)."""
-        key = (dsn, channel)
-        if self._users.get(user) == key:
-            self._channels[key].subscribers[user] = (queue, event)
+    async def subscribe(
+        self, user: Hashable, dsn: str, channel: str, queues: Iterable[str], event: asyncio.Event
+    ) -> None:
+        """Set ``event`` when one of ``queues`` is notified on ``channel`` (``Settings.channel``)."""
+        wanted = frozenset((dsn, channel, q) for q in queues)
+        current = self._users.get(user, frozenset())
+        if wanted == current:
             return
-        await self.unsubscribe(user)
-        listener = self._channels.get(key)
-        if listener is None:
-            listener = self._channels[key] = _Channel(dsn, channel, retry_cap=self._retry_cap)
-        elif listener.listening.is_set():
-            event.set()  # a job may have arrived between the last poll and now: look once more
-        listener.subscribers[user] = (queue, event)
-        self._users[user] = key
+        for key in current - wanted:
+            await self._leave(user, key)
+        for key in wanted - current:
+            shared = self._shared.get(key)
+            if shared is None:
+                shared = self._shared[key] = _Shared(*key)
+            elif shared.listener.connected:
+                event.set()  # a job may have arrived between the last poll and now: look once more
+            shared.events[user] = event
+        self._users[user] = wanted
+
+    async def _leave(self, user: Hashable, key: ListenKey) -> None:
+        shared = self._shared.get(key)
+        if shared is None:
+            return
+        shared.events.pop(user, None)
+        if not shared.events:
+            del self._shared[key]
+            await shared.close()
 
     async def unsubscribe(self, user: Hashable) -> None:
-        key = self._users.pop(user, None)
-        if key is None:
-            return
-        channel = self._channels[key]
-        channel.subscribers.pop(user, None)
-        if not channel.subscribers:
-            del self._channels[key]
-            await channel.close()
+        for key in self._users.pop(user, frozenset()):
+            await self._leave(user, key)
 
     async def close(self) -> None:
-        channels = list(self._channels.values())
-        self._channels.clear()
+        shared = list(self._shared.values())
+        self._shared.clear()
         self._users.clear()
-        for channel in channels:
-            await channel.close()
+        for item in shared:
+            await item.close()

@@ -4,6 +4,7 @@ behind crds.keep; the custom resources the chart renders are accepted by those C
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from chart.chartlib import CHART, KUBE_VERSION, NAMESPACE, ROOT, Render, of_kind, only
-from chart.crdcheck import problems
+from chart.crdcheck import apply_defaults, problems
 
 CANONICAL = ROOT / "crds"
 COPIES = CHART / "crds-src"
@@ -34,7 +35,8 @@ def test_chart_copies_are_identical_to_crds_dir() -> None:
     assert copies == sources, "run tools/sync-crds.sh"
     for name in sources:
         assert (COPIES / name).read_bytes() == (CANONICAL / name).read_bytes(), (
-            f"charts/skiplock/crds-src/{name} drifted from crds/{name}: run tools/sync-crds.sh")
+            f"charts/skiplock/crds-src/{name} drifted from crds/{name}: run tools/sync-crds.sh"
+        )
 
 
 def test_rendered_crds_equal_the_canonical_ones(render: Render) -> None:
@@ -124,3 +126,33 @@ def test_examples_are_accepted(path: Path) -> None:
 def test_examples_exist() -> None:
     names = {p.name for p in EXAMPLES}
     assert {"jobqueue.yaml", "secret.yaml"} <= names
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"app": "shop.tasks:app", "queues": ["emails", "reports"]},
+        {"app": "shop.tasks:app", "handler": "shop.jobs:fallback", "queue": "emails"},
+        {"handler": "shop.jobs:run", "queue": "emails", "replicas": 3, "operatorDsnSecretRef": {"name": "owner"}},
+    ],
+    ids=["app-and-queues", "app-with-catch-all-handler", "manual-replicas-and-operator-dsn"],
+)
+def test_task_model_jobqueues_from_values_are_accepted(render: Render, spec: dict[str, Any]) -> None:
+    base = {"image": "ghcr.io/example/shop@sha256:" + "b" * 64, "dsnSecretRef": {"name": "db"}}
+    args = ["--set", "jobQueue.enabled=true", "--set-json", f"jobQueue.spec={json.dumps({**base, **spec})}"]
+    jobqueue = only(render(*args), "JobQueue")
+    crd = canonical_crds()["jobqueues.skiplock.io"]
+    assert problems(crd, jobqueue) == []
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    stored = apply_defaults(schema, copy.deepcopy({"spec": jobqueue["spec"]}))["spec"]
+    assert stored["leaseSeconds"] == 60  # the API server fills in defaults ...
+    assert "heartbeatSeconds" not in stored and "recoverSeconds" not in stored  # ... but these follow the lease
+
+
+def test_a_jobqueue_without_app_or_handler_is_refused_by_the_crd(render: Render) -> None:
+    spec = {"image": "i", "dsnSecretRef": {"name": "db"}, "queue": "emails"}
+    jobqueue = only(
+        render("--set", "jobQueue.enabled=true", "--set-json", f"jobQueue.spec={json.dumps(spec)}"), "JobQueue"
+    )
+    found = problems(canonical_crds()["jobqueues.skiplock.io"], jobqueue)
+    assert any("set app" in p for p in found), found

@@ -5,7 +5,7 @@ No Docker daemon exists on our machines, so this replays what the two stages do:
 cache) into an empty environment, then run the entry point. Offline and quick (about 3 s): the dependencies
 are not downloaded again but taken from the test venv's site-packages, appended *after* the new environment's
 own, so `skiplock` itself can only come from the wheel. Not covered: the base image, apt/OS layers, the USER
-switch and the BuildKit bind mount (see README.md ("What was and was not exercised")).
+switch and the BuildKit bind mount (see docs/image.md, "What was and was not exercised").
 """
 
 from __future__ import annotations
@@ -36,8 +36,19 @@ def run(*cmd: str | Path, **kw: Any) -> subprocess.CompletedProcess[str]:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheels")
     # The builder stage: `pip wheel` of the project (its dependencies are checked below, not rebuilt).
-    run(sys.executable, "-m", "pip", "wheel", "--no-cache-dir", "--no-build-isolation", "--no-deps", "-q",
-        "--wheel-dir", out, ROOT)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-cache-dir",
+        "--no-build-isolation",
+        "--no-deps",
+        "-q",
+        "--wheel-dir",
+        out,
+        ROOT,
+    )
     wheels = list(out.glob("skiplock-*.whl"))
     assert len(wheels) == 1, wheels
     return wheels[0]
@@ -49,8 +60,20 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run(sys.executable, "-m", "venv", "--without-pip", env_dir)
     python = env_dir / "bin" / "python"
     # The runtime stage's install, flags included; --no-deps because the index is not used here.
-    run(sys.executable, "-m", "pip", "--python", python, "install", "--no-cache-dir", "--no-index", "--no-deps",
-        "--find-links", wheel.parent, "skiplock[operator]")
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "install",
+        "--no-cache-dir",
+        "--no-index",
+        "--no-deps",
+        "--find-links",
+        wheel.parent,
+        "skiplock[operator]",
+    )
     purelib = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
     # Dependencies from the test venv, after the new environment's own site-packages.
     (Path(purelib) / "zz_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
@@ -90,7 +113,7 @@ def test_entry_point_runs_from_the_installed_wheel(venv: Path, tmp_path: Path) -
 
 def test_packages_come_from_the_wheel_and_the_operator_extra_imports(venv: Path, tmp_path: Path) -> None:
     probe = textwrap.dedent("""
-        import skiplock, skiplock_operator, kopf, kubernetes_asyncio, psycopg, psycopg_pool, prometheus_client
+        import skiplock, skiplock_operator, kopf, kubernetes, psycopg, psycopg_pool, prometheus_client
         print(skiplock.__file__)
         print(skiplock_operator.__file__)
     """)

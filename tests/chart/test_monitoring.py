@@ -95,13 +95,21 @@ def test_service_monitor_scrapes_the_operator_service(render: Render) -> None:
     assert selector.items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
+    # Queue-wide series are labelled with the JobQueue's namespace, not the operator's: keep theirs.
+    assert [e["honorLabels"] for e in monitor["spec"]["endpoints"]] == [True]
 
 
 @pytest.mark.parametrize(
-    ("scope", "namespaces"), [("cluster", {"any": True}), ("namespace", {"matchNames": [NAMESPACE]})]
+    ("mode", "namespaces"),
+    [
+        (("--set", "rbac.scope=cluster"), {"any": True}),
+        (("--set", "rbac.scope=namespace"), {"matchNames": [NAMESPACE]}),
+        (("--set", "rbac.namespaces={team-a,team-b}"), {"matchNames": ["team-a", "team-b"]}),
+    ],
+    ids=["cluster", "namespace", "multi-namespace"],
 )
-def test_pod_monitor_scrapes_every_worker(render: Render, scope: str, namespaces: dict[str, Any]) -> None:
-    monitor = only(render(*MONITORING, "--set", f"rbac.scope={scope}"), "PodMonitor")
+def test_pod_monitor_scrapes_every_worker(render: Render, mode: tuple[str, ...], namespaces: dict[str, Any]) -> None:
+    monitor = only(render(*MONITORING, *mode), "PodMonitor")
     assert monitor["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/name": "skiplock-worker"}}
     assert monitor["spec"]["namespaceSelector"] == namespaces
     endpoint = only_endpoint(monitor)

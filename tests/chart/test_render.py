@@ -25,8 +25,10 @@ from chart.crdcheck import problems
 
 # Kinds without a schema in kubernetes-validate: each is checked by its own test (JobQueue and the kopf
 # peering against our CRDs in test_crds.py, the monitoring kinds in test_monitoring.py).
-CUSTOM_KINDS = {"JobQueue", "ClusterKopfPeering", "KopfPeering", "PodMonitor", "ServiceMonitor",
-                "PrometheusRule"}
+CUSTOM_KINDS = {"JobQueue", "ClusterKopfPeering", "KopfPeering", "PodMonitor", "ServiceMonitor", "PrometheusRule"}
+# Objects that may live outside the release namespace: tenant namespaces of the multi-namespace mode, the
+# dashboard in Grafana's namespace.
+TENANT_KINDS = {"Role", "RoleBinding", "KopfPeering", "NetworkPolicy"}
 
 
 def scenario_id(path: Path) -> str:
@@ -35,7 +37,16 @@ def scenario_id(path: Path) -> str:
 
 def test_scenarios_cover_the_modes() -> None:
     names = {scenario_id(p) for p in SCENARIOS}
-    assert {"default", "namespaced-rbac", "ha", "monitoring", "jobqueue"} <= names
+    assert {
+        "default",
+        "namespaced-rbac",
+        "multi-namespace",
+        "cluster",
+        "policy",
+        "ha",
+        "monitoring",
+        "jobqueue",
+    } <= names
 
 
 def test_lint_strict(helm: str) -> None:
@@ -67,7 +78,16 @@ def test_scenario_validates_against_kubernetes_schemas(render: Render, values: P
 
 @pytest.mark.parametrize("values", SCENARIOS, ids=scenario_id)
 def test_every_object_is_labelled_and_placed(render: Render, values: Path) -> None:
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "ClusterKopfPeering"}
+    cluster_scoped = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "ClusterKopfPeering",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+    watched = set(yaml.safe_load(values.read_text()).get("rbac", {}).get("namespaces", []))
+    watched |= set(yaml.safe_load(values.read_text()).get("networkPolicy", {}).get("workerNamespaces", []))
     for doc in render("-f", str(values)):
         meta = doc["metadata"]
         labels = meta.get("labels", {})
@@ -76,6 +96,8 @@ def test_every_object_is_labelled_and_placed(render: Render, values: Path) -> No
         assert len(meta["name"]) <= 63 or doc["kind"] == "CustomResourceDefinition"
         if doc["kind"] in cluster_scoped:
             assert "namespace" not in meta, f"{doc['kind']} {meta['name']} is cluster-scoped"
+        elif doc["kind"] in TENANT_KINDS and watched:
+            assert meta.get("namespace") in watched | {NAMESPACE}, f"{doc['kind']} {meta['name']}"
         elif doc["kind"] != "ConfigMap":  # the dashboard may go to Grafana's namespace
             assert meta.get("namespace") == NAMESPACE, f"{doc['kind']} {meta['name']}"
 
@@ -83,7 +105,8 @@ def test_every_object_is_labelled_and_placed(render: Render, values: Path) -> No
 def test_default_objects(render: Render) -> None:
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
-    expected = ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    # Namespaced mode: a Role and RoleBinding; the only ClusterRoles are the aggregated JobQueue view/edit.
+    expected = ["ClusterRole", "ClusterRole", "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
     assert sorted(k for k in kinds if k != "CustomResourceDefinition") == expected
     assert only(docs, "Deployment")["spec"]["replicas"] == 1
     assert only(docs, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
@@ -94,7 +117,7 @@ def test_operator_command_and_ports(render: Render) -> None:
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "ghcr.io/skiplock/skiplock:0.1.0"  # tag defaults to appVersion
     assert container["command"] == ["skiplock", "operator"]
-    assert container["args"] == ["--all-namespaces", "--liveness-port=8080"]
+    assert container["args"] == [f"--namespace={NAMESPACE}", "--liveness-port=8080"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"liveness": 8080, "metrics": 9465}
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -110,10 +133,11 @@ def test_operator_command_and_ports(render: Render) -> None:
 
 def test_namespaced_mode(render: Render) -> None:
     docs = render("--set", "rbac.scope=namespace")
-    assert not of_kind(docs, "ClusterRole") and not of_kind(docs, "ClusterRoleBinding")
+    assert docs == render()  # the default
+    assert not of_kind(docs, "ClusterRoleBinding")
+    assert all("jobqueues" in r["metadata"]["name"] for r in of_kind(docs, "ClusterRole"))
     binding = only(docs, "RoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": "sl-skiplock"}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sl-skiplock"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sl-skiplock", "namespace": NAMESPACE}]
     args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--namespace={NAMESPACE}" in args and "--all-namespaces" not in args
@@ -131,8 +155,10 @@ def test_ha_mode_uses_peering(render: Render, scope: str, kind: str) -> None:
     # Its CRD is in this release: only a hook is built after the CRDs exist.
     assert peering["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
     anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
-    assert anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["labelSelector"] == (
-        spec["selector"])
+    assert (
+        anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["labelSelector"]
+        == (spec["selector"])
+    )
     pdb = only(docs, "PodDisruptionBudget")
     assert pdb["spec"]["selector"] == spec["selector"] and pdb["spec"]["maxUnavailable"] == 1
 
@@ -159,7 +185,7 @@ def test_existing_service_account(render: Render, template: Template) -> None:
     docs = render("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops")
     assert not of_kind(docs, "ServiceAccount")
     assert only(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
-    assert only(docs, "ClusterRoleBinding")["subjects"][0]["name"] == "ops"
+    assert only(docs, "RoleBinding")["subjects"][0]["name"] == "ops"
     proc = template("--set", "serviceAccount.create=false")
     assert proc.returncode != 0 and "serviceAccount.name is required" in proc.stderr
 
@@ -175,8 +201,15 @@ def test_existing_service_account(render: Render, template: Template) -> None:
         (("--set", "metrics.serviceMonitor.enabeld=true"), "enabeld"),
         (("--set", "operator.logFormat=xml"), "logFormat"),
     ],
-    ids=["top-level-typo", "nested-typo", "bad-enum", "below-minimum", "bad-pull-policy", "monitor-typo",
-         "bad-log-format"],
+    ids=[
+        "top-level-typo",
+        "nested-typo",
+        "bad-enum",
+        "below-minimum",
+        "bad-pull-policy",
+        "monitor-typo",
+        "bad-log-format",
+    ],
 )
 def test_values_schema_rejects(template: Template, args: tuple[str, ...], message: str) -> None:
     proc = template(*args)

@@ -22,11 +22,18 @@ import pytest
 from psycopg import sql
 
 from skiplock import NonRetryableError, Queue, Settings
-from skiplock.errors import ConfigError, DatabaseUnavailableError, HandlerImportError, PayloadError
+from skiplock.errors import (
+    ConfigError,
+    DatabaseUnavailableError,
+    EnqueueError,
+    HandlerImportError,
+    PayloadError,
+    SkiplockError,
+)
 from skiplock.handlers import Handler, load_handler
-from skiplock.migrate import migrate
+from skiplock.migrate import latest_version, migrate
 from skiplock.queue import MAX_ERROR_CHARS, encode_payload
-from skiplock.sql import migrations, queries_for
+from skiplock.sql import queries_for
 from skiplock.worker import Worker
 from support.ci import missing
 from support.pg import await_for
@@ -181,6 +188,7 @@ def test_cli_unknown_queue_names_change_nothing_and_say_so(pg_dsn, schema, seede
     env = {"SKIPLOCK_DSN": pg_dsn, "SKIPLOCK_SCHEMA": schema}
     stats = run_main("stats", "--queue", "nosuch", env=env)
     assert stats.returncode == 0 and "'nosuch' has no pending, processing or failed jobs" in stats.stderr
+    assert (stats.stdout + stats.stderr).count("no pending, processing or failed jobs") == 1  # said once
     assert "no failed jobs" in run_main("failed", "--queue", "nosuch", env=env).stdout
     for command, words in (("retry", "re-queued 0"), ("cancel", "cancelled 0"), ("purge", "purged 0")):
         args = [command, "--queue", "nosuch"] + (["--older-than", "0s"] if command == "purge" else [])
@@ -313,29 +321,54 @@ def test_api_payload_at_the_limit_is_accepted_one_byte_more_is_not(queue: Queue,
         {"max_attempts": 2.5},
         {"priority": 1 << 20},
         {"run_at": datetime(2030, 1, 1)},  # naive: ambiguous
+        {"max_attempts": 1001},
+        {"priority": True},
+        {"delay": 1e300},
         {"idempotency_key": ""},
+        {"idempotency_key": "k" * 9000},
+        {"task": ""},
+        {"task": "t" * 201},
+        {"unknown_option": 1},
     ],
-    ids=lambda k: f"{next(iter(k))}={next(iter(k.values()))!r}",
+    ids=lambda k: f"{next(iter(k))}={str(next(iter(k.values())))[:12]!r}",
 )
-def test_api_bad_enqueue_arguments_raise_value_error_and_write_nothing(queue: Queue, seeded, kwargs):
-    with pytest.raises(ValueError):
+def test_api_bad_enqueue_arguments_raise_enqueue_error_and_write_nothing(queue: Queue, seeded, kwargs):
+    """EnqueueError is the one documented type (a SkiplockError and a ValueError), with a short clear message."""
+    with pytest.raises(EnqueueError) as info:
         queue.enqueue("q", {}, **kwargs)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, SkiplockError)
+    assert next(iter(kwargs)) in str(info.value) and len(str(info.value)) < 300
     if "idempotency_key" not in kwargs:  # enqueue_many: see the next test
-        with pytest.raises(ValueError):
+        with pytest.raises(EnqueueError):
             queue.enqueue_many("q", [{}, {}], **kwargs)
+
+
+async def test_async_bad_enqueue_arguments_raise_enqueue_error(aqueue, seeded):
+    for kwargs in (
+        {"delay": -1},
+        {"max_attempts": 0},
+        {"run_at": datetime(2030, 1, 1)},
+        {"idempotency_key": "k" * 9000},
+    ):
+        with pytest.raises(EnqueueError):
+            await aqueue.enqueue("q", {}, **kwargs)
+    with pytest.raises(EnqueueError, match="queue name"):
+        await aqueue.enqueue_many("bad name", [{}])
 
 
 def test_api_enqueue_many_rejects_empty_idempotency_keys(queue: Queue, pg_dsn, schema):
     try:
-        with pytest.raises(ValueError):
+        with pytest.raises(EnqueueError):
             queue.enqueue_many("q", [{}, {}], idempotency_keys=["", "k"])
+        with pytest.raises(EnqueueError, match=r"1\.\.255"):
+            queue.enqueue_many("q", [{}, {}], idempotency_keys=["k" * 9000, "k"])
     finally:
         assert snapshot(pg_dsn, schema) == [] or queue.cancel(queue="q")
 
 
 @pytest.mark.parametrize("name", ["", "bad name", "x" * 129, None, 7, "q\x00"])
 def test_api_bad_queue_names(queue: Queue, seeded, name):
-    with pytest.raises(ValueError, match="queue name"):
+    with pytest.raises(EnqueueError, match="queue name"):
         queue.enqueue(name, {})
 
 
@@ -351,7 +384,8 @@ def test_hostile_schema_names_are_quoted_even_past_validation(pg_dsn):
     assert 'FROM "we""ird; DROP SCHEMA public; --".jobs' in queries_for(name).job_complete_and_claim
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         try:
-            assert migrate(conn, name).applied == tuple(m.name for m in migrations())
+            applied = migrate(conn, name).applied
+            assert applied[0] == "0001_initial" and len(applied) == latest_version()
             assert conn.execute("SELECT to_regnamespace('public') IS NOT NULL").fetchone() == (True,)
         finally:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -17,7 +13,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from skiplock import Settings
@@ -37,7 +32,7 @@ from skiplock.doctor import (
 )
 from skiplock.migrate import latest_version
 from skiplock.sql import queries_for
-from support.ci import missing
+from support.bouncer import run_pgbouncer
 from support.pg import wait_for
 
 FAST = Thresholds(listen_timeout_seconds=2.0)
@@ -312,59 +307,8 @@ def test_leaves_a_transactional_connection_as_it_was(pg_dsn: str, settings: Sett
 @pytest.fixture
 def pgbouncer(pg_dsn: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """A real PgBouncer in front of the test database, in the pool mode of the test's parameter; yields its DSN."""
-    binary = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
-    if not binary:
-        missing("pgbouncer not installed (apt-get install -y --no-install-recommends pgbouncer)")
-    server = conninfo_to_dict(pg_dsn)
-    host = str(server.get("host") or "")
-    if not host or host.startswith("/"):
-        missing("PgBouncer here needs a PostgreSQL over TCP (set SKIPLOCK_TEST_DSN, as CI does)")
-    folder = tempfile.mkdtemp(prefix="skiplock-pgbouncer-")
-    os.chmod(folder, 0o777)  # PgBouncer refuses root: it runs as another user and writes its log here
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    target = " ".join(
-        f"{key}={server[key]}" for key in ("host", "port", "dbname", "user", "password") if server.get(key)
-    )
-    ini = os.path.join(folder, "pgbouncer.ini")
-    with open(ini, "w", encoding="utf-8") as f:
-        f.write(
-            f"[databases]\n* = {target}\n[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n"
-            f"unix_socket_dir =\nauth_type = any\npool_mode = {request.param}\ndefault_pool_size = 2\n"
-            f"logfile = {folder}/pgbouncer.log\npidfile = {folder}/pgbouncer.pid\n"
-        )
-    command = [binary, ini]
-    if os.getuid() == 0:
-        user = next((u for u in ("postgres", "nobody") if _user_exists(u)), None)
-        if user is None:
-            pytest.skip("running as root and no unprivileged user for PgBouncer")
-        command += ["-u", user]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    dsn = f"postgresql://{server.get('user', 'postgres')}@127.0.0.1:{port}/{server.get('dbname', 'postgres')}"
-    try:
-        wait_for(lambda: _connects(dsn), timeout=10, interval=0.1, what="PgBouncer to accept connections")
+    with run_pgbouncer(pg_dsn, request.param) as dsn:
         yield dsn
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _user_exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
-
-
-def _connects(dsn: str) -> bool:
-    try:
-        psycopg.connect(dsn, connect_timeout=2).close()
-    except psycopg.Error:
-        return False
-    return True
 
 
 @pytest.mark.parametrize(("pgbouncer", "works"), [("transaction", False), ("session", True)], indirect=["pgbouncer"])

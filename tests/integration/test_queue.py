@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import multiprocessing as mp
 import select
@@ -11,7 +12,7 @@ import psycopg
 import pytest
 
 from skiplock import AsyncQueue, Job, PayloadError, Queue, Settings
-from skiplock.errors import DatabaseUnavailableError, NonRetryableError
+from skiplock.errors import ConfigError, DatabaseUnavailableError, NonRetryableError
 from skiplock.queue import Failure
 from support.procs import claim_all
 
@@ -397,3 +398,84 @@ async def test_complete_and_claim_completes_fenced_and_claims_in_one_statement(a
     assert await aqueue.complete_and_claim([], "q", limit=5, worker="w") == (set(), [])
     # another worker cannot complete our jobs through it
     assert (await aqueue.complete_and_claim([second], "q", limit=1, worker="intruder"))[0] == set()
+
+
+# ---------------------------------------------------------------------------------------------- one method set
+def public_methods(cls: type) -> dict[str, inspect.Signature]:
+    return {
+        name: inspect.signature(member)
+        for name, member in inspect.getmembers(cls)
+        if not name.startswith("_") and (inspect.isfunction(member) or inspect.ismethod(member))
+    }
+
+
+def test_queue_and_async_queue_expose_the_same_methods_with_the_same_parameters():
+    sync, asynchronous = public_methods(Queue), public_methods(AsyncQueue)
+    assert set(sync) == set(asynchronous), set(sync) ^ set(asynchronous)
+    for name in (
+        "open",
+        "enqueue",
+        "enqueue_many",
+        "list_failed",
+        "retry_failed",
+        "cancel",
+        "purge",
+        "complete_and_claim",
+    ):
+        assert name in sync
+    for name, signature in sync.items():
+        if name == "open":  # both take dsn or settings= (or pool=); the sync one is also the constructor
+            assert list(signature.parameters) == list(asynchronous[name].parameters)
+            continue
+        assert list(signature.parameters) == list(asynchronous[name].parameters), name
+        assert inspect.iscoroutinefunction(getattr(AsyncQueue, name)) or name == "detached", name
+    for prop in ("closed", "pool", "queries"):
+        assert isinstance(getattr(Queue, prop), property) and isinstance(getattr(AsyncQueue, prop), property)
+
+
+def test_queue_open_is_the_constructor_and_reads_no_environment(settings: Settings, monkeypatch):
+    monkeypatch.setenv("SKIPLOCK_SCHEMA", "not_this_one")
+    monkeypatch.setenv("SKIPLOCK_MAX_ATTEMPTS", "9")
+    with Queue.open(settings.dsn) as q:
+        assert q.settings.schema == "skiplock" and q.settings.max_attempts == 5  # the arguments only
+    with Queue.open(settings=settings) as q:
+        job_id = q.enqueue("q", {}).id
+        assert status_of(q, job_id)["status"] == "pending"
+    assert q.closed
+
+
+async def test_async_queue_has_the_admin_verbs(aqueue: AsyncQueue):
+    job_id = (await aqueue.enqueue("q", {}, max_attempts=1)).id
+    [job] = await aqueue.claim("q", limit=1, worker="w")
+    await aqueue.fail([Failure(job, "E: boom", 0, retry=True)], worker="w")
+    [failed] = await aqueue.list_failed("q")
+    assert failed["id"] == job_id and failed["last_error"] == "E: boom"
+    assert await aqueue.retry_failed(ids=[job_id]) == [job_id]
+    assert await aqueue.cancel(queue="q", reason="test") == [job_id]
+    assert await aqueue.purge(older_than_seconds=0, now=datetime.now(UTC) + timedelta(seconds=1)) == 1
+    assert await aqueue.get(job_id) is None
+
+
+def test_sync_queue_completes_and_claims_in_one_statement(queue: Queue):
+    a, b = queue.enqueue_many("q", [{"i": 0}, {"i": 1}])
+    [first] = queue.claim("q", limit=1, worker="w")
+    completed, claimed = queue.complete_and_claim([first], "q", limit=5, worker="w")
+    assert completed == {a} and [j.id for j in claimed] == [b]
+
+
+def test_get_returns_the_task_and_the_lease_deadline(queue: Queue):
+    job = status_of(queue, queue.enqueue("q", {}, task="t.one").id)
+    assert job["task"] == "t.one" and "lease_expires_at" in job
+
+
+async def test_a_detached_queue_runs_only_on_the_callers_connection(settings: Settings, pg_dsn):
+    detached = Queue.detached(settings)
+    with pytest.raises(ConfigError, match="not connected"):
+        detached.enqueue("q", {})
+    with psycopg.connect(pg_dsn) as conn:
+        job_id = detached.enqueue("q", {}, conn=conn).id
+    adetached = AsyncQueue.detached(settings)
+    with pytest.raises(ConfigError, match="not connected"):
+        await adetached.stats()
+    with Queue(settings=settings) as q:
+        assert status_of(q, job_id)["status"] == "pending"

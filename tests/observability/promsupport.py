@@ -43,19 +43,23 @@ def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def substitute(expr: str, *, queue: str, rate_interval: str) -> str:
-    """Fill in $queue (a regex, as Grafana does for a multi-value variable) and $__rate_interval."""
+def substitute(expr: str, *, queue: str, rate_interval: str, namespace: str = ".*") -> str:
+    """Fill in $queue and $namespace (regexes, as Grafana does for a multi-value variable; the namespace
+    selector's All is .*) and $__rate_interval."""
     out = expr.replace("$__rate_interval", rate_interval).replace("${queue}", queue).replace("$queue", queue)
+    out = out.replace("${namespace}", namespace).replace("$namespace", namespace)
     left = re.findall(r"\$\{?\w+", out)
     if left:
         raise ValueError(f"unsubstituted variables {left} in {expr!r}")
     return out
 
 
-def panel_queries(*, queue: str, rate_interval: str = "1m") -> list[PanelQuery]:
+def panel_queries(*, queue: str, rate_interval: str = "1m", namespace: str = ".*") -> list[PanelQuery]:
     return [
         PanelQuery(
-            panel["title"], target["refId"], substitute(target["expr"], queue=queue, rate_interval=rate_interval)
+            panel["title"],
+            target["refId"],
+            substitute(target["expr"], queue=queue, rate_interval=rate_interval, namespace=namespace),
         )
         for panel in panels(load_dashboard())
         for target in panel.get("targets", [])
@@ -67,5 +71,5 @@ def require_binary(name: str) -> str:
     path = shutil.which(name)
     if path:
         return path
-    why = f"{name} not found: apt-get install -y --no-install-recommends prometheus (see shared/TOOLING.md section 3)"
+    why = f"{name} not found: apt-get install -y --no-install-recommends prometheus (Debian; .ci/run installs it)"
     missing(why)

@@ -19,8 +19,14 @@ def test_dashboard_identity_and_variables() -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     queue = variables["queue"]
-    assert queue["query"]["query"] == "label_values(skiplock_queue_jobs, queue)"
+    # The operator's series (jobqueue label) list every managed queue, at zero replicas too.
+    assert queue["query"]["query"] == 'label_values(skiplock_queue_jobs{jobqueue!="", namespace=~"$namespace"}, queue)'
     assert queue["multi"] and queue["includeAll"]
+    namespace = variables["namespace"]  # one tenant at a time in a shared cluster
+    assert namespace["query"]["query"] == 'label_values(skiplock_queue_jobs{jobqueue!=""}, namespace)'
+    assert namespace["multi"] and namespace["includeAll"] and namespace["allValue"] == ".*"
+    names = [v["name"] for v in dash["templating"]["list"]]
+    assert names.index("namespace") < names.index("queue")  # the queue list follows the namespace chosen
 
 
 def test_every_panel_has_a_title_a_description_and_the_datasource_variable() -> None:
@@ -33,6 +39,7 @@ def test_every_panel_has_a_title_a_description_and_the_datasource_variable() -> 
         for target in panel["targets"]:
             assert target["datasource"] == panel["datasource"], panel["title"]
             assert "$queue" in target["expr"], f"{panel['title']}: not filtered by the queue selector"
+            assert "$namespace" in target["expr"], f"{panel['title']}: not filtered by the namespace selector"
 
 
 def test_panels_fit_the_grid_without_overlapping() -> None:
@@ -66,8 +73,10 @@ def test_dashboard_covers_the_issue() -> None:
 
 
 def test_substitute_fills_every_variable() -> None:
-    expr = 'rate(x{queue=~"$queue"}[$__rate_interval]) + y{queue=~"${queue}"}'
-    assert substitute(expr, queue="(a|b)", rate_interval="1m") == 'rate(x{queue=~"(a|b)"}[1m]) + y{queue=~"(a|b)"}'
+    expr = 'rate(x{queue=~"$queue"}[$__rate_interval]) + y{queue=~"${queue}", namespace=~"$namespace"}'
+    assert substitute(expr, queue="(a|b)", rate_interval="1m", namespace="shop") == (
+        'rate(x{queue=~"(a|b)"}[1m]) + y{queue=~"(a|b)", namespace=~"shop"}'
+    )
 
 
 def test_every_panel_query_parses(tmp_path: Path) -> None:

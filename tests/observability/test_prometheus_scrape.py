@@ -1,12 +1,17 @@
-"""End to end: a real ``skiplock worker`` process, a real Prometheus scraping it every second, the real rules.
+"""End to end: a real ``skiplock worker`` process and the operator's metrics endpoint, a real Prometheus
+scraping both every second, the real rules.
 
-Every query of every dashboard panel must return data after a short run, the queue selector must list the
-queue, and Prometheus must load and evaluate files/alerts.yaml without errors. About 10 s, mostly the
-fixed target-sync delay of Prometheus before its first scrape (shared/TOOLING.md section 3).
+Workers export only their per-process series; the queue-wide gauges come from the operator's exposition
+(observability/operator_exposition.py: the operator's metric names and labels, values read from the same
+PostgreSQL at every scrape). Every query of every dashboard panel must return data after a short run, the
+queue selector must list the queue, and Prometheus must load and evaluate files/alerts.yaml without errors.
+Two more runs scrape only the operator (zero replicas: the stall and no-worker alerts go pending) and nothing
+at all (the absent() alert goes pending). About 20 s, mostly the fixed target-sync delay of Prometheus.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,13 +27,16 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
+from prometheus_client import start_http_server
 
+from observability.operator_exposition import operator_registry
 from observability.promsupport import ALERTS, panel_queries, require_binary
 from skiplock import Queue, Settings
 from support.pg import wait_for
 
 HERE = Path(__file__).resolve().parent
 QUEUE = "observed"
+NAMESPACE = "shop"  # what the PodMonitor and the operator put on the series of a JobQueue's namespace
 
 
 def free_port() -> int:
@@ -113,14 +121,35 @@ def worker(settings: Settings, tmp_path: Path) -> Iterator[int]:
 
 
 @pytest.fixture
-def prometheus(worker: int, tmp_path: Path) -> Iterator[str]:
-    """A Prometheus that scrapes the worker every second and evaluates the alert rules; yields its base URL."""
+def operator_metrics(settings: Settings) -> Iterator[int]:
+    """The operator's /metrics with the queue-wide gauges of JobQueue shop/observed; yields the port."""
+    registry = operator_registry(settings, namespace=NAMESPACE, jobqueue=QUEUE, queues=[QUEUE])
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+WORKER_JOB = "skiplock"
+OPERATOR_JOB = "skiplock-operator"
+
+
+def scrape_job(name: str, port: int, **extra: Any) -> dict[str, Any]:
+    return {"job_name": name, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}], **extra}
+
+
+@contextlib.contextmanager
+def running_prometheus(tmp_path: Path, scrape_configs: list[dict[str, Any]]) -> Iterator[str]:
+    """A Prometheus that scrapes the given jobs every second and evaluates the alert rules; yields its URL."""
     binary = require_binary("prometheus")
     port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
         "rule_files": [str(ALERTS)],
-        "scrape_configs": [{"job_name": "skiplock", "static_configs": [{"targets": [f"127.0.0.1:{worker}"]}]}],
+        "scrape_configs": scrape_configs,
     }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
     log = (tmp_path / "prometheus.log").open("wb")
@@ -148,6 +177,24 @@ def prometheus(worker: int, tmp_path: Path) -> Iterator[str]:
     finally:
         stop(proc)
         log.close()
+
+
+@pytest.fixture
+def prometheus(worker: int, operator_metrics: int, tmp_path: Path) -> Iterator[str]:
+    """Prometheus scraping the worker (with the namespace label a PodMonitor adds) and the operator."""
+    worker_job = scrape_job(WORKER_JOB, worker)
+    worker_job["static_configs"][0]["labels"] = {"namespace": NAMESPACE}
+    # honor_labels: the JobQueue's namespace label of the operator's series wins over the target's.
+    jobs = [worker_job, scrape_job(OPERATOR_JOB, operator_metrics, honor_labels=True)]
+    with running_prometheus(tmp_path, jobs) as url:
+        yield url
+
+
+def alerts(base: str) -> list[dict[str, Any]]:
+    body = json.loads(http_get(f"{base}/api/v1/alerts"))
+    assert body["status"] == "success", body
+    found: list[dict[str, Any]] = body["data"]["alerts"]
+    return found
 
 
 def query(base: str, promql: str) -> list[dict[str, Any]]:
@@ -188,7 +235,7 @@ def test_every_dashboard_query_returns_data_from_a_real_worker(
             what="both failing jobs to end in failed",
         )
 
-    queries = panel_queries(queue=QUEUE, rate_interval="30s")
+    queries = panel_queries(queue=QUEUE, rate_interval="30s", namespace=NAMESPACE)  # one tenant selected
     assert len(queries) >= 20
 
     def empty_queries() -> list[str]:
@@ -205,17 +252,28 @@ def test_every_dashboard_query_returns_data_from_a_real_worker(
     except AssertionError:
         pytest.fail(f"panel queries without data: {missing}")
 
-    values = query(prometheus, f'max by (queue) (skiplock_queue_jobs{{queue="{QUEUE}", state="failed"}})')
-    assert float(values[0]["value"][1]) == 2
+    where = f'jobqueue="{QUEUE}", namespace="{NAMESPACE}", queue="{QUEUE}"'
+    values = query(prometheus, f'skiplock_queue_jobs{{{where}, state="failed"}}')
+    assert [float(v["value"][1]) for v in values] == [2]  # one series: the operator's
+    delayed = query(prometheus, f'skiplock_queue_jobs{{{where}, state="delayed"}}')
+    assert [float(v["value"][1]) for v in delayed] == [1]
     done = query(prometheus, f'sum(skiplock_jobs_finished_total{{queue="{QUEUE}", outcome="done"}})')
     assert float(done[0]["value"][1]) >= 13  # twelve enqueued ok jobs and the recovered one
 
     labels = json.loads(
         http_get(
-            f"{prometheus}/api/v1/label/queue/values?" + urllib.parse.urlencode({"match[]": "skiplock_queue_jobs"})
+            f"{prometheus}/api/v1/label/queue/values?"
+            + urllib.parse.urlencode({"match[]": 'skiplock_queue_jobs{jobqueue!=""}'})
         )
     )
     assert QUEUE in labels["data"], "the dashboard's queue selector would not list the queue"
+    namespaces = json.loads(
+        http_get(
+            f"{prometheus}/api/v1/label/namespace/values?"
+            + urllib.parse.urlencode({"match[]": 'skiplock_queue_jobs{jobqueue!=""}'})
+        )
+    )
+    assert namespaces["data"] == [NAMESPACE], "the namespace selector lists the JobQueue's namespace only"
 
 
 def test_prometheus_loads_and_evaluates_the_alert_rules(prometheus: str) -> None:
@@ -231,3 +289,46 @@ def test_prometheus_loads_and_evaluates_the_alert_rules(prometheus: str) -> None
     expected = {r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
     assert names == expected
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
+
+
+def test_zero_replicas_the_stall_and_no_worker_alerts_see_the_operators_numbers(
+    settings: Settings, operator_metrics: int, tmp_path: Path
+) -> None:
+    """No worker runs at all (a JobQueue at zero replicas): only the operator is scraped, and still the stall
+    and backlog-without-workers alerts become pending (they fire after their `for:`)."""
+    with psycopg.connect(settings.require_dsn(), autocommit=True) as conn:
+        conn.execute(  # a job whose worker died an hour ago, and a ready job nobody takes
+            f'INSERT INTO "{settings.schema}".jobs (queue, payload, status, attempts, locked_by, locked_at) '
+            "VALUES (%s, '{}', 'processing', 1, 'gone:1:x', now() - interval '1 hour')",
+            [QUEUE],
+        )
+    with Queue(settings=settings, max_size=1) as queue:
+        queue.enqueue(QUEUE, {"kind": "ok"})
+    with running_prometheus(tmp_path, [scrape_job(OPERATOR_JOB, operator_metrics, honor_labels=True)]) as url:
+        assert query(url, "skiplock_worker_concurrency") == []  # no worker series whatsoever
+
+        def pending() -> dict[str, dict[str, str]] | None:
+            found = {a["labels"]["alertname"]: a["labels"] for a in alerts(url) if a["state"] in ("pending", "firing")}
+            wanted = {"SkiplockStalledJobs", "SkiplockBacklogWithoutWorkers"}
+            return found if wanted <= set(found) else None
+
+        found = wait_for(pending, timeout=20, interval=0.2, what="the stall and no-worker alerts pending")
+        assert found is not None
+        for name in ("SkiplockStalledJobs", "SkiplockBacklogWithoutWorkers"):
+            labels = found[name]
+            assert (labels["namespace"], labels["jobqueue"], labels["queue"]) == (NAMESPACE, QUEUE, QUEUE), labels
+        assert "SkiplockOperatorAbsent" not in found
+        stalled = query(url, f'skiplock_queue_jobs{{queue="{QUEUE}", state="stalled"}}')
+        assert [float(s["value"][1]) for s in stalled] == [1]
+
+
+def test_without_any_operator_series_the_absence_alert_goes_pending(tmp_path: Path) -> None:
+    """No data at all (the operator is down or not scraped): the absent() alert, and only it, is pending."""
+    with running_prometheus(tmp_path, []) as url:
+
+        def pending() -> set[str] | None:
+            names = {a["labels"]["alertname"] for a in alerts(url) if a["state"] in ("pending", "firing")}
+            return names or None
+
+        names = wait_for(pending, timeout=15, interval=0.2, what="an alert pending without data")
+        assert names == {"SkiplockOperatorAbsent"}

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import threading
+import traceback
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import kmock
 import pytest
 from prometheus_client import CollectorRegistry
 
+from skiplock.logs import JsonFormatter
 from skiplock_operator import serve
 from skiplock_operator.config import OperatorConfig
 from skiplock_operator.metrics import OperatorMetrics
@@ -40,13 +43,21 @@ class Cluster:
         async with self.emu.request(method, url, json=body, headers={"Content-Type": content_type}) as resp:
             assert resp.status < 300, f"{method} {url}: {resp.status} {await resp.text()}"
 
-    async def apply_secret(self, name: str, dsn: str, key: str = "dsn") -> None:
+    async def apply_secret(self, name: str, dsn: str, key: str = "dsn", *, opted_in: bool = True) -> None:
+        """A DSN Secret; ``opted_in`` adds the ``skiplock.io/dsn: "true"`` label the operator requires."""
         data = {key: base64.b64encode(dsn.encode()).decode()}
+        meta: dict[str, Any] = {"name": name, "labels": {"skiplock.io/dsn": "true"} if opted_in else {}}
         if self.get(SECRETS, name) is None:
-            body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data}
+            body = {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "data": data}
             await self._send("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", body, "application/json")
         else:
             await self._send("PATCH", f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}", {"data": data})
+
+    async def patch_secret_labels(self, name: str, labels: dict[str, str]) -> None:
+        await self._send("PATCH", f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}", {"metadata": {"labels": labels}})
+
+    async def create(self, url: str, body: dict[str, Any]) -> None:
+        await self._send("POST", url, body, "application/json")
 
     async def create_jobqueue(self, name: str, spec: dict[str, Any]) -> None:
         body = {"apiVersion": "skiplock.io/v1alpha1", "kind": "JobQueue", "metadata": {"name": name}, "spec": spec}
@@ -105,14 +116,13 @@ async def cluster() -> AsyncIterator[Cluster]:
 async def running_operator(cluster: Cluster, **options: Any) -> AsyncIterator[OperatorMetrics]:
     """The real operator (``skiplock_operator.serve``) in its own thread and event loop."""
     stop, ready = threading.Event(), threading.Event()
-    config = OperatorConfig(
-        server=str(cluster.emu.url),
-        insecure=True,
-        metrics_port=None,
-        database_timeout_seconds=2.0,
-        retry_cap_seconds=1.0,
-        secret_ttl_seconds=0.0,  # tests swap the DSN in the Secret and expect the next poll to see it
-    )
+    config_options: dict[str, Any] = {
+        "database_timeout_seconds": 2.0,
+        "retry_cap_seconds": 1.0,
+        "secret_ttl_seconds": 0.0,  # tests swap the DSN in the Secret and expect the next poll to see it
+        **options.pop("config", {}),
+    }
+    config = OperatorConfig(server=str(cluster.emu.url), insecure=True, metrics_port=None, **config_options)
     metrics = OperatorMetrics(CollectorRegistry())
     failures: list[BaseException] = []
     kwargs: dict[str, Any] = {"namespaces": [NAMESPACE], "all_namespaces": False, "standalone": True, **options}
@@ -132,7 +142,43 @@ async def running_operator(cluster: Cluster, **options: Any) -> AsyncIterator[Op
         stop.set()
         await asyncio.to_thread(thread.join, 20)
     assert not thread.is_alive(), "operator did not stop"
-    assert not failures, failures
+    assert not failures, "".join(traceback.format_exception(failures[0]))
+
+
+class CapturedLog(logging.Handler):
+    """Every record of the process at INFO and above (the operator's default level), as JSON log lines."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.setFormatter(JsonFormatter())
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@pytest.fixture
+def captured_log() -> Iterator[CapturedLog]:
+    handler = CapturedLog()
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+
+
+def metric(metrics: OperatorMetrics, name: str, **labels: str) -> float | None:
+    """One sample of the operator's registry (None when the series does not exist)."""
+    registry = metrics.registry
+    value = registry.get_sample_value(name, labels)
+    return None if value is None else float(value)
 
 
 @pytest.fixture

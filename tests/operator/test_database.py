@@ -9,9 +9,8 @@ import psycopg
 import pytest
 
 from skiplock import AsyncQueue
-from skiplock.errors import DatabaseUnavailableError
 from skiplock.migrate import acurrent_version, latest_version
-from skiplock_operator.database import Databases
+from skiplock_operator.database import DatabaseProblem, Databases
 from skiplock_operator.wakeup import Wakeups
 from support.pg import await_for
 
@@ -24,11 +23,11 @@ async def test_pools_are_shared_per_dsn_and_schema_and_closed_with_their_last_us
     dbs = Databases(timeout=2)
     try:
         await aqueue.enqueue_many("q", [{}, {}, {}])
-        first = await dbs.stats("a", pg_dsn, schema, "q", lease_seconds=60)
+        first = (await dbs.stats("a", pg_dsn, schema, ["q"], lease_seconds=60))["q"]
         assert (first.ready, first.processing) == (3, 0)
-        await dbs.stats("b", pg_dsn, schema, "q", lease_seconds=60)
-        assert len(dbs) == 1, "two JobQueues on one (DSN, schema) share one pool"
-        empty = await dbs.stats("b", pg_dsn, schema, "other", lease_seconds=60)
+        await dbs.stats("b", pg_dsn, schema, ["q"], lease_seconds=60)
+        assert len(dbs) == 1, "two JobQueues on one (DSN, schema) share one connection"
+        empty = (await dbs.stats("b", pg_dsn, schema, ["other"], lease_seconds=60))["other"]
         assert empty.ready == 0 and empty.queue == "other"
         await dbs.release("a")
         assert len(dbs) == 1
@@ -49,11 +48,12 @@ async def test_ensure_schema_migrates_once(pg_dsn: str, fresh_schema: str) -> No
         await dbs.close()
 
 
-async def test_unreachable_database_is_one_masked_error_and_no_pool() -> None:
+async def test_unreachable_database_is_one_classified_error_and_no_connection() -> None:
     dbs = Databases(timeout=1)
-    with pytest.raises(DatabaseUnavailableError) as info:
-        await dbs.stats("a", closed_port_dsn(), "skiplock", "q", lease_seconds=60)
-    assert "s3cret-pw" not in str(info.value) and len(dbs) == 0
+    with pytest.raises(DatabaseProblem) as info:
+        await dbs.stats("a", closed_port_dsn(), "skiplock", ["q"], lease_seconds=60)
+    assert info.value.reason == "ConnectRefused"
+    assert str(info.value) == "the database server refused the connection" and len(dbs) == 0
     await dbs.close()
 
 
@@ -61,9 +61,9 @@ async def test_listen_hub_sets_the_event_for_its_queue_only(pg_dsn: str, schema:
     hub = Wakeups()
     mine, other = asyncio.Event(), asyncio.Event()
     try:
-        await hub.subscribe("a", pg_dsn, aqueue.settings.channel, "mine", mine)
-        await hub.subscribe("b", pg_dsn, aqueue.settings.channel, "other", other)
-        await await_for(lambda: hub.listening("a"), what="LISTEN established")
+        await hub.subscribe("a", pg_dsn, aqueue.settings.channel, ["mine"], mine)
+        await hub.subscribe("b", pg_dsn, aqueue.settings.channel, ["other"], other)
+        await await_for(lambda: hub.listening("a") and hub.listening("b"), what="LISTEN established")
         mine.clear()
         other.clear()
         await aqueue.enqueue("mine", {"id": uuid.uuid4().hex})

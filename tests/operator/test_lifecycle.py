@@ -103,8 +103,7 @@ async def test_status_fills_every_printer_column_and_spec_changes_roll_out(
     assert jq["status"]["observedGeneration"] == jq["metadata"]["generation"]
     assert jq["status"]["selector"] == "app.kubernetes.io/name=skiplock-worker,app.kubernetes.io/instance=cols"
     assert jq["status"]["oldestReadyAgeSeconds"] >= 0
-    reasons = {e.get("reason") for e in cluster.events()}
-    assert "BacklogGrew" in reasons, reasons
+    await await_for(lambda: "BacklogGrew" in {e.get("reason") for e in cluster.events()}, what="a BacklogGrew Event")
 
     replicas = cluster.replicas("cols")
     await cluster.patch_jobqueue("cols", {"spec": {"image": "example.com/app-worker:2.0"}})

@@ -44,3 +44,21 @@ async def test_a_restarted_operator_waits_a_full_window_before_scaling_down(
         started = time.monotonic()
         await await_for(lambda: cluster.replicas("rs") == 0, timeout=10, what="scale-down after the window")
         assert time.monotonic() - started >= 1.5, "a restarted operator scaled down before a full window"
+
+
+async def test_without_watches_the_operator_needs_no_list_or_watch_on_deployments_and_secrets(
+    pg_dsn: str, schema: str, cluster: Cluster
+) -> None:
+    def lists_or_watches(kind: str) -> list[str]:
+        return [
+            str(r.url) for r in cluster.emu if r.method.value == "GET" and str(r.url).split("?")[0].endswith(f"/{kind}")
+        ]
+
+    async with running_operator(cluster, config={"watch_deployments": False, "watch_secrets": False}):
+        await cluster.apply_secret("db", pg_dsn)
+        await cluster.create_jobqueue("lean", jobqueue_spec("lean", schema, minReplicas=1))
+        await await_for(lambda: cluster.replicas("lean") == 1, timeout=15, what="Deployment without watches")
+    assert lists_or_watches("deployments") == [] and lists_or_watches("secrets") == []
+
+    async with running_operator(cluster):
+        await await_for(lambda: lists_or_watches("deployments") and lists_or_watches("secrets"), what="the watches")

@@ -1,4 +1,4 @@
-"""Scale from zero on NOTIFY: the first enqueue wakes the operator long before its next poll."""
+"""Wake-ups without waiting for the poll: NOTIFY at zero and while running, and delayed jobs coming due."""
 
 from __future__ import annotations
 
@@ -25,6 +25,36 @@ async def test_first_enqueue_at_zero_scales_to_one_within_a_second(
     await aqueue.enqueue("idle", {"hello": "world"})
     await await_for(lambda: cluster.replicas("idle") == 1, timeout=5, what="one replica after NOTIFY")
     assert time.monotonic() - enqueued < 1.5, "scale-from-zero took longer than a NOTIFY round trip should"
+
+
+async def test_one_to_n_on_notify_without_waiting_for_the_poll(
+    pg_dsn: str, schema: str, aqueue: AsyncQueue, cluster: Cluster, operator: object
+) -> None:
+    await cluster.apply_secret("db", pg_dsn)
+    await cluster.create_jobqueue("busy", jobqueue_spec("busy", schema, minReplicas=1, pollingIntervalSeconds=60))
+    await await_for(lambda: cluster.replicas("busy") == 1, what="one replica")
+    await await_for(
+        lambda: (cluster.condition("busy", "ScalingActive") or {}).get("status") == "True", what="first poll done"
+    )
+    await await_for(lambda: listening(pg_dsn), what="operator LISTENs while a worker runs")
+    enqueued = time.monotonic()
+    await aqueue.enqueue_many("busy", [{"n": i} for i in range(45)])
+    await await_for(lambda: cluster.replicas("busy") == 5, timeout=10, what="1 -> 5 on NOTIFY (the poll is 60 s)")
+    print(f"1 -> 5 replicas {time.monotonic() - enqueued:.2f}s after the enqueue")
+
+
+async def test_a_delayed_job_wakes_a_queue_at_zero_when_it_comes_due(
+    pg_dsn: str, schema: str, aqueue: AsyncQueue, cluster: Cluster, operator: object
+) -> None:
+    await aqueue.enqueue("later", {"n": 1}, delay=4)
+    due = time.monotonic() + 4
+    await cluster.apply_secret("db", pg_dsn)
+    await cluster.create_jobqueue("later", jobqueue_spec("later", schema, pollingIntervalSeconds=60))
+    await await_for(lambda: cluster.replicas("later") == 0, what="at zero: the job is not due yet")
+    await await_for(lambda: cluster.replicas("later") == 1, timeout=15, what="woken when the job came due")
+    woke = time.monotonic()
+    assert woke >= due - 0.2, "scaled up before the job was due"
+    print(f"delayed job: one replica {woke - due:.2f}s after it came due (poll interval 60 s)")
 
 
 def listening(dsn: str) -> bool:

@@ -2,8 +2,10 @@
 
 - ``promtool check rules`` on charts/skiplock/files/alerts.yaml, and ``promtool test rules`` on the unit tests
   next to this file (each alert fires and stays quiet when it should);
-- ``promtool check metrics`` on a real scrape of WorkerMetrics + QueueCollector over a real PostgreSQL;
-- every metric an alert or a dashboard panel names is exported by a worker or by the operator.
+- ``promtool check metrics`` on a real scrape of a worker's WorkerMetrics, and of the operator's metrics with
+  the queue-wide gauges read from a real PostgreSQL (observability/operator_exposition.py);
+- every metric an alert or a dashboard panel names is exported by a worker or by the operator;
+- every alert has a runbook section in docs/alerts.md.
 
 In CI (CI=true) a missing promtool fails; elsewhere it skips with the install command.
 """
@@ -22,17 +24,19 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
+from observability.operator_exposition import QUEUE_WIDE, operator_registry
 from observability.promsupport import require_binary
 from skiplock import Queue, Settings
-from skiplock.metrics import QueueCollector, StatsFetcher, WorkerMetrics
+from skiplock.metrics import TableCollector, TableFetcher, WorkerMetrics
 from skiplock_operator.metrics import OperatorMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "charts/skiplock/files/alerts.yaml"
 DASHBOARD = ROOT / "charts/skiplock/files/dashboard.json"
-DOCS = ROOT / "README.md"
+DOCS = ROOT / "docs" / "metrics.md"  # the metrics reference
+RUNBOOKS = ROOT / "docs" / "alerts.md"
 UNIT_TESTS = sorted(Path(__file__).parent.glob("*.test.yaml"))
-RUNBOOK_BASE = "https://github.com/skiplock/skiplock#runbook-"
+RUNBOOK_BASE = "https://github.com/skiplock/skiplock/blob/main/docs/alerts.md#"
 METRIC = re.compile(r"\bskiplock_[a-z0-9_]+")
 
 
@@ -81,7 +85,7 @@ def test_every_alert_is_tested_firing_and_quiet() -> None:
 
 def test_every_alert_has_severity_for_summary_description_and_a_runbook() -> None:
     headings = [
-        line.lstrip("#").strip() for line in DOCS.read_text(encoding="utf-8").splitlines() if line.startswith("#")
+        line.lstrip("#").strip() for line in RUNBOOKS.read_text(encoding="utf-8").splitlines() if line.startswith("## ")
     ]
     anchors = {github_anchor(h) for h in headings}
     names = [rule["alert"] for rule in alert_rules()]
@@ -94,13 +98,26 @@ def test_every_alert_has_severity_for_summary_description_and_a_runbook() -> Non
         annotations = rule["annotations"]
         assert annotations["summary"] and annotations["description"], name
         assert annotations["runbook_url"] == RUNBOOK_BASE + name.lower(), name
-        assert f"runbook-{name.lower()}" in anchors, f"docs have no heading 'Runbook: {name}'"
+        assert name.lower() in anchors, f"docs/alerts.md has no section '## {name}'"
+    assert {github_anchor(h) for h in headings if h.startswith("Skiplock")} == {n.lower() for n in names}
+
+
+def test_every_runbook_says_what_it_means_what_to_check_and_how_to_fix() -> None:
+    sections = RUNBOOKS.read_text(encoding="utf-8").split("\n## ")[1:]
+    assert sections
+    for section in sections:
+        title, _, body = section.partition("\n")
+        if not title.startswith("Skiplock"):
+            continue
+        for part in ("**Meaning**", "**First checks**", "**Fixes**"):
+            assert part in body, f"{title}: no {part}"
 
 
 # ------------------------------------------------------------------------------------------ a real scrape
 @pytest.fixture
-def scrape(settings: Settings) -> Iterator[str]:
-    """The exposition a worker serves: its own metrics after some work, and the queue-wide gauges."""
+def scrape(settings: Settings) -> Iterator[tuple[str, str]]:
+    """(worker exposition, operator exposition): a worker's own metrics after some work, and the operator's
+    metrics with the queue-wide gauges of one JobQueue read from the database."""
     with Queue(settings=settings, max_size=2) as queue:
         queue.enqueue("emails", {"n": 1})
         queue.enqueue("emails", {"n": 2})
@@ -132,23 +149,28 @@ def scrape(settings: Settings) -> Iterator[str]:
         metrics.database_up.set(1)
         metrics.listener_connected.set(1)
         metrics.last_notification.set(1_700_000_000)
-        registry.register(QueueCollector(StatsFetcher(queue.settings), ttl=0))
-        yield generate_latest(registry).decode()
+        registry.register(TableCollector(TableFetcher(queue.settings), ttl=0))  # the jobs table's health
+        operator = operator_registry(queue.settings, namespace="shop", jobqueue="mailer", queues=["emails"])
+        yield generate_latest(registry).decode(), generate_latest(operator).decode()
 
 
-def test_scrape_passes_promtool_check_metrics(scrape: str) -> None:
-    out = promtool("check", "metrics", stdin=scrape)
+@pytest.mark.parametrize("which", [0, 1], ids=["worker", "operator"])
+def test_scrape_passes_promtool_check_metrics(scrape: tuple[str, str], which: int) -> None:
+    out = promtool("check", "metrics", stdin=scrape[which])
     assert out.returncode == 0 and not (out.stdout + out.stderr).strip(), out.stdout + out.stderr
 
 
-def test_scrape_has_queue_wide_values_from_the_database(scrape: str) -> None:
-    lines = set(scrape.splitlines())
+def test_queue_wide_values_come_from_the_operator_only(scrape: tuple[str, str]) -> None:
+    worker, operator = scrape
+    lines = set(operator.splitlines())
+    where = 'jobqueue="mailer",namespace="shop",queue="emails"'
     for state, value in (("ready", 2), ("delayed", 1), ("processing", 1), ("stalled", 1), ("failed", 1)):
-        assert f'skiplock_queue_jobs{{queue="emails",state="{state}"}} {value:.1f}' in lines, state
-    assert "skiplock_queue_stats_up 1.0" in lines
-    oldest = 'skiplock_queue_oldest_ready_age_seconds{queue="emails"}'
-    age = next(line for line in lines if line.startswith(oldest))
+        assert f'skiplock_queue_jobs{{{where},state="{state}"}} {value:.1f}' in lines, state
+    assert 'skiplock_operator_database_up{jobqueue="mailer",namespace="shop"} 1.0' in lines
+    age = next(line for line in lines if line.startswith(f"skiplock_queue_oldest_ready_age_seconds{{{where}}}"))
     assert 0 <= float(age.split()[-1]) < 60
+    # The worker keeps its per-process series only: no second source of queue-wide numbers to double count.
+    assert not exported_names(worker) & {"skiplock_queue_jobs", "skiplock_queue_oldest_ready_age_seconds"}
 
 
 def test_operator_scrape_passes_promtool_check_metrics() -> None:
@@ -164,13 +186,8 @@ def exported_names(exposition: str) -> set[str]:
     }
 
 
-def test_every_metric_named_by_alerts_and_dashboard_is_exported(scrape: str) -> None:
-    registry = CollectorRegistry()
-    operator = OperatorMetrics(registry)
-    operator.desired_replicas.labels("shop", "mailer").set(2)
-    operator.current_replicas.labels("shop", "mailer").set(2)
-    operator.ready_backlog.labels("shop", "mailer").set(2)
-    exported = exported_names(scrape) | exported_names(generate_latest(registry).decode())
+def test_every_metric_named_by_alerts_and_dashboard_is_exported(scrape: tuple[str, str]) -> None:
+    exported = exported_names(scrape[0]) | exported_names(scrape[1])
     named = {name for rule in alert_rules() for name in METRIC.findall(rule["expr"])}
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     for panel in dashboard["panels"]:
@@ -181,12 +198,18 @@ def test_every_metric_named_by_alerts_and_dashboard_is_exported(scrape: str) -> 
     assert named - exported == set()
 
 
-def test_docs_name_and_explain_every_exported_metric(scrape: str) -> None:
+def test_docs_name_and_explain_every_exported_metric(scrape: tuple[str, str]) -> None:
+    """The metrics reference matches what the code exports (the worker's metrics and table health, the
+    operator's metrics); the operator's queue-wide series also have rows in docs/alerts.md."""
     registry = CollectorRegistry()
     OperatorMetrics(registry)
     docs = DOCS.read_text(encoding="utf-8")
     rows = {line.split("`")[1] for line in docs.splitlines() if line.startswith("| `skiplock_")}
-    exported = exported_names(scrape) | exported_names(generate_latest(registry).decode())
+    exported = exported_names(scrape[0]) | exported_names(generate_latest(registry).decode())
     families = {re.sub(r"_(bucket|count|sum)$", "", name) for name in exported}
-    assert families - rows == set(), "metrics without a row in the docs' metrics reference"
-    assert rows - families == set(), "documented metrics that nothing exports"
+    assert families - rows - set(QUEUE_WIDE) == set(), "metrics without a row in the docs' metrics reference"
+    assert rows - families - set(QUEUE_WIDE) == set(), "documented metrics that nothing exports"
+    runbook_rows = {
+        line.split("`")[1] for line in RUNBOOKS.read_text(encoding="utf-8").splitlines() if line.startswith("| `")
+    }
+    assert set(QUEUE_WIDE) <= runbook_rows

@@ -1,8 +1,10 @@
-"""kmock's Kubernetes emulator, fixed for kopf (see TOOLING.md section 1), plus resource registration.
+"""kmock's Kubernetes emulator, fixed for kopf (what it fixes is listed below), plus resource registration.
 
 What the subclass changes, all on writes and watches:
 - every write sets ``uid``, ``creationTimestamp`` (on create), ``generation`` (bumped when ``spec`` changes)
   and a growing ``resourceVersion``; create fills ``apiVersion``/``kind`` (``kopf.adopt`` needs them);
+- a create with ``metadata.generateName`` and no name gets a generated name (kopf posts Events so);
+- a delete with ``preconditions.uid`` that does not match answers 409 and deletes nothing;
 - a JSON patch whose ``test`` fails (or that cannot apply) answers 422, as the API server does, not 500;
 - a list answers the current resourceVersion, and a watch subscribes to the event bus *before* it takes
   its snapshot, then skips states older than what it already sent (no lost events, no stale replays);
@@ -91,8 +93,14 @@ class K8sEmulator(kmock.KubernetesEmulator):
         return await k8s.KubernetesScaffold._handle(self, request)
 
     async def _create(self, request: rendering.Request) -> None:
+        sent = request.data.get("metadata") if isinstance(request.data, dict) else None
+        if isinstance(sent, dict) and not sent.get("name") and sent.get("generateName"):
+            sent["name"] = f"{sent['generateName']}{uuid.uuid4().hex[:5]}"  # as the API server does (kmock's
+            # own response rendering finds the new object by this name, so it goes into the request too)
         data = copy.deepcopy(request.data or {})
         meta = data.setdefault("metadata", {})
+        if not meta.get("name"):
+            raise k8s.KubernetesError(status=422, reason="Invalid", message="metadata.name or generateName is required")
         namespace = request.namespace or meta.get("namespace")
         key = (request.resource, namespace, meta.get("name"))
         if key in self._objects and not self._objects[key].deleted:
@@ -153,6 +161,11 @@ class K8sEmulator(kmock.KubernetesEmulator):
         obj = self._objects[key]
         current = copy.deepcopy(obj.raw)
         meta = current.setdefault("metadata", {})
+        wanted_uid = (
+            ((request.data or {}).get("preconditions") or {}).get("uid") if isinstance(request.data, dict) else None
+        )
+        if wanted_uid and wanted_uid != meta.get("uid"):
+            raise k8s.KubernetesError(status=409, reason="Conflict", message="Precondition failed: UID mismatch")
         if meta.get("finalizers"):
             if not meta.get("deletionTimestamp"):
                 meta["deletionTimestamp"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

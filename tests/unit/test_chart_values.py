@@ -90,9 +90,38 @@ def test_defaults_and_scenarios_satisfy_the_schema(values: Path) -> None:
 
 @pytest.mark.parametrize(
     "override",
-    [{"typo": 1}, {"operator": {"replica": 2}}, {"rbac": {"scope": "all"}}, {"image": {"digest": "latest"}},
-     {"metrics": {"podMonitor": {"interval": "often"}}}, {"crds": {"keep": "yes"}}],
-    ids=["typo", "nested-typo", "enum", "digest", "duration", "type"],
+    [
+        {"typo": 1},
+        {"operator": {"replica": 2}},
+        {"rbac": {"scope": "all"}},
+        {"image": {"digest": "latest"}},
+        {"metrics": {"podMonitor": {"interval": "often"}}},
+        {"crds": {"keep": "yes"}},
+        {"rbac": {"namespaces": ["Team_A"]}},
+        {"rbac": {"namespaces": ["a", "a"]}},
+        {"policy": {"allowedImages": ["ghcr.io/a/,ghcr.io/b/"]}},
+        {"policy": {"allowedImage": []}},
+        {"policy": {"admission": {"failurePolicy": "Sometimes"}}},
+        {"networkPolicy": {"postgres": {"ports": [0]}}},
+        {"networkPolicy": {"apiServer": {"cidrs": ["10.0.0.1"]}}},
+        {"workerDefaults": {"resources": {"requests": {"cpu": "lots"}}}},
+    ],
+    ids=[
+        "typo",
+        "nested-typo",
+        "enum",
+        "digest",
+        "duration",
+        "type",
+        "namespace-name",
+        "namespace-twice",
+        "comma-in-list",
+        "policy-typo",
+        "failure-policy",
+        "port-zero",
+        "cidr-without-mask",
+        "bad-quantity",
+    ],
 )
 def test_schema_rejects(override: dict[str, Any]) -> None:
     merged = merge(yaml.safe_load(VALUES.read_text()), override)
@@ -127,3 +156,15 @@ def test_one_kind_per_template() -> None:
         assert len(kinds) <= 2, f"{path.name}: {kinds}"  # kopfpeering.yaml picks one of two kinds
         if len(kinds) == 2:
             assert kinds == {"KopfPeering", "ClusterKopfPeering"} or path.name == "kopfpeering.yaml"
+
+
+def test_secure_defaults() -> None:
+    """Namespaced RBAC, no allow-list turned into a wildcard for scheduling fields, workers never BestEffort."""
+    values = yaml.safe_load(VALUES.read_text())
+    assert values["rbac"]["scope"] == "namespace" and values["rbac"]["namespaces"] == []
+    policy = values["policy"]
+    assert (policy["allowTolerations"], policy["allowAffinity"], policy["allowNodeSelector"]) == (False, False, False)
+    assert policy["admission"]["enabled"] is False and policy["admission"]["failurePolicy"] == "Fail"
+    resources = values["workerDefaults"]["resources"]
+    assert resources["requests"]["cpu"] and resources["requests"]["memory"] and resources["limits"]["memory"]
+    assert values["image"]["tag"] == "" and values["image"]["digest"] == ""  # appVersion: an immutable tag

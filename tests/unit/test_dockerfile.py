@@ -1,7 +1,7 @@
 """The Dockerfile and its locks, read as text (no Docker daemon here): stages and targets, user, entrypoint,
 labels, install hygiene, and hash-pinned dependencies that cover what pyproject.toml requires.
 
-What this cannot prove (a real `docker build` and a container run) is listed in README.md ("What was and was
+What this cannot prove (a real `docker build` and a container run) is listed in docs/image.md ("What was and was
 not exercised"); the install steps themselves run in a fresh virtualenv in tests/chart/test_image_install.py.
 """
 
@@ -414,7 +414,7 @@ def test_the_worker_image_has_no_kubernetes_stack_and_agrees_with_the_operator_l
     locks: dict[str, dict[str, Pin]],
 ) -> None:
     worker, operator = locks["worker"], locks["operator"]
-    for name in ("kopf", "kubernetes-asyncio", "aiohttp"):
+    for name in ("kopf", "kubernetes", "aiohttp"):
         assert name not in worker, f"{name} in the worker image"
         assert name in operator, f"{name} missing from the operator image"
     for name, pin in worker.items():

@@ -125,9 +125,7 @@ def test_crd_defaults_equal_the_operators_defaults() -> None:
         "concurrency": spec.concurrency,
         "batch": spec.batch,
         "leaseSeconds": spec.lease_seconds,
-        "heartbeatSeconds": spec.heartbeat_seconds,
         "pollSeconds": spec.poll_seconds,
-        "recoverSeconds": spec.recover_seconds,
         "maxAttempts": spec.max_attempts,
         "shutdownGraceSeconds": spec.shutdown_grace_seconds,
         "listen": spec.listen,
@@ -137,6 +135,9 @@ def test_crd_defaults_equal_the_operators_defaults() -> None:
     }
     for key, value in top.items():
         assert props[key]["default"] == value, key
+    for key in ("heartbeatSeconds", "recoverSeconds"):  # no default: the worker derives them from the lease
+        assert spec.heartbeat_seconds is None and spec.recover_seconds is None
+        assert "default" not in props[key], key
     backoff = props["backoff"]["properties"]
     assert (backoff["baseSeconds"]["default"], backoff["capSeconds"]["default"], backoff["jitter"]["default"]) == (
         spec.backoff_base_seconds,
@@ -144,6 +145,39 @@ def test_crd_defaults_equal_the_operators_defaults() -> None:
         spec.backoff_jitter,
     )
     assert props["dsnSecretRef"]["properties"]["key"]["default"] == spec.dsn_secret_key
+    assert props["operatorDsnSecretRef"]["properties"]["key"]["default"] == spec.dsn_secret_key
+
+
+def test_intervals_follow_the_lease_unless_set() -> None:
+    """No default for heartbeatSeconds/recoverSeconds: the API server stores nothing, the worker derives them."""
+    props = SPEC_SCHEMA["properties"]
+    for key in ("heartbeatSeconds", "recoverSeconds", "replicas", "app", "queues", "operatorDsnSecretRef"):
+        assert "default" not in props[key], key
+    stored = with_defaults({**BASE, "leaseSeconds": 600}, SPEC_SCHEMA)
+    assert "heartbeatSeconds" not in stored and "recoverSeconds" not in stored
+    assert cel_errors({**BASE, "leaseSeconds": 600}) == []
+
+
+def test_manual_mode_is_the_scale_subresource_and_is_documented() -> None:
+    scale = VERSION["subresources"]["scale"]
+    assert scale["specReplicasPath"] == ".spec.replicas" and scale["statusReplicasPath"] == ".status.replicas"
+    text = SPEC_SCHEMA["properties"]["replicas"]["description"]
+    assert "kubectl scale" in text and "ManualReplicas" in text and "ScalingActive=False" in text
+    assert "remove" in text  # how to return to autoscaling
+
+
+def test_every_spec_field_is_bounded() -> None:
+    """Strings carry a pattern, an enum or a maximum length; numbers and lists carry their bounds."""
+    unbounded = []
+    for path, node in walk(SPEC_SCHEMA, ".spec"):
+        kind = node.get("type")
+        if kind == "string" and not ({"pattern", "enum", "maxLength"} & node.keys()) and path not in OPEN_STRINGS:
+            unbounded.append(path)
+        if kind in ("integer", "number") and not ({"minimum", "maximum"} <= node.keys()) and "[]" not in path:
+            unbounded.append(path)
+        if kind == "array" and "maxItems" not in node and path not in OPEN_LISTS:
+            unbounded.append(path)
+    assert unbounded == []
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -157,10 +191,14 @@ def test_examples_validate_against_the_schema_and_rules(path: Path) -> None:
 def test_secret_example_is_a_secret_with_a_dsn() -> None:
     doc = example(ROOT / "examples" / "secret.yaml")
     assert doc["kind"] == "Secret" and "dsn" in doc["stringData"]
+    assert doc["metadata"]["labels"]["skiplock.io/dsn"] == "true", "the operator reads only opted-in Secrets"
     assert example(ROOT / "examples" / "jobqueue.yaml")["spec"]["dsnSecretRef"]["name"] == doc["metadata"]["name"]
 
 
 BASE = example(ROOT / "examples" / "jobqueue.yaml")["spec"]
+# Free text whose length the API server's request size bounds (env values are the handler's own config).
+OPEN_STRINGS = {".spec.env[].value"}
+OPEN_LISTS: set[str] = set()
 
 
 @pytest.mark.parametrize(
@@ -173,6 +211,8 @@ BASE = example(ROOT / "examples" / "jobqueue.yaml")["spec"]
         ({"scaling": {"connectionBudget": 15}}, "must hold at least one worker"),
         ({"env": [{"name": "SKIPLOCK_DSN", "value": "x"}]}, "env must not set"),
         ({"env": [{"name": "POD_UID", "value": "x"}]}, "env must not set"),
+        ({"queues": ["a", "b", "a"]}, "queues must not name a queue twice"),
+        ({"leaseSeconds": 20, "heartbeatSeconds": 11}, "heartbeatSeconds must be at most half of leaseSeconds"),
     ],
 )
 def test_cel_rules_reject_bad_specs(change: dict[str, Any], message: str) -> None:
@@ -192,6 +232,72 @@ def test_cel_rules_reject_bad_specs(change: dict[str, Any], message: str) -> Non
 )
 def test_cel_rules_accept_good_specs(change: dict[str, Any]) -> None:
     assert cel_errors({**BASE, **change}) == []
+
+
+def without(*keys: str, **extra: Any) -> dict[str, Any]:
+    return {**{k: v for k, v in BASE.items() if k not in keys}, **extra}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (without("handler"), "set app (module:attr of a skiplock App), handler (module:function), or both"),
+        (without("handler", "app"), "set app"),
+        (without("queue", "queues"), "set queue or queues"),
+    ],
+    ids=["no-handler-no-app", "neither", "no-queue"],
+)
+def test_a_jobqueue_names_what_runs_and_where(spec: dict[str, Any], message: str) -> None:
+    errors = cel_errors(spec)
+    assert any(message in e for e in errors), errors
+    jsonschema.Draft7Validator(SPEC_SCHEMA).validate(spec)  # the schema alone accepts it: the CEL rule refuses
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        without("handler", app="shop.tasks:app"),
+        without("handler", app="shop.tasks:app", queues=["emails", "reports"]),
+        {**BASE, "app": "shop.tasks:app"},  # both: the handler is the catch-all for jobs without a task
+        without("queue", queues=["emails"]),
+    ],
+    ids=["app-only", "app-and-queues", "app-and-handler", "queues-only"],
+)
+def test_app_handler_queue_and_queues_combine(spec: dict[str, Any]) -> None:
+    assert cel_errors(spec) == []
+    jsonschema.Draft7Validator(SPEC_SCHEMA).validate(spec)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"app": "no-colon"},
+        {"queues": []},
+        {"queues": ["bad queue"]},
+        {"queues": [f"q{i}" for i in range(65)]},
+        {"operatorDsnSecretRef": {"key": "dsn"}},
+        {"heartbeatSeconds": 0},
+        {"recoverSeconds": 100000},
+        {"serviceAccountName": "Not_A_Name"},
+    ],
+    ids=[
+        "app-pattern",
+        "queues-empty",
+        "queues-pattern",
+        "queues-too-many",
+        "operator-dsn-no-name",
+        "heartbeat-zero",
+        "recover-too-long",
+        "service-account-pattern",
+    ],
+)
+def test_schema_rejects_bad_new_fields(change: dict[str, Any]) -> None:
+    assert list(jsonschema.Draft7Validator(SPEC_SCHEMA).iter_errors({**BASE, **change})), change
+
+
+def test_operator_dsn_secret_ref_defaults_its_key() -> None:
+    stored = with_defaults({**BASE, "operatorDsnSecretRef": {"name": "owner-dsn"}}, SPEC_SCHEMA)
+    assert stored["operatorDsnSecretRef"] == {"name": "owner-dsn", "key": "dsn"}
 
 
 def test_schema_rejects_bad_types_and_bounds() -> None:

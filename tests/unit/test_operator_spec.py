@@ -23,6 +23,12 @@ def test_minimal_spec_gets_the_defaults() -> None:
     ("change", "message"),
     [
         ({"queue": None}, "spec.queue is required"),
+        ({"handler": None}, "spec.handler or spec.app is required"),
+        ({"queues": ["a", ""]}, "spec.queues must be a list of non-empty strings"),
+        ({"queues": ["a", "a"]}, "name a queue twice"),
+        ({"app": "not an app"}, "app"),
+        ({"operatorDsnSecretRef": {"key": "k"}}, "spec.operatorDsnSecretRef.name is required"),
+        ({"recoverSeconds": 0}, "spec.recoverSeconds must be within"),
         ({"dsnSecretRef": {}}, "spec.dsnSecretRef.name is required"),
         ({"concurrency": 0}, "spec.concurrency must be within 1..1000"),
         ({"concurrency": "ten"}, "spec.concurrency must be an integer"),
@@ -54,3 +60,22 @@ def test_dataclass_defaults_match_the_parser() -> None:
     parsed = parse_spec(MINIMAL)
     plain = JobQueueSpec(queue="q", handler="a.b:c", image="img:1", dsn_secret_name="db")
     assert parsed == plain
+
+
+def test_app_queues_and_derived_intervals_reach_the_worker_env() -> None:
+    spec = parse_spec({**MINIMAL, "handler": None, "queue": None, "app": "shop.tasks:app", "queues": ["a", "b"]})
+    assert spec.served_queues == ("a", "b") and spec.queue == "a" and spec.handler is None
+    env = spec.worker_env()
+    assert env["SKIPLOCK_APP"] == "shop.tasks:app" and env["SKIPLOCK_QUEUES"] == "a,b"
+    assert "SKIPLOCK_HANDLER" not in env
+    assert float(env["SKIPLOCK_HEARTBEAT_SECONDS"]) == 15.0 and float(env["SKIPLOCK_RECOVER_SECONDS"]) == 30.0
+    explicit = parse_spec({**MINIMAL, "leaseSeconds": 20, "heartbeatSeconds": 2, "recoverSeconds": 3})
+    assert (explicit.worker_settings().heartbeat_seconds, explicit.worker_settings().recover_seconds) == (2.0, 3.0)
+
+
+def test_operator_dsn_and_manual_mode() -> None:
+    plain = parse_spec(MINIMAL)
+    assert plain.operator_secret == ("db", "dsn") and not plain.manual
+    split = parse_spec({**MINIMAL, "operatorDsnSecretRef": {"name": "owner", "key": "url"}, "replicas": 3})
+    assert split.operator_secret == ("owner", "url") and split.manual and split.replicas == 3
+    assert split.dsn_secret_name == "db", "workers keep dsnSecretRef"

@@ -61,3 +61,26 @@ def test_status_changes_sends_only_what_differs() -> None:
     assert status_changes(old, {"desiredReplicas": 2}, (ready,), None) == {}
     changed = status_changes(old, {"desiredReplicas": 3}, ((status.READY, False, status.INVALID_SPEC, "bad"),), None)
     assert changed["desiredReplicas"] == 3 and changed["conditions"][0]["status"] == "False"
+
+
+def test_only_changed_conditions_post_events() -> None:
+    from skiplock_operator.reconcile import transitions
+
+    old = [
+        {"type": "Ready", "status": "True", "reason": "Reconciled", "message": "a"},
+        {"type": "DatabaseReachable", "status": "True", "reason": "Connected", "message": "b"},
+    ]
+    same = (("Ready", True, "Reconciled", "another message"),)
+    assert transitions(old, same) == []
+    flipped = ("DatabaseReachable", False, "ConnectRefused", "x")
+    new_reason = ("Ready", True, "Other", "y")
+    added = ("ScalingActive", False, "ManualReplicas", "z")
+    assert transitions(old, (flipped, new_reason, added)) == [flipped, new_reason, added]
+
+
+def test_ownership_is_the_controller_reference() -> None:
+    from skiplock_operator.reconcile import controller_uid
+
+    assert controller_uid({"metadata": {}}) is None
+    refs = [{"uid": "a", "controller": False}, {"uid": "b", "controller": True}]
+    assert controller_uid({"metadata": {"ownerReferences": refs}}) == "b"

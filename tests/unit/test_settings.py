@@ -8,16 +8,16 @@ from skiplock.settings import Settings, mask_dsn, redact
 
 def test_flag_beats_env_beats_database_url_beats_default():
     env = {"SKIPLOCK_QUEUE": "from-env", "SKIPLOCK_DSN": "postgresql://env/db", "DATABASE_URL": "postgresql://url/db"}
-    s = Settings.load(env=env, queue="from-flag")
+    s = Settings.from_env(env=env, queue="from-flag")
     assert s.queue == "from-flag"
     assert s.dsn == "postgresql://env/db"
-    assert Settings.load(env={"DATABASE_URL": "postgresql://url/db"}).dsn == "postgresql://url/db"
-    assert Settings.load(env={}).queue == "default"
-    assert Settings.load(env={}).dsn is None
+    assert Settings.from_env(env={"DATABASE_URL": "postgresql://url/db"}).dsn == "postgresql://url/db"
+    assert Settings.from_env(env={}).queue == "default"
+    assert Settings.from_env(env={}).dsn is None
 
 
 def test_env_values_are_typed():
-    s = Settings.load(env={"SKIPLOCK_CONCURRENCY": "7", "SKIPLOCK_LEASE_SECONDS": "90", "SKIPLOCK_LISTEN": "false"})
+    s = Settings.from_env(env={"SKIPLOCK_CONCURRENCY": "7", "SKIPLOCK_LEASE_SECONDS": "90", "SKIPLOCK_LISTEN": "false"})
     assert (s.concurrency, s.lease_seconds, s.listen) == (7, 90.0, False)
 
 
@@ -38,28 +38,28 @@ def test_env_values_are_typed():
 )
 def test_invalid_settings_are_rejected_with_the_reason(env, fragment):
     with pytest.raises(ConfigError, match=None) as info:
-        Settings.load(env=env)
+        Settings.from_env(env=env)
     assert fragment in str(info.value)
 
 
 def test_unknown_flag_is_an_error():
     with pytest.raises(ConfigError, match="unknown setting"):
-        Settings.load(env={}, concurency=3)
+        Settings.from_env(env={}, concurency=3)
 
 
 def test_to_env_round_trips_and_leaves_the_dsn_out():
-    s = Settings.load(
+    s = Settings.from_env(
         env={}, dsn="postgresql://u:pw@h/db", queue="emails", concurrency=3, lease_seconds=120, listen=False
     )
     env = s.to_env()
     assert "SKIPLOCK_DSN" not in env
     assert env["SKIPLOCK_QUEUE"] == "emails"
-    back = Settings.load(env=env)
+    back = Settings.from_env(env=env)
     assert (back.queue, back.concurrency, back.lease_seconds, back.listen) == ("emails", 3, 120.0, False)
 
 
 def test_repr_masks_the_password():
-    s = Settings.load(env={}, dsn="postgresql://app:s3cret@db:5432/app")
+    s = Settings.from_env(env={}, dsn="postgresql://app:s3cret@db:5432/app")
     assert "s3cret" not in repr(s)
     assert "app:***@db" in repr(s)
 
@@ -85,7 +85,7 @@ def test_redact_removes_the_password_from_any_text():
 
 @given(st.integers(min_value=1, max_value=10_000), st.floats(min_value=0.1, max_value=1e6, allow_nan=False))
 def test_env_parsing_of_numbers(concurrency, lease):
-    s = Settings.load(
+    s = Settings.from_env(
         env={
             "SKIPLOCK_CONCURRENCY": str(concurrency),
             "SKIPLOCK_LEASE_SECONDS": repr(lease),

@@ -1,8 +1,12 @@
 """skiplock: a job queue inside PostgreSQL, claimed with FOR UPDATE SKIP LOCKED."""
 
+from typing import TYPE_CHECKING
+
+from skiplock.app import App, Task
 from skiplock.errors import (
     ConfigError,
     DatabaseUnavailableError,
+    EnqueueError,
     LeaseLostError,
     NonRetryableError,
     PayloadError,
@@ -13,12 +17,27 @@ from skiplock.job import EnqueueResult, Job, JobStatus, QueueStats
 from skiplock.queue import AsyncQueue, Queue
 from skiplock.settings import Settings
 
+if TYPE_CHECKING:
+    from skiplock.worker import Worker
+
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """``skiplock.Worker`` on first use: a producer that only enqueues does not import the worker."""
+    if name == "Worker":
+        from skiplock.worker import Worker
+
+        return Worker
+    raise AttributeError(f"module 'skiplock' has no attribute {name!r}")
+
+
 __all__ = [
+    "App",
     "AsyncQueue",
     "ConfigError",
     "DatabaseUnavailableError",
+    "EnqueueError",
     "EnqueueResult",
     "Job",
     "JobStatus",
@@ -30,5 +49,7 @@ __all__ = [
     "Settings",
     "SkiplockError",
     "Snooze",
+    "Task",
+    "Worker",
     "__version__",
 ]

@@ -4,20 +4,36 @@ An :class:`App` is importable by producers and workers alike. ``@app.task`` regi
 taking ``job`` under a stable name (stored in the row's ``task`` column), with defaults that enqueue options
 override. A worker started with the app runs every task it registers; a job whose task it does not know is
 retried with a clear error, never dropped.
+
+A producer enqueues through the task: ``send_receipt.enqueue(payload, ...)`` (or ``await ....aenqueue``), after
+binding the app to a database once (``app.connect(dsn=...)`` / ``await app.aconnect(...)``), or inside its own
+transaction with ``conn=`` (no binding needed).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Unpack
 
-from skiplock.errors import ConfigError
-from skiplock.settings import QUEUE_NAME
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-TASK_NAME_MAX = 200
-"""Longest task name (the database checks it too)."""
+from skiplock.errors import ConfigError, EnqueueError
+from skiplock.job import EnqueueResult
+from skiplock.knobs import knob
+from skiplock.queue import (
+    TASK_NAME_MAX,
+    AsyncQueue,
+    Queue,
+    TaskEnqueueManyOptions,
+    TaskEnqueueOptions,
+    task_name_problem,
+)
+from skiplock.settings import QUEUE_NAME, Settings
+
+__all__ = ["TASK_NAME_MAX", "App", "Task", "TaskOptions"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,62 @@ class Task:
         """Calling the task calls the function (so tests and other code can still use it directly)."""
         return self.func(*args, **kwargs)
 
+    # producer side
+    def enqueue(
+        self, payload: Any, *, conn: psycopg.Connection[Any] | None = None, **options: Unpack[TaskEnqueueOptions]
+    ) -> EnqueueResult:
+        """Enqueue one job of this task: its defaults (queue, priority, max_attempts) apply, explicit options win.
+        With ``conn=`` the job is inserted in your transaction (it exists only if you commit)."""
+        queue, merged = self.enqueue_options(options)
+        return self._app().queue_for(conn).enqueue(queue, payload, conn=conn, **merged)
+
+    async def aenqueue(
+        self,
+        payload: Any,
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+        **options: Unpack[TaskEnqueueOptions],
+    ) -> EnqueueResult:
+        """The async twin of :meth:`enqueue` (``conn`` is a ``psycopg.AsyncConnection``)."""
+        queue, merged = self.enqueue_options(options)
+        return await self._app().aqueue_for(conn).enqueue(queue, payload, conn=conn, **merged)
+
+    def enqueue_many(
+        self,
+        payloads: Iterable[Any],
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+        **options: Unpack[TaskEnqueueManyOptions],
+    ) -> list[int]:
+        """Enqueue many jobs of this task in one statement (see :meth:`Queue.enqueue_many`)."""
+        queue, merged = self.enqueue_options(options)
+        return self._app().queue_for(conn).enqueue_many(queue, payloads, conn=conn, **merged)
+
+    async def aenqueue_many(
+        self,
+        payloads: Iterable[Any],
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+        **options: Unpack[TaskEnqueueManyOptions],
+    ) -> list[int]:
+        queue, merged = self.enqueue_options(options)
+        return await self._app().aqueue_for(conn).enqueue_many(queue, payloads, conn=conn, **merged)
+
+    def enqueue_options(self, options: Mapping[str, Any]) -> tuple[str, Any]:
+        """The queue and the options of one enqueue of this task: defaults first, explicit options (not None) win."""
+        if "task" in options:
+            raise EnqueueError(f"task.enqueue takes no task= option: {self.name!r} is the task")
+        explicit: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+        queue: str = explicit.pop("queue", self.options.queue)
+        defaults = {"priority": self.options.priority, "max_attempts": self.options.max_attempts}
+        merged = {k: v for k, v in defaults.items() if v is not None} | explicit
+        return queue, merged | {"task": self.name}
+
+    def _app(self) -> App:
+        if self.app is None:
+            raise ConfigError(f"task {self.name!r} belongs to no App: register it with @app.task")
+        return self.app
+
 
 def is_async_callable(func: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
@@ -89,17 +161,26 @@ def is_async_callable(func: Callable[..., Any]) -> bool:
 
 
 def check_task_name(name: str) -> str:
-    if not isinstance(name, str) or not name or len(name) > TASK_NAME_MAX or not name.isprintable():
-        raise ConfigError(f"task name {name!r} must be 1..{TASK_NAME_MAX} printable characters")
+    if problem := task_name_problem(name):
+        raise ConfigError(problem)
     return name
 
 
 class App:
-    """A registry of tasks. ``App()`` needs no database; workers and producers import the same object."""
+    """A registry of tasks. ``App()`` needs no database; workers and producers import the same object.
 
-    def __init__(self, name: str = "skiplock") -> None:
+    ``schema`` is the PostgreSQL schema of the jobs table (default ``skiplock``); settings given to
+    :meth:`connect` must name the same one.
+    """
+
+    def __init__(self, name: str = "skiplock", *, schema: str | None = None) -> None:
+        if schema is not None and (problem := knob("schema").problem(schema)):
+            raise ConfigError(problem)
         self.name = name
+        self.schema = schema
         self._tasks: dict[str, Task] = {}
+        self._queue: Queue | None = None
+        self._aqueue: AsyncQueue | None = None
 
     def task(self, func: Callable[..., Any] | None = None, *, name: str | None = None, **defaults: Any) -> Any:
         """Register ``func`` (usable as ``@app.task`` or ``@app.task(name=..., queue=..., ...)``).
@@ -153,3 +234,102 @@ class App:
 
     def __contains__(self, name: object) -> bool:
         return name in self._tasks
+
+    # binding to a database (producers)
+    def settings_for(self, dsn: str | None = None, settings: Settings | None = None) -> Settings:
+        """Settings of this app's producer: from the arguments only (``Settings.from_env()`` reads the env)."""
+        if settings is None:
+            return Settings(dsn=dsn, schema=self.schema or "skiplock")
+        if self.schema is not None and settings.schema != self.schema:
+            raise ConfigError(f"settings name schema {settings.schema!r}, but app {self.name!r} uses {self.schema!r}")
+        return settings if dsn is None else settings.replace(dsn=dsn)
+
+    def connect(
+        self,
+        dsn: str | None = None,
+        *,
+        settings: Settings | None = None,
+        pool: ConnectionPool[Any] | None = None,
+        max_size: int = 4,
+        connect_timeout: float = 10.0,
+    ) -> Queue:
+        """Bind the app to a database for sync enqueues (``task.enqueue``); returns the :class:`Queue` it uses.
+        ``app.close()`` (or closing that queue) unbinds it."""
+        if self._queue is not None and not self._queue.closed:
+            raise ConfigError(f"app {self.name!r} is already connected: close() it first")
+        s = self.settings_for(dsn, settings)
+        self._queue = Queue(settings=s, pool=pool, max_size=max_size, connect_timeout=connect_timeout)
+        return self._queue
+
+    async def aconnect(
+        self,
+        dsn: str | None = None,
+        *,
+        settings: Settings | None = None,
+        pool: AsyncConnectionPool[Any] | None = None,
+        max_size: int = 4,
+        connect_timeout: float = 10.0,
+    ) -> AsyncQueue:
+        """Bind the app to a database for async enqueues (``await task.aenqueue``); ``await app.aclose()`` unbinds."""
+        if self._aqueue is not None and not self._aqueue.closed:
+            raise ConfigError(f"app {self.name!r} is already connected (async): aclose() it first")
+        s = self.settings_for(dsn, settings)
+        self._aqueue = await AsyncQueue.open(settings=s, pool=pool, max_size=max_size, connect_timeout=connect_timeout)
+        return self._aqueue
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
+
+    async def aclose(self) -> None:
+        if self._aqueue is not None:
+            await self._aqueue.close()
+            self._aqueue = None
+
+    def queue_for(self, conn: psycopg.Connection[Any] | None) -> Queue:
+        """The bound queue; with ``conn`` and no binding, a pool-less one that runs on ``conn``."""
+        if self._queue is not None and not self._queue.closed:
+            return self._queue
+        if conn is not None:
+            return Queue.detached(self.settings_for())
+        raise ConfigError(self._not_connected("app.connect(dsn=...)"))
+
+    def aqueue_for(self, conn: psycopg.AsyncConnection[Any] | None) -> AsyncQueue:
+        if self._aqueue is not None and not self._aqueue.closed:
+            return self._aqueue
+        if conn is not None:
+            return AsyncQueue.detached(self.settings_for())
+        raise ConfigError(self._not_connected("await app.aconnect(dsn=...)"))
+
+    def _not_connected(self, how: str) -> str:
+        return f"app {self.name!r} is not connected to a database: call {how} once, or pass conn= (your transaction)"
+
+    def task_named(self, name: str) -> Task:
+        """The task registered under ``name``, or :class:`EnqueueError` naming the tasks there are."""
+        task = self._tasks.get(name)
+        if task is None:
+            known = ", ".join(sorted(self._tasks)[:20]) or "none"
+            raise EnqueueError(task_name_problem(name) or f"no task {name!r} in app {self.name!r} (tasks: {known})")
+        return task
+
+    def enqueue(
+        self,
+        name: str,
+        payload: Any,
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+        **options: Unpack[TaskEnqueueOptions],
+    ) -> EnqueueResult:
+        """Enqueue a job of the task registered under ``name`` (an unknown name is an :class:`EnqueueError`)."""
+        return self.task_named(name).enqueue(payload, conn=conn, **options)
+
+    async def aenqueue(
+        self,
+        name: str,
+        payload: Any,
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+        **options: Unpack[TaskEnqueueOptions],
+    ) -> EnqueueResult:
+        return await self.task_named(name).aenqueue(payload, conn=conn, **options)

@@ -14,14 +14,15 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from skiplock import __version__
 from skiplock.errors import ConfigError, DatabaseUnavailableError, PayloadError, SchemaNotReadyError, SkiplockError
+from skiplock.knobs import KNOBS, Knob
 from skiplock.logs import configure_logging
 from skiplock.queue import check_queue_name
-from skiplock.settings import Settings
+from skiplock.settings import Settings, redact
 
 log = logging.getLogger(__name__)
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_DATABASE = 0, 1, 2, 3
@@ -57,22 +58,57 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _add_common(parser: argparse.ArgumentParser, *, after: bool) -> None:
+    """The options every command takes, before or after the command name. Given after the command (``after``),
+    an option is only set when present, so ``skiplock --dsn URL migrate`` keeps the value given before."""
+    default = argparse.SUPPRESS if after else None
+    g = parser.add_argument_group("common options (before or after the command)")
+    for k in KNOBS:
+        if k.common and k.flag:
+            g.add_argument(k.flag, dest=k.name, default=default, help=_help(k))
+            if k.name == "dsn":
+                g.add_argument(
+                    "--dsn-file",
+                    dest="dsn_file",
+                    default=default,
+                    metavar="PATH",
+                    help="read the DSN from this file (e.g. a mounted Secret), so it does not show in the process list",
+                )
+
+
+def _help(k: Knob) -> str:
+    default = "" if k.default in (None, "", ()) or k.type is bool else f"; default {k.default}"
+    return f"{k.help} ({k.env}{default})".replace("%", "%%")
+
+
+def _add_knob_flags(parser: argparse.ArgumentParser) -> None:
+    """The worker's flags, one per knob of the table that has one (dest = the setting's name)."""
+    for k in KNOBS:
+        if k.flag is None or k.common:
+            continue
+        if k.type is bool:
+            parser.add_argument(k.flag, dest=k.name, action="store_const", const=False, help=_help(k))
+        else:
+            kind: Callable[[str], Any] = parse_duration if k.duration else {int: int, float: float}.get(k.type, str)
+            parser.add_argument(k.flag, dest=k.name, type=kind, choices=k.choices or None, help=_help(k))
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    g = common.add_argument_group("database")
-    g.add_argument("--dsn", help="database DSN (else SKIPLOCK_DSN, else DATABASE_URL)")
-    g.add_argument("--schema", help="schema of the jobs table (default skiplock; SKIPLOCK_SCHEMA)")
-    g.add_argument("--log-format", choices=["plain", "json"], help="log line format (SKIPLOCK_LOG_FORMAT)")
-    g.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (SKIPLOCK_LOG_LEVEL)")
+    _add_common(common, after=True)
 
     p = argparse.ArgumentParser(prog="skiplock", description="A job queue inside PostgreSQL (FOR UPDATE SKIP LOCKED).")
     p.add_argument("--version", action="version", version=f"skiplock {__version__}")
+    _add_common(p, after=False)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("migrate", parents=[common], help="create or upgrade the schema (idempotent, safe concurrently)")
 
-    e = sub.add_parser("enqueue", parents=[common], help="add one job")
-    e.add_argument("--queue", required=True)
+    e = sub.add_parser("enqueue", parents=[common], help="add one job (by task name: no task code is imported)")
+    e.add_argument(
+        "--queue", help="queue of the job (default SKIPLOCK_QUEUE or 'default'; the command cannot see a task's own)"
+    )
+    e.add_argument("--task", help="task name of the job, as registered with @app.task (default: none)")
     e.add_argument("--payload", required=True, help='the job\'s JSON payload, e.g. \'{"to": "a@b.c"}\'')
     e.add_argument("--delay", type=_seconds, default=0.0, help="seconds before the job becomes visible")
     e.add_argument("--priority", type=int, default=0, help="higher runs first (-32768..32767, default 0)")
@@ -127,36 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
     pu.add_argument("--queue")
 
     w = sub.add_parser("worker", parents=[common], help="run a worker (every flag also by SKIPLOCK_* env)")
-    w.add_argument("--queue", help="queue to work (SKIPLOCK_QUEUE, default 'default')")
-    w.add_argument("--handler", help="module:function to call per job (SKIPLOCK_HANDLER)")
-    w.add_argument("--concurrency", type=_positive_int, help="jobs in flight at once (default 10)")
-    w.add_argument("--batch", type=_positive_int, help="most jobs per claim (default 10)")
-    w.add_argument("--lease", type=float, dest="lease_seconds", help="lease seconds (default 60)")
-    w.add_argument("--heartbeat", type=float, dest="heartbeat_seconds", help="heartbeat seconds (default 15)")
-    w.add_argument("--poll", type=float, dest="poll_seconds", help="polling fallback seconds (default 2)")
-    w.add_argument("--recover", type=float, dest="recover_seconds", help="lease recovery interval (default 30)")
-    w.add_argument("--grace", type=float, dest="shutdown_grace_seconds", help="drain grace seconds (default 30)")
-    w.add_argument("--metrics-port", type=int, help="serve /metrics /healthz /readyz here (default off)")
-    w.add_argument("--retain-done", type=parse_duration, dest="retain_done_seconds", help="keep done jobs (7d)")
-    w.add_argument("--retain-failed", type=parse_duration, dest="retain_failed_seconds", help="keep failed jobs (30d)")
-    w.add_argument(
-        "--retain-cancelled", type=parse_duration, dest="retain_cancelled_seconds", help="keep cancelled jobs (7d)"
-    )
-    w.add_argument(
-        "--purge-interval", type=parse_duration, dest="purge_interval_seconds", help="scheduled purge (1h; 0: off)"
-    )
-    w.add_argument(
-        "--no-listen",
-        dest="listen",
-        action="store_const",
-        const=False,
-        help="do not LISTEN (e.g. behind PgBouncer in transaction mode); poll only",
-    )
+    _add_knob_flags(w)
 
     d = sub.add_parser("demo", parents=[common], help="run the demo (embedded PostgreSQL when no DSN is given)")
     d.add_argument("--jobs", type=_positive_int, default=3000)
     d.add_argument("--workers", type=_positive_int, default=3)
     d.add_argument("--concurrency", type=_positive_int, default=16)
+    d.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the embedded PostgreSQL running afterwards and print its DSN and follow-up commands",
+    )
 
     dr = sub.add_parser("doctor", parents=[common], help="check schema, indexes, vacuum health and LISTEN")
     dr.add_argument("--json", action="store_true")
@@ -175,38 +192,39 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+WORKER_KNOBS = tuple(k.name for k in KNOBS if k.flag is not None and not k.common)
+"""Settings the worker's own flags set (the common ones are read for every command)."""
+
+
+def read_dsn_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            dsn = f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read --dsn-file {path!r}: {exc.__class__.__name__}: {exc.args[-1]}") from None
+    if not dsn:
+        raise ConfigError(f"--dsn-file {path!r} is empty")
+    return dsn
+
+
 def load_settings(args: argparse.Namespace, **extra: Any) -> Settings:
-    flags = {k: getattr(args, k, None) for k in ("dsn", "schema", "log_format", "log_level")}
+    """Flags (common ones, then the command's), then the SKIPLOCK_* environment, then defaults."""
+    flags = {k.name: getattr(args, k.name, None) for k in KNOBS if k.common}
+    if getattr(args, "dsn_file", None):
+        if flags["dsn"]:
+            raise ConfigError("give --dsn or --dsn-file, not both")
+        flags["dsn"] = read_dsn_file(args.dsn_file)
     flags.update({k: v for k, v in extra.items() if v is not None})
-    return Settings.load(**flags)
+    return Settings.from_env(**flags)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    settings: Settings | None = None
     try:
         if args.command == "worker":
-            extra = {
-                k: getattr(args, k)
-                for k in (
-                    "queue",
-                    "handler",
-                    "concurrency",
-                    "batch",
-                    "lease_seconds",
-                    "heartbeat_seconds",
-                    "poll_seconds",
-                    "recover_seconds",
-                    "shutdown_grace_seconds",
-                    "metrics_port",
-                    "listen",
-                    "retain_done_seconds",
-                    "retain_failed_seconds",
-                    "retain_cancelled_seconds",
-                    "purge_interval_seconds",
-                )
-            }
-            settings = load_settings(args, **extra)
+            settings = load_settings(args, **{name: getattr(args, name) for name in WORKER_KNOBS})
         elif args.command == "stats":
             settings = load_settings(args, lease_seconds=args.lease)
         else:
@@ -216,24 +234,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_queue_name(args.queue)
         return COMMANDS[args.command](args, settings)
     except (ConfigError, PayloadError, ValueError) as exc:
-        print(f"skiplock: error: {_clean(exc, args)}", file=sys.stderr)
+        print(f"skiplock: error: {_clean(exc, args, settings)}", file=sys.stderr)
         return EXIT_USAGE
     except (DatabaseUnavailableError, SchemaNotReadyError) as exc:
-        print(f"skiplock: error: {_clean(exc, args)}", file=sys.stderr)
+        print(f"skiplock: error: {_clean(exc, args, settings)}", file=sys.stderr)
         return EXIT_DATABASE
     except SkiplockError as exc:
-        print(f"skiplock: error: {_clean(exc, args)}", file=sys.stderr)
+        print(f"skiplock: error: {_clean(exc, args, settings)}", file=sys.stderr)
         return EXIT_PROBLEMS
     except KeyboardInterrupt:
         return 130
 
 
-def _clean(exc: BaseException, args: argparse.Namespace) -> str:
-    from skiplock.settings import redact
-
+def _clean(exc: BaseException, args: argparse.Namespace, settings: Settings | None = None) -> str:
     text = str(exc).strip().replace("\n", " ")
-    for dsn in (getattr(args, "dsn", None), os.environ.get("SKIPLOCK_DSN"), os.environ.get("DATABASE_URL")):
-        text = redact(text, dsn)
+    dsns = (
+        settings and settings.dsn,
+        getattr(args, "dsn", None),
+        *(os.environ.get(n) for n in ("SKIPLOCK_DSN", "DATABASE_URL")),
+    )
+    for dsn in dsns:
+        text = redact(text, dsn or None)
     return text
 
 
@@ -266,8 +287,9 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     with _queue(settings) as q:
         _guard_schema(q, settings)
         result = q.enqueue(
-            args.queue,
+            args.queue or settings.queue,
             payload,
+            task=args.task,
             delay=args.delay,
             priority=args.priority,
             max_attempts=args.max_attempts,
@@ -290,9 +312,10 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps([vars(r) | {"backlog": r.backlog} for r in rows], indent=2, default=str))
         return EXIT_OK
-    print(render_stats(rows))
     if args.queue and not rows:
-        print(f"(queue {args.queue!r} has no pending, processing or failed jobs)", file=sys.stderr)
+        print(f"queue {args.queue!r} has no pending, processing or failed jobs", file=sys.stderr)
+    else:
+        print(render_stats(rows))
     return EXIT_OK
 
 
@@ -300,7 +323,7 @@ def render_stats(rows: Sequence[Any]) -> str:
     head = ("queue", "ready", "delayed", "processing", "stalled", "failed", "oldest_ready_s", "next_due",
             "avg_attempts_done", "paused")  # fmt: skip
     body = [
-        (r.queue, r.ready, r.delayed, r.processing, r.stalled, r.failed, f"{r.oldest_ready_age_seconds:.1f}",
+        (r.queue, r.ready, r.delayed, r.processing, r.stalled, r.failed, round(r.oldest_ready_age_seconds, 1),
          r.next_due.isoformat(timespec="seconds") if r.next_due else "-",
          "-" if r.avg_attempts_done is None else f"{r.avg_attempts_done:.2f}", "yes" if r.paused else "no")
         for r in rows
@@ -309,10 +332,14 @@ def render_stats(rows: Sequence[Any]) -> str:
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A text table: numeric columns right-aligned, text columns left-aligned."""
+    numeric = [
+        all(isinstance(r[i], int | float) and not isinstance(r[i], bool) for r in rows) for i in range(len(head))
+    ]
     cells = [list(map(str, head))] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
     lines = [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        "  ".join((c.rjust(w) if num else c.ljust(w)) for c, w, num in zip(r, widths, numeric, strict=True)).rstrip()
         for r in cells
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -458,15 +485,18 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    from skiplock.handlers import load_handler
-    from skiplock.worker import Worker
+    from skiplock.handlers import load_target
 
-    if not settings.handler:
-        raise ConfigError("worker: --handler (or SKIPLOCK_HANDLER) is required, e.g. myapp.jobs:send_email")
-    handler = load_handler(settings.handler)
+    app, handler = load_target(settings)
     with _queue(settings) as q:
         _guard_schema(q, settings)
-    return asyncio.run(_run_worker(Worker(settings=settings, handler=handler)))
+    return asyncio.run(_run_worker(build_worker(settings, app, handler)))
+
+
+def build_worker(settings: Settings, app: Any, handler: Any) -> Any:
+    from skiplock.worker import Worker
+
+    return Worker(app, settings=settings, handler=handler)
 
 
 async def _run_worker(worker: Any) -> int:
@@ -484,7 +514,7 @@ async def _run_worker(worker: Any) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     code: int = await worker.run()
-    if worker.abandoned_threads:
+    if getattr(worker, "abandoned_threads", None):
         logging.shutdown()
         os._exit(code)  # do not join handler threads still running: their jobs were handed back
     return code
@@ -493,7 +523,7 @@ async def _run_worker(worker: Any) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from skiplock.demo import run_demo
 
-    return run_demo(settings, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency)
+    return run_demo(settings, jobs=args.jobs, workers=args.workers, concurrency=args.concurrency, keep=args.keep)
 
 
 def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:

@@ -1,7 +1,8 @@
 """``skiplock demo``: a realistic mix of jobs drained by a few real worker processes, with live progress.
 
 With no DSN it starts an embedded PostgreSQL (pgserver, imported lazily) whose data lives in a cache folder
-and is reused between runs. It works in its own schema, ``skiplock_demo``, which it recreates each run.
+and is reused between runs; ``--keep`` leaves it running and prints its DSN. It works in its own schema,
+``skiplock_demo``, which it recreates each run. The commands it suggests at the end work as printed.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +20,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, LiteralString
 
@@ -67,32 +71,88 @@ def demo_payloads(n: int, rng: random.Random) -> list[tuple[dict[str, Any], floa
     return out
 
 
+@dataclass(frozen=True)
+class Embedded:
+    """The embedded server a demo ran on: its DSN, and the postmaster's pid (to stop a kept server)."""
+
+    dsn: str
+    pid: int | None
+
+
 @contextmanager
-def embedded_postgres() -> Iterator[str]:
-    try:
-        import pgserver
-    except ImportError:
-        raise SystemExit(
-            "skiplock demo: no DSN given and the embedded PostgreSQL is not installed: "
-            "pip install 'skiplock[demo]' (make demo does it), or pass --dsn"
-        ) from None
+def embedded_postgres(*, keep: bool = False) -> Iterator[Embedded]:
+    """An embedded PostgreSQL whose data lives in a cache folder; stopped at the end unless ``keep``."""
+    with warnings.catch_warnings():
+        # platformdirs warns at pgserver's import when XDG_RUNTIME_DIR is unset (containers, CI, sudo): pgserver
+        # then keeps its lock file under /tmp, which is fine for a demo. Only that warning is silenced.
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set", category=UserWarning)
+        try:
+            import pgserver
+        except ImportError:
+            raise SystemExit(
+                "skiplock demo: no DSN given and the embedded PostgreSQL is not installed: "
+                "pip install 'skiplock[demo]' (make demo does it), or pass --dsn"
+            ) from None
     logging.getLogger("pgserver").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", module="platformdirs")
     folder = Path(tempfile.gettempdir()) / f"skiplock-demo-{os.getuid()}" / "pgdata"
     folder.parent.mkdir(parents=True, exist_ok=True)
     print(f"starting an embedded PostgreSQL in {folder} ...", flush=True)
-    server = pgserver.get_server(folder, cleanup_mode="stop")  # type: ignore[attr-defined]
+    server = pgserver.get_server(folder, cleanup_mode=None if keep else "stop")  # type: ignore[attr-defined]
     try:
-        yield server.get_uri()
+        yield Embedded(dsn=server.get_uri(), pid=server.get_pid())
     finally:
         server.cleanup()
 
 
-def run_demo(settings: Settings, *, jobs: int, workers: int, concurrency: int) -> int:
+def run_demo(settings: Settings, *, jobs: int, workers: int, concurrency: int, keep: bool = False) -> int:
+    """Run the demo on ``settings.dsn``, or on an embedded PostgreSQL when there is none."""
     if settings.dsn:
-        return _demo(settings.dsn, jobs, workers, concurrency)
-    with embedded_postgres() as dsn:
-        return _demo(dsn, jobs, workers, concurrency)
+        code = _demo(settings.dsn, jobs, workers, concurrency)
+        print(_hints(_dsn_argument(settings.dsn)))
+        return code
+    with embedded_postgres(keep=keep) as server:
+        code = _demo(server.dsn, jobs, workers, concurrency)
+    if keep:
+        print(f"\nthe embedded PostgreSQL keeps running: SKIPLOCK_DSN={shlex.quote(server.dsn)}")
+        print(_hints(shlex.quote(server.dsn)))
+        if server.pid:
+            print(f"stop it with: kill {server.pid}   (or run skiplock demo again without --keep)")
+    else:
+        print("the embedded PostgreSQL was stopped; run skiplock demo --keep to keep it and look around afterwards")
+    return code
+
+
+def _dsn_argument(dsn: str) -> str:
+    """How a follow-up command names the DSN the user gave, without printing a password."""
+    for name in ("SKIPLOCK_DSN", "DATABASE_URL"):
+        if os.environ.get(name) == dsn:
+            return f'"${name}"'
+    return "YOUR_DSN"  # given with --dsn: the user typed it, and it may hold a password
+
+
+def _hints(dsn: str) -> str:
+    cli = _cli()
+    return "\n".join(
+        [
+            "try:",
+            f"  {cli} failed --dsn {dsn} --schema {DEMO_SCHEMA}",
+            f"  {cli} stats --dsn {dsn} --schema {DEMO_SCHEMA}",
+        ]
+    )
+
+
+def _cli() -> str:
+    """The skiplock command as the user can type it: bare when it is on PATH, else its full path."""
+    here = Path(sys.executable).parent / "skiplock"
+    found = shutil.which("skiplock")
+    if found and Path(found).resolve() == here.resolve():
+        return "skiplock"
+    if here.exists():
+        try:
+            return str(here.relative_to(Path.cwd()))
+        except ValueError:
+            return str(here)
+    return f"{shlex.quote(sys.executable)} -m skiplock"
 
 
 def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
@@ -149,7 +209,6 @@ def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
             f"for {receipts[1]} orders (one per done job)"
         )
         print(f"workers drained on SIGTERM with exit codes {exits}")
-        print("try: skiplock failed --schema skiplock_demo   |   skiplock stats --schema skiplock_demo")
         return code if all(e == 0 for e in exits) else 1
 
 

@@ -49,7 +49,7 @@ class Check:
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Where a finding starts; every value has a reason in the runbook (README.md, Observability)."""
+    """Where a finding starts; every value has a reason in the runbook (docs/operations.md, `skiplock doctor`)."""
 
     dead_ratio: float = 0.2
     """Dead tuples over all tuples of the jobs table above which vacuum is falling behind."""

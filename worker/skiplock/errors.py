@@ -11,8 +11,15 @@ class ConfigError(SkiplockError):
     """Bad settings, flags or environment: the process should exit non-zero at startup."""
 
 
-class PayloadError(SkiplockError, ValueError):
-    """A payload that is not JSON-serialisable, not finite, or too large. Nothing was written."""
+class EnqueueError(SkiplockError, ValueError):
+    """A bad enqueue argument (queue, task, delay, run_at, priority, attempts, key, unknown option) or payload.
+
+    The one type every enqueue raises for bad input, sync or async, by task or by name. Nothing was written.
+    """
+
+
+class PayloadError(EnqueueError):
+    """A payload that is not JSON-serialisable, not finite, nested too deeply, or too large (an EnqueueError)."""
 
 
 class DatabaseUnavailableError(SkiplockError):

@@ -22,6 +22,7 @@ from skiplock.settings import redact
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT = 3.0
+PROBE_RETRY_SECONDS = 60.0
 
 
 class Listener:
@@ -49,32 +50,36 @@ class Listener:
         self.last_notification = 0.0
 
     async def run(self) -> None:
-        """Listen until cancelled, reconnecting with capped backoff."""
+        """Listen until cancelled, reconnecting with capped backoff. A failed self-probe (PgBouncer in transaction
+        mode, or a server too slow to answer it) means polling only, and a new probe later, with backoff."""
         failures = 0
+        probes_failed = 0
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
                     self._dsn, autocommit=True, application_name=self._application_name
                 ) as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-                    if not await self._probe(conn):
-                        self.unsupported = True
-                        self._set(False)
-                        self._on_unsupported()
-                        log.warning(
-                            "LISTEN does not deliver notifications on this connection (PgBouncer in transaction "
-                            "mode?): polling only",
-                            extra={"action": "listen_unsupported"},
-                        )
-                        return
-                    self._set(True)
-                    failures = 0
-                    self._wake()  # anything enqueued while we were away
-                    async for note in conn.notifies():
-                        if note.payload in self._queues:
-                            self.last_notification = time.time()
-                            self._on_notify()
-                            self._wake()
+                    if await self._probe(conn):
+                        probes_failed = failures = 0
+                        self.unsupported = False
+                        self._set(True)
+                        self._wake()  # anything enqueued while we were away
+                        await self._listen(conn)
+                        continue
+                probes_failed += 1
+                self.unsupported = True
+                self._set(False)
+                self._on_unsupported()
+                retry = backoff_seconds(probes_failed, base=PROBE_RETRY_SECONDS, cap=600.0, jitter=0.2)
+                if probes_failed == 1:
+                    log.warning(
+                        "LISTEN does not deliver notifications on this connection (PgBouncer in transaction mode, "
+                        "or a slow server?): polling only; probing again in %.0fs",
+                        retry,
+                        extra={"action": "listen_unsupported"},
+                    )
+                await asyncio.sleep(retry)
             except asyncio.CancelledError:
                 self._set(False)
                 raise
@@ -89,6 +94,14 @@ class Listener:
                     extra={"action": "listener_down"},
                 )
                 await asyncio.sleep(delay)
+
+    async def _listen(self, conn: psycopg.AsyncConnection[object]) -> None:
+        """The proven connection: wake on every notification for our queues until it drops (raises)."""
+        async for note in conn.notifies():
+            if note.payload in self._queues:
+                self.last_notification = time.time()
+                self._on_notify()
+                self._wake()
 
     async def _probe(self, conn: psycopg.AsyncConnection[object]) -> bool:
         token = f"probe:{uuid.uuid4().hex}"

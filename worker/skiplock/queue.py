@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack
 
 import psycopg
 from psycopg.rows import dict_row
@@ -21,8 +22,8 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from skiplock import migrate as migrations
 from skiplock.backoff import backoff_seconds
-from skiplock.errors import DatabaseUnavailableError, NonRetryableError, PayloadError
-from skiplock.job import EnqueueResult, Job, QueueStats, job_from_row
+from skiplock.errors import ConfigError, DatabaseUnavailableError, EnqueueError, NonRetryableError, PayloadError
+from skiplock.job import MAX_PAYLOAD_DEPTH, EnqueueResult, Job, QueueStats, job_from_row, payload_depth_exceeded
 from skiplock.settings import QUEUE_NAME, Settings, redact
 from skiplock.sql import Queries, queries_for
 
@@ -32,6 +33,57 @@ HISTORY_ERROR_CHARS = 1000
 # A \u0000 escape in JSON text, not preceded by an escaped backslash (a literal "\\u0000" is fine).
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 PURGE_BATCH = 5000
+TASK_NAME_MAX = 200
+"""Longest task name (the database checks it too)."""
+IDEMPOTENCY_KEY_MAX = 255
+"""Longest idempotency key (the database checks it too)."""
+PRIORITY_RANGE = (-32768, 32767)
+MAX_ATTEMPTS_LIMIT = 1000
+MAX_DELAY_SECONDS = 100 * 365 * 86400
+T = TypeVar("T")
+
+
+class _Visibility(TypedDict, total=False):
+    delay: float | timedelta
+    run_at: datetime | None
+    priority: int | None
+    max_attempts: int | None
+
+
+class EnqueueOptions(_Visibility, total=False):
+    """Options of one enqueue, all optional: ``task``, ``delay`` (seconds or timedelta), ``run_at`` (aware
+    datetime), ``priority``, ``max_attempts``, ``idempotency_key``, ``timeout_seconds`` (how long one attempt
+    may run; default the task's timeout, else none)."""
+
+    task: str | None
+    idempotency_key: str | None
+    timeout_seconds: float | None
+
+
+class EnqueueManyOptions(_Visibility, total=False):
+    """Options of ``enqueue_many``: those of one enqueue, with one idempotency key per payload."""
+
+    task: str | None
+    idempotency_keys: Sequence[str | None] | None
+
+
+class TaskEnqueueOptions(_Visibility, total=False):
+    """Options of ``task.enqueue``: those of one enqueue with the queue (the task is the task itself).
+    The task's defaults (queue, priority, max_attempts) fill what is not given; explicit options win."""
+
+    queue: str
+    idempotency_key: str | None
+
+
+class TaskEnqueueManyOptions(_Visibility, total=False):
+    """Options of ``task.enqueue_many``."""
+
+    queue: str
+    idempotency_keys: Sequence[str | None] | None
+
+
+ENQUEUE_OPTIONS = frozenset(EnqueueOptions.__optional_keys__)
+ENQUEUE_MANY_OPTIONS = frozenset(EnqueueManyOptions.__optional_keys__)
 
 
 # ---------------------------------------------------------------------------------------------- pure helpers
@@ -45,6 +97,8 @@ def encode_payload(payload: Any, max_bytes: int) -> str:
         raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
     if _NUL_ESCAPE.search(text):
         raise PayloadError("payload contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
+    if payload_depth_exceeded(text):  # a worker must be able to decode what a producer stores
+        raise PayloadError(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects")
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise PayloadError(
@@ -58,10 +112,35 @@ def encode_payload(payload: Any, max_bytes: int) -> str:
     return text
 
 
-def check_queue_name(queue: str) -> str:
+def _shown(value: Any) -> str:
+    """``repr`` of a bad argument, cut short (an error message must not echo a 9,000-character key)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:50]}... ({len(value) if isinstance(value, str) else '?'} chars)"
+
+
+def check_queue_name(queue: Any) -> str:
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
-        raise ValueError(f"queue name {queue!r} must match {QUEUE_NAME.pattern}")
+        raise EnqueueError(f"queue name {_shown(queue)} must match {QUEUE_NAME.pattern}")
     return queue
+
+
+def task_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot be a task name, or ``None``."""
+    if not isinstance(name, str) or not name or len(name) > TASK_NAME_MAX or not name.isprintable():
+        return f"task name {_shown(name)} must be 1..{TASK_NAME_MAX} printable characters"
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_idempotency_key(key: Any) -> str | None:
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX):
+        raise EnqueueError(
+            f"idempotency_key must be None or a string of 1..{IDEMPOTENCY_KEY_MAX} characters (got {_shown(key)})"
+        )
+    return key
 
 
 def format_error(exc: BaseException) -> str:
@@ -77,81 +156,75 @@ def format_error(exc: BaseException) -> str:
     return text
 
 
-def enqueue_params(
-    settings: Settings,
-    queue: str,
-    payload: Any,
-    *,
-    delay: float,
-    run_at: datetime | None,
-    priority: int,
-    max_attempts: int | None,
-    idempotency_key: str | None,
-    timeout_seconds: float | None = None,
-) -> dict[str, Any]:
+def _common_params(settings: Settings, queue: str, options: Mapping[str, Any], known: frozenset[str]) -> dict[str, Any]:
+    """Validated parameters shared by one and many enqueues; :class:`EnqueueError` names what is wrong."""
+    unknown = set(options) - known
+    if unknown:
+        raise EnqueueError(
+            f"unknown enqueue option(s): {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})"
+        )
     check_queue_name(queue)
-    attempts = settings.max_attempts if max_attempts is None else max_attempts
-    if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
-        raise ValueError(f"max_attempts must be an integer >= 1 (got {max_attempts!r})")
-    if not isinstance(priority, int) or not -32768 <= priority <= 32767:
-        raise ValueError(f"priority must be an integer within -32768..32767 (got {priority!r})")
-    if isinstance(delay, timedelta):
-        delay = delay.total_seconds()
-    if not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
-        raise ValueError(f"delay must be a finite number of seconds >= 0 (got {delay!r})")
+    task = options.get("task")
+    if task is not None and (problem := task_name_problem(task)):
+        raise EnqueueError(problem)
+    priority = options.get("priority")
+    priority = 0 if priority is None else priority
+    low, high = PRIORITY_RANGE
+    if not _is_int(priority) or not low <= priority <= high:
+        raise EnqueueError(f"priority must be an integer within {low}..{high} (got {_shown(priority)})")
+    attempts = options.get("max_attempts")
+    attempts = settings.max_attempts if attempts is None else attempts
+    if not _is_int(attempts) or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
+        raise EnqueueError(f"max_attempts must be an integer within 1..{MAX_ATTEMPTS_LIMIT} (got {_shown(attempts)})")
+    delay = options.get("delay", 0)
+    delay = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= MAX_DELAY_SECONDS:
+        raise EnqueueError(
+            f"delay must be a finite number of seconds within 0..{MAX_DELAY_SECONDS} (got {_shown(delay)})"
+        )
+    run_at = options.get("run_at")
     if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
-        raise ValueError("run_at must be a timezone-aware datetime")
-    if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
-        raise ValueError("idempotency_key must be a non-empty string")
-    t = timeout_seconds
+        raise EnqueueError(f"run_at must be a timezone-aware datetime (got {_shown(run_at)})")
+    t = options.get("timeout_seconds")
     if t is not None and (not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t <= 0):
-        raise ValueError(f"timeout_seconds must be a finite number of seconds > 0 (got {timeout_seconds!r})")
+        raise EnqueueError(f"timeout_seconds must be a finite number of seconds > 0 (got {_shown(t)})")
     return {
         "queue": queue,
-        "payload": encode_payload(payload, settings.max_payload_bytes),
+        "task": task,
         "priority": priority,
         "max_attempts": attempts,
         "delay": float(delay),
         "run_at": run_at,
-        "idempotency_key": idempotency_key,
         "channel": settings.channel,
         "timeout_seconds": None if t is None else float(t),
     }
 
 
+def enqueue_params(settings: Settings, queue: str, payload: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameters of ``job_enqueue``, or :class:`EnqueueError` (nothing is written)."""
+    params = _common_params(settings, queue, options, ENQUEUE_OPTIONS)
+    key = check_idempotency_key(options.get("idempotency_key"))
+    return params | {"payload": encode_payload(payload, settings.max_payload_bytes), "idempotency_key": key}
+
+
 def enqueue_many_params(
-    settings: Settings,
-    queue: str,
-    payloads: Iterable[Any],
-    *,
-    delay: float,
-    run_at: datetime | None,
-    priority: int,
-    max_attempts: int | None,
-    idempotency_keys: Sequence[str | None] | None,
+    settings: Settings, queue: str, payloads: Iterable[Any], options: Mapping[str, Any]
 ) -> dict[str, Any]:
+    """Parameters of ``job_enqueue_many``, or :class:`EnqueueError` (nothing is written)."""
+    params = _common_params(settings, queue, options, ENQUEUE_MANY_OPTIONS)
     encoded = [encode_payload(p, settings.max_payload_bytes) for p in payloads]
-    keys: list[str | None] = list(idempotency_keys) if idempotency_keys is not None else [None] * len(encoded)
+    given = options.get("idempotency_keys")
+    keys: list[str | None] = list(given) if given is not None else [None] * len(encoded)
     if len(keys) != len(encoded):
-        raise ValueError(f"{len(keys)} idempotency keys for {len(encoded)} payloads")
+        raise EnqueueError(f"{len(keys)} idempotency keys for {len(encoded)} payloads")
     for key in keys:
-        if key is not None and (not isinstance(key, str) or not key):
-            raise ValueError(f"each idempotency key must be None or a non-empty string (got {key!r})")
-    params = enqueue_params(
-        settings,
-        queue,
-        None,
-        delay=delay,
-        run_at=run_at,
-        priority=priority,
-        max_attempts=max_attempts,
-        idempotency_key=None,
-    )
-    params.pop("payload")
-    params.pop("idempotency_key")
+        check_idempotency_key(key)
     # One JSON array of already-encoded payloads: no per-element array escaping (2x faster than jsonb[]).
-    params.update(payloads="[" + ",".join(encoded) + "]", keys=keys if idempotency_keys is not None else None)
-    return params
+    return params | {"payloads": "[" + ",".join(encoded) + "]", "keys": keys if given is not None else None}
+
+
+def _names(queues: str | Sequence[str]) -> list[str]:
+    return [queues] if isinstance(queues, str) else list(queues)
 
 
 def claim_params(
@@ -161,18 +234,27 @@ def claim_params(
     now: datetime | None,
     *,
     lease_seconds: float,
-    leases: dict[str, float] | None = None,
+    leases: Mapping[str, float] | None = None,
+    rotate: int = 0,
 ) -> dict[str, Any]:
-    """Parameters of a claim: the queues (round-robin), the claimer's lease and per-task lease overrides."""
-    names = [queues] if isinstance(queues, str) else list(queues)
+    """Parameters of a claim: the queues (round-robin from the one after ``rotate``, at most
+    ``per_queue_limit(limit, queues)`` of each), the claimer's lease and per-task lease overrides."""
+    names = _names(queues)
     return {
         "queues": names,
         "limit": limit,
+        "per_queue": per_queue_limit(limit, len(names)),
+        "rotate": rotate % max(1, len(names)),
         "worker": worker,
         "now": now,
         "lease_seconds": float(lease_seconds),
-        "leases": json.dumps(leases) if leases else None,
+        "leases": json.dumps(dict(leases)) if leases else None,
     }
+
+
+def per_queue_limit(limit: int, queues: int) -> int:
+    """Most candidates one claim takes (and locks) per queue: the claim locks about ``limit`` rows in all."""
+    return max(1, -(-limit // max(1, queues)))
 
 
 def fence_params(jobs: Sequence[Job], worker: str, now: datetime | None) -> dict[str, Any]:
@@ -201,24 +283,30 @@ def complete_and_claim_params(
     now: datetime | None,
     *,
     lease_seconds: float,
-    leases: dict[str, float] | None = None,
+    leases: Mapping[str, float] | None = None,
+    rotate: int = 0,
 ) -> dict[str, Any]:
     """Parameters of ``job_complete_and_claim`` (claim alone: no ``done``)."""
-    return claim_params(queues, limit, worker, now, lease_seconds=lease_seconds, leases=leases) | fence_params(
-        done, worker, now
-    )
+    claim = claim_params(queues, limit, worker, now, lease_seconds=lease_seconds, leases=leases, rotate=rotate)
+    return claim | fence_params(done, worker, now)
 
 
 def recover_params(
     queues: str | Sequence[str] | None, lease_seconds: float, limit: int, now: datetime | None
 ) -> dict[str, Any]:
-    names = None if queues is None else ([queues] if isinstance(queues, str) else list(queues))
+    names = None if queues is None else _names(queues)
     return {"queues": names, "lease_seconds": lease_seconds, "limit": limit, "now": now}
 
 
 def completed_and_claimed(rows: list[dict[str, Any]]) -> tuple[set[int], list[Job]]:
-    """The ids completed and the jobs claimed, from the rows of ``job_complete_and_claim``."""
-    return {r["id"] for r in rows if r["completed"]}, [job_from_row(r) for r in rows if not r["completed"]]
+    """The ids completed and the jobs claimed (in claim order: priority, then due time, then id), from the rows
+    of ``job_complete_and_claim`` (an UPDATE returns its rows in no particular order)."""
+    claimed = sorted((r for r in rows if not r["completed"]), key=_claim_order)
+    return {r["id"] for r in rows if r["completed"]}, [job_from_row(r) for r in claimed]
+
+
+def _claim_order(row: dict[str, Any]) -> tuple[int, Any, int]:
+    return (-row["priority"], row["visible_at"], row["id"])
 
 
 @dataclass(frozen=True)
@@ -291,11 +379,286 @@ def unavailable(exc: BaseException, dsn: str | None) -> DatabaseUnavailableError
     return DatabaseUnavailableError(redact(f"database unavailable: {exc}".strip(), dsn))
 
 
-# ---------------------------------------------------------------------------------------------- sync
-class Queue:
-    """Synchronous queue API. Pass a DSN (a pool is made and owned) or your own ``psycopg_pool.ConnectionPool``.
+def _require_selection(ids: Sequence[int] | None, queue: str | None) -> None:
+    if ids is None and queue is None:
+        raise ValueError("name the jobs: give ids, a queue, or both")
 
-    Every method also takes ``conn=``: then it runs on your connection, inside your transaction (not committed).
+
+def selection_params(ids: Sequence[int] | None, queue: str | None, now: datetime | None) -> dict[str, Any]:
+    _require_selection(ids, queue)
+    return {"ids": list(ids) if ids is not None else None, "queue": queue, "now": now}
+
+
+# ---------------------------------------------------------------------------------------------- statements
+@dataclass(frozen=True)
+class Result:
+    """What a statement returned: its rows (as dicts) and its row count."""
+
+    rows: list[dict[str, Any]]
+    rowcount: int
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One statement a queue method runs: the query, its parameters, and how the result becomes the return value."""
+
+    query: Any
+    params: dict[str, Any] | None
+    read: Callable[[Result], T]
+
+
+def _ids(r: Result) -> list[int]:
+    return [row["id"] for row in r.rows]
+
+
+def _id_set(r: Result) -> set[int]:
+    return {row["id"] for row in r.rows}
+
+
+def _enqueued(r: Result) -> EnqueueResult | None:
+    return EnqueueResult(r.rows[0]["id"], duplicate=r.rows[0]["duplicate"]) if r.rows else None
+
+
+def _found(r: Result) -> EnqueueResult:
+    return EnqueueResult(r.rows[0]["id"], duplicate=True)
+
+
+class Statements:
+    """The calls behind every method of :class:`Queue` and :class:`AsyncQueue`: pure, no I/O, shared by both."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.q: Queries = queries_for(settings.schema)
+
+    def enqueue(
+        self, queue: str, payload: Any, options: Mapping[str, Any]
+    ) -> tuple[Call[EnqueueResult | None], Call[EnqueueResult]]:
+        """The insert, and the look-up to run when it returns nothing (a concurrent insert with the same key
+        committed after this statement's snapshot)."""
+        params = enqueue_params(self.settings, queue, payload, options)
+        return Call(self.q.job_enqueue, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
+
+    def enqueue_many(self, queue: str, payloads: Iterable[Any], options: Mapping[str, Any]) -> Call[list[int]]:
+        return Call(self.q.job_enqueue_many, enqueue_many_params(self.settings, queue, payloads, options), _ids)
+
+    def complete_and_claim(
+        self,
+        done: Sequence[Job],
+        queues: str | Sequence[str],
+        limit: int,
+        worker: str,
+        now: datetime | None,
+        lease_seconds: float | None = None,
+        leases: Mapping[str, float] | None = None,
+        rotate: int = 0,
+    ) -> Call[tuple[set[int], list[Job]]]:
+        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
+        params = complete_and_claim_params(
+            done, queues, limit, worker, now, lease_seconds=lease, leases=leases, rotate=rotate
+        )
+        query = self.q.job_complete_and_claim_one if len(params["queues"]) == 1 else self.q.job_complete_and_claim
+        return Call(query, params, lambda r: completed_and_claimed(r.rows))
+
+    def confirm_done(self, jobs: Sequence[Job], worker: str) -> Call[set[int]]:
+        return Call(self.q.job_confirm_done, fence_params(jobs, worker, None), _id_set)
+
+    def complete(self, jobs: Sequence[Job], worker: str, now: datetime | None) -> Call[set[int]]:
+        return Call(self.q.job_complete, fence_params(jobs, worker, now), _id_set)
+
+    def fail(self, failures: Sequence[Failure], worker: str, now: datetime | None) -> Call[dict[int, str]]:
+        return Call(
+            self.q.job_fail, fail_params(failures, worker, now), lambda r: {x["id"]: x["status"] for x in r.rows}
+        )
+
+    def release(self, jobs: Sequence[Job], worker: str, now: datetime | None) -> Call[set[int]]:
+        return Call(self.q.job_release, fence_params(jobs, worker, now), _id_set)
+
+    def heartbeat(
+        self,
+        jobs: Sequence[Job],
+        worker: str,
+        leases: Sequence[float] | None,
+        now: datetime | None,
+        timeouts: Sequence[float | None] | None = None,
+    ) -> Call[set[int]]:
+        """Renew each job's lease (default the settings'), never past its timeout; reads back the ids still held
+        (the query says which are lost)."""
+        lease = [self.settings.lease_seconds] * len(jobs) if leases is None else leases
+        ids = {j.id for j in jobs}
+        params = heartbeat_params(jobs, worker, lease, now, timeouts)
+        return Call(self.q.job_heartbeat, params, lambda r: ids - _id_set(r))
+
+    def recover_expired(
+        self, queues: str | Sequence[str] | None, lease_seconds: float | None, limit: int, now: datetime | None
+    ) -> Call[list[Recovered]]:
+        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
+        params = recover_params(queues, lease, limit, now)
+        return Call(self.q.job_recover_expired, params, lambda r: [Recovered(**x) for x in r.rows])
+
+    def release_orphans(
+        self, worker: str, queues: Sequence[str], known: Sequence[int], now: datetime | None
+    ) -> Call[list[int]]:
+        params = {"worker": worker, "queues": list(queues), "known": list(known), "now": now}
+        return Call(self.q.job_release_orphans, params, _ids)
+
+    def stats(self, queue: str | None, lease_seconds: float | None, now: datetime | None) -> Call[list[QueueStats]]:
+        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
+        params = {"queue": queue, "lease_seconds": lease, "now": now}
+        return Call(self.q.queue_stats, params, lambda r: [stats_from_row(x) for x in r.rows])
+
+    def get(self, job_id: int) -> Call[dict[str, Any] | None]:
+        return Call(self.q.job_get, {"id": job_id}, lambda r: r.rows[0] if r.rows else None)
+
+    def list_failed(self, queue: str | None, limit: int) -> Call[list[dict[str, Any]]]:
+        return Call(self.q.job_list_failed, {"queue": queue, "limit": limit}, lambda r: r.rows)
+
+    def list_stalled(
+        self, queue: str | None, lease_seconds: float | None, limit: int, now: datetime | None
+    ) -> Call[list[dict[str, Any]]]:
+        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
+        params = {"queue": queue, "lease_seconds": lease, "limit": limit, "now": now}
+        return Call(self.q.job_list_stalled, params, lambda r: r.rows)
+
+    def retry_failed(
+        self, ids: Sequence[int] | None, queue: str | None, now: datetime | None, include_cancelled: bool = False
+    ) -> Call[list[int]]:
+        statuses = ["failed", "cancelled"] if include_cancelled else ["failed"]
+        return Call(self.q.job_retry_failed, selection_params(ids, queue, now) | {"statuses": statuses}, _ids)
+
+    def cancel(
+        self,
+        ids: Sequence[int] | None,
+        queue: str | None,
+        reason: str,
+        now: datetime | None,
+        task: str | None = None,
+    ) -> Call[list[int]]:
+        params = selection_params(ids, queue, now) | {
+            "task": task,
+            "reason": reason,
+            "control_channel": self.settings.control_channel,
+        }
+        return Call(self.q.job_cancel, params, _ids)
+
+    def snooze(self, jobs: Sequence[Job], delays: Sequence[float], worker: str, now: datetime | None) -> Call[set[int]]:
+        if len(delays) != len(jobs):
+            raise ValueError(f"{len(delays)} delays for {len(jobs)} jobs")
+        params = fence_params(jobs, worker, now) | {"delays": [float(d) for d in delays]}
+        return Call(self.q.job_snooze, params, _id_set)
+
+    def cancelled_among(self, jobs: Sequence[Job], worker: str) -> Call[set[int]]:
+        return Call(self.q.job_cancelled_among, fence_params(jobs, worker, None), _id_set)
+
+    def set_paused(self, queue: str, paused: bool, now: datetime | None) -> Call[None]:
+        params = {
+            "queue": check_queue_name(queue),
+            "paused": paused,
+            "now": now,
+            "control_channel": self.settings.control_channel,
+            "channel": self.settings.channel,
+        }
+        return Call(self.q.queue_set_paused, params, lambda r: None)
+
+    def paused(self, queues: Sequence[str] | None) -> Call[list[str]]:
+        params = {"queues": list(queues) if queues is not None else None}
+        return Call(self.q.queue_paused, params, lambda r: [x["queue"] for x in r.rows])
+
+    def statuses(self, ids: Sequence[int]) -> Call[dict[int, str]]:
+        return Call(self.q.job_get_many, {"ids": list(ids)}, lambda r: {x["id"]: x["status"] for x in r.rows})
+
+    def database_now(self) -> Call[datetime]:
+        return Call("SELECT now() AS now", None, lambda r: r.rows[0]["now"])
+
+    def purge_batch(
+        self, older_than_seconds: float, statuses: Sequence[str], queue: str | None, now: datetime
+    ) -> Call[int]:
+        params = purge_params(older_than_seconds, statuses, queue, now)
+        return Call(self.q.job_purge_batch, params, lambda r: r.rowcount)
+
+
+def _execute(conn: psycopg.Connection[Any], call: Call[T]) -> T:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(call.query, call.params)
+        return call.read(Result(cur.fetchall() if cur.description else [], cur.rowcount))
+
+
+async def _aexecute(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(call.query, call.params)
+        return call.read(Result(await cur.fetchall() if cur.description else [], cur.rowcount))
+
+
+NOT_CONNECTED = "not connected to a database: pass conn= (your transaction), or connect first"
+
+
+def _settings(dsn: str | None, settings: Settings | None) -> Settings:
+    """Settings from the arguments only (the environment is read by ``Settings.from_env``, never here)."""
+    if settings is None:
+        return Settings(dsn=dsn)
+    return settings if dsn is None else settings.replace(dsn=dsn)
+
+
+def pool_options(name: str, max_size: int, connect_timeout: float) -> dict[str, Any]:
+    """Keyword arguments of an owned pool: one statement per call, so autocommit (no BEGIN/COMMIT round trips)."""
+    return {
+        "min_size": 1,
+        "max_size": max_size,
+        "open": False,
+        "name": name,
+        "timeout": connect_timeout,
+        "kwargs": {"autocommit": True},
+    }
+
+
+P = TypeVar("P", ConnectionPool[Any], AsyncConnectionPool[Any])
+
+
+class _QueueState(Generic[P]):
+    """What :class:`Queue` and :class:`AsyncQueue` hold: settings, their statements and the pool (if any)."""
+
+    settings: Settings
+    _s: Statements
+    _pool: P | None
+    _owned: bool
+    _closed: bool
+
+    def _setup(self, settings: Settings, pool: P | None, *, owned: bool) -> None:
+        self.settings, self._s, self._pool, self._owned, self._closed = (
+            settings,
+            Statements(settings),
+            pool,
+            owned,
+            False,
+        )
+
+    @classmethod
+    def detached(cls, settings: Settings) -> Self:
+        """A queue with no pool: every call must pass ``conn=`` (enqueue inside the caller's transaction)."""
+        q = cls.__new__(cls)
+        q._setup(settings, None, owned=False)
+        return q
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def pool(self) -> P:
+        if self._pool is None:
+            raise ConfigError(NOT_CONNECTED)
+        return self._pool
+
+    @property
+    def queries(self) -> Queries:
+        return self._s.q
+
+
+# ---------------------------------------------------------------------------------------------- sync
+class Queue(_QueueState[ConnectionPool[Any]]):
+    """Synchronous queue API. ``Queue(dsn)`` / ``Queue.open(dsn | settings=)`` make and own a pool; or pass your
+    own ``psycopg_pool.ConnectionPool`` as ``pool=``. Settings come from the arguments only.
+
+    Methods that write take ``conn=``: then they run on your connection, inside your transaction (not committed).
     """
 
     def __init__(
@@ -307,33 +670,37 @@ class Queue:
         max_size: int = 4,
         connect_timeout: float = 10.0,
     ) -> None:
-        self.settings = settings or Settings.load(dsn=dsn)
-        self._q: Queries = queries_for(self.settings.schema)
-        self._owned = pool is None
+        self._setup(_settings(dsn, settings), pool, owned=pool is None)
         if pool is None:
             dsn = self.settings.require_dsn()
             check_connect(dsn, connect_timeout)
-            pool = ConnectionPool(
-                dsn,
-                min_size=1,
-                max_size=max_size,
-                open=False,
-                name="skiplock",
-                timeout=connect_timeout,
-                kwargs={"autocommit": True},  # every call is one statement: no BEGIN/COMMIT round trips
-            )
-            pool.open()
+            own: ConnectionPool[Any] = ConnectionPool(dsn, **pool_options("skiplock", max_size, connect_timeout))
+            own.open()
             try:
-                pool.wait(timeout=connect_timeout)
+                own.wait(timeout=connect_timeout)
             except PoolTimeout as exc:
-                pool.close()
+                own.close()
                 raise unavailable(exc, dsn) from None
-        self._pool = pool
+            self._pool = own
+
+    @classmethod
+    def open(
+        cls,
+        dsn: str | None = None,
+        *,
+        settings: Settings | None = None,
+        pool: ConnectionPool[Any] | None = None,
+        max_size: int = 4,
+        connect_timeout: float = 10.0,
+    ) -> Self:
+        """Connect (the same as the constructor; the twin of ``await AsyncQueue.open(...)``)."""
+        return cls(dsn, settings=settings, pool=pool, max_size=max_size, connect_timeout=connect_timeout)
 
     # context management
     def close(self) -> None:
-        if self._owned:
+        if self._owned and self._pool is not None:
             self._pool.close()
+        self._closed = True
 
     def __enter__(self) -> Self:
         return self
@@ -341,23 +708,23 @@ class Queue:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @property
-    def queries(self) -> Queries:
-        return self._q
-
-    def _run(
-        self, query: Any, params: dict[str, Any] | None, conn: psycopg.Connection[Any] | None
-    ) -> list[dict[str, Any]]:
-        if conn is not None:
-            with conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(query, params)
-                return cur.fetchall() if cur.description else []
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if self._pool is None:
+            raise ConfigError(NOT_CONNECTED)
         try:
-            with self._pool.connection() as own, own.cursor(row_factory=dict_row) as cur:
-                cur.execute(query, params)
-                return cur.fetchall() if cur.description else []
+            with self._pool.connection() as conn:
+                yield conn
         except PoolTimeout as exc:  # no connection could be had within the pool's timeout
             raise unavailable(exc, self.settings.dsn) from None
+
+    def _call(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
+        if conn is not None:
+            if not isinstance(conn, psycopg.Connection):
+                raise ConfigError(f"conn= of a sync call must be a psycopg.Connection, not {type(conn).__name__}")
+            return _execute(conn, call)
+        with self._connection() as own:
+            return _execute(own, call)
 
     # producer
     def enqueue(
@@ -365,54 +732,26 @@ class Queue:
         queue: str,
         payload: Any,
         *,
-        delay: float = 0,
-        run_at: datetime | None = None,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        idempotency_key: str | None = None,
         conn: psycopg.Connection[Any] | None = None,
-        timeout_seconds: float | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
-        params = enqueue_params(
-            self.settings,
-            queue,
-            payload,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            max_attempts=max_attempts,
-            idempotency_key=idempotency_key,
-            timeout_seconds=timeout_seconds,
-        )
-        rows = self._run(self._q.job_enqueue, params, conn)
-        if not rows:  # a concurrent insert with the same key committed after our snapshot
-            rows = self._run(self._q.job_find_by_key, params, conn)
-            return EnqueueResult(rows[0]["id"], duplicate=True)
-        return EnqueueResult(rows[0]["id"], duplicate=rows[0]["duplicate"])
+        """Add one job. Options: ``task``, ``delay`` (seconds or timedelta), ``run_at`` (aware datetime),
+        ``priority``, ``max_attempts``, ``idempotency_key``, ``timeout_seconds``. Bad arguments raise
+        :class:`EnqueueError`."""
+        insert, find = self._s.enqueue(queue, payload, options)
+        inserted = self._call(insert, conn)
+        return inserted if inserted is not None else self._call(find, conn)
 
     def enqueue_many(
         self,
         queue: str,
         payloads: Iterable[Any],
         *,
-        delay: float = 0,
-        run_at: datetime | None = None,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        idempotency_keys: Sequence[str | None] | None = None,
         conn: psycopg.Connection[Any] | None = None,
+        **options: Unpack[EnqueueManyOptions],
     ) -> list[int]:
-        params = enqueue_many_params(
-            self.settings,
-            queue,
-            payloads,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            max_attempts=max_attempts,
-            idempotency_keys=idempotency_keys,
-        )
-        return [r["id"] for r in self._run(self._q.job_enqueue_many, params, conn)]
+        """Add many jobs of one queue in one statement; jobs whose idempotency key is taken are skipped."""
+        return self._call(self._s.enqueue_many(queue, payloads, options), conn)
 
     # worker primitives
     def claim(
@@ -426,9 +765,31 @@ class Queue:
     ) -> list[Job]:
         """Lease up to ``limit`` visible jobs of one queue or several (round-robin), each for ``lease_seconds``
         (default the settings' lease): the deadline is stored in the row."""
-        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        params = complete_and_claim_params((), queue, limit, worker, now, lease_seconds=lease)
-        return completed_and_claimed(self._run(self._q.job_complete_and_claim, params, None))[1]
+        return self._call(self._s.complete_and_claim((), queue, limit, worker, now, lease_seconds))[1]
+
+    def complete_and_claim(
+        self,
+        done: Sequence[Job],
+        queue: str | Sequence[str],
+        *,
+        limit: int,
+        worker: str,
+        now: datetime | None = None,
+        lease_seconds: float | None = None,
+        leases: Mapping[str, float] | None = None,
+        rotate: int = 0,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> tuple[set[int], list[Job]]:
+        """Mark ``done`` jobs done (fenced, as :meth:`complete`) and claim up to ``limit`` new ones of one queue or
+        several (round-robin across queues), in one statement and one commit. Returns the ids completed and the
+        jobs claimed. ``leases`` maps task names to their own lease; ``rotate`` picks the queue served first
+        (at most ``per_queue_limit`` jobs of each queue). ``conn`` must autocommit."""
+        call = self._s.complete_and_claim(done, queue, limit, worker, now, lease_seconds, leases, rotate)
+        return self._call(call, conn)
+
+    def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int]:
+        """Of ``jobs``, the ids already marked done by ``worker`` at that attempt (a retried completion)."""
+        return self._call(self._s.confirm_done(jobs, worker))
 
     def complete(
         self,
@@ -439,20 +800,20 @@ class Queue:
         conn: psycopg.Connection[Any] | None = None,
     ) -> set[int]:
         """Mark jobs done (fenced). Returns the ids completed; the others had lost their lease."""
-        return {r["id"] for r in self._run(self._q.job_complete, fence_params(jobs, worker, now), conn)}
+        return self._call(self._s.complete(jobs, worker, now), conn)
 
     def fail(self, failures: Sequence[Failure], *, worker: str, now: datetime | None = None) -> dict[int, str]:
         """Record failed attempts (fenced). Returns id -> new status for the jobs whose lease was still held."""
-        return {r["id"]: r["status"] for r in self._run(self._q.job_fail, fail_params(failures, worker, now), None)}
+        return self._call(self._s.fail(failures, worker, now))
 
     def snooze(
         self, jobs: Sequence[Job], delays: Sequence[float], *, worker: str, now: datetime | None = None
     ) -> set[int]:
         """Reschedule claimed jobs after ``delays`` seconds without using an attempt (fenced); returns the ids."""
-        return {r["id"] for r in self._run(self._q.job_snooze, snooze_params(jobs, delays, worker, now), None)}
+        return self._call(self._s.snooze(jobs, delays, worker, now))
 
     def release(self, jobs: Sequence[Job], *, worker: str, now: datetime | None = None) -> set[int]:
-        return {r["id"] for r in self._run(self._q.job_release, fence_params(jobs, worker, now), None)}
+        return self._call(self._s.release(jobs, worker, now))
 
     def heartbeat(
         self,
@@ -464,10 +825,7 @@ class Queue:
         timeouts: Sequence[float | None] | None = None,
     ) -> set[int]:
         """Renew the leases of ``jobs`` (each by its lease, default the settings'); returns the ids still held."""
-        lease = [self.settings.lease_seconds] * len(jobs) if leases is None else leases
-        params = heartbeat_params(jobs, worker, lease, now, timeouts)
-        lost = {r["id"] for r in self._run(self._q.job_heartbeat, params, None)}
-        return {j.id for j in jobs} - lost
+        return self._call(self._s.heartbeat(jobs, worker, leases, now, timeouts))
 
     def recover_expired(
         self,
@@ -479,31 +837,25 @@ class Queue:
         now: datetime | None = None,
     ) -> list[Recovered]:
         """Recover processing jobs past their stored lease deadline (rows without one: locked_at + lease_seconds)."""
-        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        params = recover_params(queues if queues is not None else queue, lease, limit, now)
-        return [Recovered(**r) for r in self._run(self._q.job_recover_expired, params, None)]
+        return self._call(self._s.recover_expired(queues if queues is not None else queue, lease_seconds, limit, now))
 
     def release_orphans(
         self, *, worker: str, queues: Sequence[str], known: Sequence[int], now: datetime | None = None
     ) -> list[int]:
         """Hand back jobs leased to ``worker`` in ``queues`` other than ``known`` (a lost claim reply)."""
-        params = {"worker": worker, "queues": list(queues), "known": list(known), "now": now}
-        return [r["id"] for r in self._run(self._q.job_release_orphans, params, None)]
+        return self._call(self._s.release_orphans(worker, queues, known, now))
 
     # observability and admin
     def stats(
         self, queue: str | None = None, *, lease_seconds: float | None = None, now: datetime | None = None
     ) -> list[QueueStats]:
-        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        rows = self._run(self._q.queue_stats, {"queue": queue, "lease_seconds": lease, "now": now}, None)
-        return [stats_from_row(r) for r in rows]
+        return self._call(self._s.stats(queue, lease_seconds, now))
 
     def get(self, job_id: int) -> dict[str, Any] | None:
-        rows = self._run(self._q.job_get, {"id": job_id}, None)
-        return rows[0] if rows else None
+        return self._call(self._s.get(job_id))
 
     def list_failed(self, queue: str | None = None, *, limit: int = 50) -> list[dict[str, Any]]:
-        return self._run(self._q.job_list_failed, {"queue": queue, "limit": limit}, None)
+        return self._call(self._s.list_failed(queue, limit))
 
     def list_stalled(
         self,
@@ -514,9 +866,7 @@ class Queue:
         now: datetime | None = None,
     ) -> list[dict[str, Any]]:
         """Processing jobs past their stored lease deadline (their worker died or hangs), oldest first."""
-        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        params = {"queue": queue, "lease_seconds": lease, "limit": limit, "now": now}
-        return self._run(self._q.job_list_stalled, params, None)
+        return self._call(self._s.list_stalled(queue, lease_seconds, limit, now))
 
     def retry_failed(
         self,
@@ -527,9 +877,7 @@ class Queue:
         now: datetime | None = None,
     ) -> list[int]:
         """Re-drive failed jobs (and cancelled ones with ``include_cancelled``) with a fresh set of attempts."""
-        _require_selection(ids, queue)
-        rows = self._run(self._q.job_retry_failed, retry_params(ids, queue, include_cancelled, now), None)
-        return [r["id"] for r in rows]
+        return self._call(self._s.retry_failed(ids, queue, now, include_cancelled))
 
     def cancel(
         self,
@@ -542,25 +890,22 @@ class Queue:
     ) -> list[int]:
         """Cancel pending jobs at once and running ones cooperatively (their worker is told; the fence refuses
         their completion). Returns the ids cancelled; finished jobs are left as they are."""
-        _require_selection(ids, queue)
-        rows = self._run(self._q.job_cancel, cancel_params(self.settings, ids, queue, task, reason, now), None)
-        return [r["id"] for r in rows]
+        return self._call(self._s.cancel(ids, queue, reason, now, task))
 
     def pause(self, queue: str, *, now: datetime | None = None) -> None:
         """Pause a queue: running jobs finish, no worker claims from it until :meth:`resume`."""
-        self._run(self._q.queue_set_paused, pause_params(self.settings, queue, True, now), None)
+        self._call(self._s.set_paused(queue, True, now))
 
     def resume(self, queue: str, *, now: datetime | None = None) -> None:
-        self._run(self._q.queue_set_paused, pause_params(self.settings, queue, False, now), None)
+        self._call(self._s.set_paused(queue, False, now))
 
     def paused(self, queues: Sequence[str] | None = None) -> list[str]:
         """The paused queues (of ``queues``, or all)."""
-        params = {"queues": list(queues) if queues is not None else None}
-        return [r["queue"] for r in self._run(self._q.queue_paused, params, None)]
+        return self._call(self._s.paused(queues))
 
     def statuses(self, ids: Sequence[int]) -> dict[int, str]:
         """The status of each existing job of ``ids`` (what cancel and retry report for the ones they left)."""
-        return {r["id"]: r["status"] for r in self._run(self._q.job_get_many, {"ids": list(ids)}, None)}
+        return self._call(self._s.statuses(ids))
 
     def purge(
         self,
@@ -571,41 +916,40 @@ class Queue:
         now: datetime | None = None,
     ) -> int:
         """Delete finished jobs older than the cutoff in batches, each batch its own short transaction."""
-        with self._pool.connection() as conn:
-            cutoff_now = now or conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-        params = purge_params(older_than_seconds, statuses, queue, cutoff_now)
+        batch = self._s.purge_batch(older_than_seconds, statuses, queue, now or self._call(self._s.database_now()))
         total = 0
         while True:
-            with self._pool.connection() as conn:
-                deleted: int = conn.execute(self._q.job_purge_batch, params).rowcount
+            deleted = self._call(batch)
             total += deleted
             if deleted < PURGE_BATCH:
                 return total
 
     def migrate(self) -> migrations.MigrationReport:
-        with self._pool.connection() as conn:
+        with self._connection() as conn:
             conn.commit()
             return migrations.migrate(conn, self.settings.schema)
 
     def check_schema(self) -> None:
         """Raise :class:`SchemaNotReadyError` unless the schema is migrated to this version."""
         try:
-            with self._pool.connection() as conn:
+            with self._connection() as conn:
                 version = migrations.current_version(conn, self.settings.schema)
-        except (psycopg.OperationalError, PoolTimeout) as exc:
+        except psycopg.OperationalError as exc:
             raise unavailable(exc, self.settings.dsn) from None
         migrations.check_version(version, self.settings.schema)
 
 
 # ---------------------------------------------------------------------------------------------- async
-class AsyncQueue:
-    """Asynchronous twin of :class:`Queue` (same method names, awaited). Create with ``await AsyncQueue.open(...)``."""
+class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
+    """Asynchronous twin of :class:`Queue`: the same methods, awaited. Open with ``await AsyncQueue.open(dsn |
+    settings=)``, or wrap your own ``psycopg_pool.AsyncConnectionPool``: ``AsyncQueue(pool, settings)``."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], settings: Settings, *, owned: bool = False) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any] | None, settings: Settings, *, owned: bool = False) -> None:
         self.settings = settings
-        self._q: Queries = queries_for(settings.schema)
+        self._s = Statements(settings)
         self._pool = pool
         self._owned = owned
+        self._closed = False
 
     @classmethod
     async def open(
@@ -613,32 +957,30 @@ class AsyncQueue:
         dsn: str | None = None,
         *,
         settings: Settings | None = None,
+        pool: AsyncConnectionPool[Any] | None = None,
         max_size: int = 4,
         connect_timeout: float = 10.0,
-    ) -> AsyncQueue:
-        settings = settings or Settings.load(dsn=dsn)
+    ) -> Self:
+        settings = _settings(dsn, settings)
+        if pool is not None:
+            return cls(pool, settings)
         dsn = settings.require_dsn()
         await acheck_connect(dsn, connect_timeout)
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=max_size,
-            open=False,
-            name="skiplock-async",
-            timeout=connect_timeout,
-            kwargs={"autocommit": True},
+        own: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            dsn, **pool_options("skiplock-async", max_size, connect_timeout)
         )
-        await pool.open()
+        await own.open()
         try:
-            await pool.wait(timeout=connect_timeout)
+            await own.wait(timeout=connect_timeout)
         except PoolTimeout as exc:
-            await pool.close()
+            await own.close()
             raise unavailable(exc, dsn) from None
-        return cls(pool, settings, owned=True)
+        return cls(own, settings, owned=True)
 
     async def close(self) -> None:
-        if self._owned:
+        if self._owned and self._pool is not None:
             await self._pool.close()
+        self._closed = True
 
     async def __aenter__(self) -> Self:
         return self
@@ -646,81 +988,48 @@ class AsyncQueue:
     async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
 
-    @property
-    def pool(self) -> AsyncConnectionPool[Any]:
-        return self._pool
-
-    @property
-    def queries(self) -> Queries:
-        return self._q
-
-    async def _run(
-        self, query: Any, params: dict[str, Any] | None, conn: psycopg.AsyncConnection[Any] | None
-    ) -> list[dict[str, Any]]:
-        if conn is not None:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(query, params)
-                return await cur.fetchall() if cur.description else []
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        if self._pool is None:
+            raise ConfigError(NOT_CONNECTED)
         try:
-            async with self._pool.connection() as own, own.cursor(row_factory=dict_row) as cur:
-                await cur.execute(query, params)
-                return await cur.fetchall() if cur.description else []
+            async with self._pool.connection() as conn:
+                yield conn
         except PoolTimeout as exc:
             raise unavailable(exc, self.settings.dsn) from None
+
+    async def _call(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
+        if conn is not None:
+            if not isinstance(conn, psycopg.AsyncConnection):
+                raise ConfigError(
+                    f"conn= of an async call must be a psycopg.AsyncConnection, not {type(conn).__name__}"
+                )
+            return await _aexecute(conn, call)
+        async with self._connection() as own:
+            return await _aexecute(own, call)
 
     async def enqueue(
         self,
         queue: str,
         payload: Any,
         *,
-        delay: float = 0,
-        run_at: datetime | None = None,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        idempotency_key: str | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
-        timeout_seconds: float | None = None,
+        **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
-        params = enqueue_params(
-            self.settings,
-            queue,
-            payload,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            max_attempts=max_attempts,
-            idempotency_key=idempotency_key,
-            timeout_seconds=timeout_seconds,
-        )
-        rows = await self._run(self._q.job_enqueue, params, conn)
-        if not rows:
-            rows = await self._run(self._q.job_find_by_key, params, conn)
-            return EnqueueResult(rows[0]["id"], duplicate=True)
-        return EnqueueResult(rows[0]["id"], duplicate=rows[0]["duplicate"])
+        """Add one job (see :meth:`Queue.enqueue`)."""
+        insert, find = self._s.enqueue(queue, payload, options)
+        inserted = await self._call(insert, conn)
+        return inserted if inserted is not None else await self._call(find, conn)
 
     async def enqueue_many(
         self,
         queue: str,
         payloads: Iterable[Any],
         *,
-        delay: float = 0,
-        run_at: datetime | None = None,
-        priority: int = 0,
-        max_attempts: int | None = None,
-        idempotency_keys: Sequence[str | None] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
+        **options: Unpack[EnqueueManyOptions],
     ) -> list[int]:
-        params = enqueue_many_params(
-            self.settings,
-            queue,
-            payloads,
-            delay=delay,
-            run_at=run_at,
-            priority=priority,
-            max_attempts=max_attempts,
-            idempotency_keys=idempotency_keys,
-        )
-        return [r["id"] for r in await self._run(self._q.job_enqueue_many, params, conn)]
+        return await self._call(self._s.enqueue_many(queue, payloads, options), conn)
 
     async def claim(
         self,
@@ -731,9 +1040,7 @@ class AsyncQueue:
         now: datetime | None = None,
         lease_seconds: float | None = None,
     ) -> list[Job]:
-        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        params = complete_and_claim_params((), queue, limit, worker, now, lease_seconds=lease)
-        return completed_and_claimed(await self._run(self._q.job_complete_and_claim, params, None))[1]
+        return (await self._call(self._s.complete_and_claim((), queue, limit, worker, now, lease_seconds)))[1]
 
     async def complete_and_claim(
         self,
@@ -744,16 +1051,16 @@ class AsyncQueue:
         worker: str,
         now: datetime | None = None,
         lease_seconds: float | None = None,
-        leases: dict[str, float] | None = None,
+        leases: Mapping[str, float] | None = None,
+        rotate: int = 0,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
-        """Mark ``done`` jobs done (fenced, as :meth:`complete`) and claim up to ``limit`` new ones of one queue or
-        several (round-robin across queues), in one statement and one commit: the worker's hot path. Returns the
-        ids completed and the jobs claimed. ``leases`` maps task names to their own lease. ``conn`` must be in
-        autocommit mode (the worker passes the connection its claim loop holds)."""
-        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        params = complete_and_claim_params(done, queue, limit, worker, now, lease_seconds=lease, leases=leases)
-        return completed_and_claimed(await self._run(self._q.job_complete_and_claim, params, conn))
+        """See :meth:`Queue.complete_and_claim`: the worker's hot path."""
+        call = self._s.complete_and_claim(done, queue, limit, worker, now, lease_seconds, leases, rotate)
+        return await self._call(call, conn)
+
+    async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int]:
+        return await self._call(self._s.confirm_done(jobs, worker))
 
     async def complete(
         self,
@@ -763,25 +1070,19 @@ class AsyncQueue:
         now: datetime | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> set[int]:
-        return {r["id"] for r in await self._run(self._q.job_complete, fence_params(jobs, worker, now), conn)}
-
-    async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int]:
-        """Of ``jobs``, the ids already marked done by ``worker`` at that attempt."""
-        return {r["id"] for r in await self._run(self._q.job_confirm_done, fence_params(jobs, worker, None), None)}
+        return await self._call(self._s.complete(jobs, worker, now), conn)
 
     async def fail(self, failures: Sequence[Failure], *, worker: str, now: datetime | None = None) -> dict[int, str]:
-        rows = await self._run(self._q.job_fail, fail_params(failures, worker, now), None)
-        return {r["id"]: r["status"] for r in rows}
+        return await self._call(self._s.fail(failures, worker, now))
 
     async def snooze(
         self, jobs: Sequence[Job], delays: Sequence[float], *, worker: str, now: datetime | None = None
     ) -> set[int]:
         """Reschedule claimed jobs after ``delays`` seconds without using an attempt (fenced); returns the ids."""
-        params = snooze_params(jobs, delays, worker, now)
-        return {r["id"] for r in await self._run(self._q.job_snooze, params, None)}
+        return await self._call(self._s.snooze(jobs, delays, worker, now))
 
     async def release(self, jobs: Sequence[Job], *, worker: str, now: datetime | None = None) -> set[int]:
-        return {r["id"] for r in await self._run(self._q.job_release, fence_params(jobs, worker, now), None)}
+        return await self._call(self._s.release(jobs, worker, now))
 
     async def heartbeat(
         self,
@@ -792,9 +1093,7 @@ class AsyncQueue:
         now: datetime | None = None,
         timeouts: Sequence[float | None] | None = None,
     ) -> set[int]:
-        lease = [self.settings.lease_seconds] * len(jobs) if leases is None else leases
-        rows = await self._run(self._q.job_heartbeat, heartbeat_params(jobs, worker, lease, now, timeouts), None)
-        return {j.id for j in jobs} - {r["id"] for r in rows}
+        return await self._call(self._s.heartbeat(jobs, worker, leases, now, timeouts))
 
     async def recover_expired(
         self,
@@ -805,26 +1104,24 @@ class AsyncQueue:
         limit: int = 1000,
         now: datetime | None = None,
     ) -> list[Recovered]:
-        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        params = recover_params(queues if queues is not None else queue, lease, limit, now)
-        return [Recovered(**r) for r in await self._run(self._q.job_recover_expired, params, None)]
+        call = self._s.recover_expired(queues if queues is not None else queue, lease_seconds, limit, now)
+        return await self._call(call)
 
     async def release_orphans(
         self, *, worker: str, queues: Sequence[str], known: Sequence[int], now: datetime | None = None
     ) -> list[int]:
-        params = {"worker": worker, "queues": list(queues), "known": list(known), "now": now}
-        return [r["id"] for r in await self._run(self._q.job_release_orphans, params, None)]
+        return await self._call(self._s.release_orphans(worker, queues, known, now))
 
     async def stats(
         self, queue: str | None = None, *, lease_seconds: float | None = None, now: datetime | None = None
     ) -> list[QueueStats]:
-        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        rows = await self._run(self._q.queue_stats, {"queue": queue, "lease_seconds": lease, "now": now}, None)
-        return [stats_from_row(r) for r in rows]
+        return await self._call(self._s.stats(queue, lease_seconds, now))
 
     async def get(self, job_id: int) -> dict[str, Any] | None:
-        rows = await self._run(self._q.job_get, {"id": job_id}, None)
-        return rows[0] if rows else None
+        return await self._call(self._s.get(job_id))
+
+    async def list_failed(self, queue: str | None = None, *, limit: int = 50) -> list[dict[str, Any]]:
+        return await self._call(self._s.list_failed(queue, limit))
 
     async def list_stalled(
         self,
@@ -834,9 +1131,8 @@ class AsyncQueue:
         limit: int = 100,
         now: datetime | None = None,
     ) -> list[dict[str, Any]]:
-        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        params = {"queue": queue, "lease_seconds": lease, "limit": limit, "now": now}
-        return await self._run(self._q.job_list_stalled, params, None)
+        """See :meth:`Queue.list_stalled`."""
+        return await self._call(self._s.list_stalled(queue, lease_seconds, limit, now))
 
     async def retry_failed(
         self,
@@ -846,9 +1142,7 @@ class AsyncQueue:
         include_cancelled: bool = False,
         now: datetime | None = None,
     ) -> list[int]:
-        _require_selection(ids, queue)
-        rows = await self._run(self._q.job_retry_failed, retry_params(ids, queue, include_cancelled, now), None)
-        return [r["id"] for r in rows]
+        return await self._call(self._s.retry_failed(ids, queue, now, include_cancelled))
 
     async def cancel(
         self,
@@ -859,83 +1153,54 @@ class AsyncQueue:
         reason: str = "by operator",
         now: datetime | None = None,
     ) -> list[int]:
-        _require_selection(ids, queue)
-        params = cancel_params(self.settings, ids, queue, task, reason, now)
-        return [r["id"] for r in await self._run(self._q.job_cancel, params, None)]
+        return await self._call(self._s.cancel(ids, queue, reason, now, task))
 
     async def pause(self, queue: str, *, now: datetime | None = None) -> None:
-        await self._run(self._q.queue_set_paused, pause_params(self.settings, queue, True, now), None)
+        await self._call(self._s.set_paused(queue, True, now))
 
     async def resume(self, queue: str, *, now: datetime | None = None) -> None:
-        await self._run(self._q.queue_set_paused, pause_params(self.settings, queue, False, now), None)
+        await self._call(self._s.set_paused(queue, False, now))
 
     async def paused(self, queues: Sequence[str] | None = None) -> list[str]:
-        params = {"queues": list(queues) if queues is not None else None}
-        return [r["queue"] for r in await self._run(self._q.queue_paused, params, None)]
+        return await self._call(self._s.paused(queues))
 
     async def statuses(self, ids: Sequence[int]) -> dict[int, str]:
-        return {r["id"]: r["status"] for r in await self._run(self._q.job_get_many, {"ids": list(ids)}, None)}
+        return await self._call(self._s.statuses(ids))
 
     async def cancelled_among(self, jobs: Sequence[Job], *, worker: str) -> set[int]:
         """Of ``jobs`` (attempts held by ``worker``), the ids cancelled meanwhile."""
-        rows = await self._run(self._q.job_cancelled_among, fence_params(jobs, worker, None), None)
-        return {r["id"] for r in rows}
+        return await self._call(self._s.cancelled_among(jobs, worker))
+
+    async def purge(
+        self,
+        *,
+        older_than_seconds: float,
+        statuses: Sequence[str] = ("done", "failed"),
+        queue: str | None = None,
+        now: datetime | None = None,
+    ) -> int:
+        """See :meth:`Queue.purge`."""
+        cutoff = now if now is not None else await self._call(self._s.database_now())
+        batch = self._s.purge_batch(older_than_seconds, statuses, queue, cutoff)
+        total = 0
+        while True:
+            deleted = await self._call(batch)
+            total += deleted
+            if deleted < PURGE_BATCH:
+                return total
 
     async def migrate(self) -> migrations.MigrationReport:
-        async with self._pool.connection() as conn:
+        async with self._connection() as conn:
             await conn.commit()
             return await migrations.amigrate(conn, self.settings.schema)
 
     async def check_schema(self) -> None:
-        async with self._pool.connection() as conn:
-            version = await migrations.acurrent_version(conn, self.settings.schema)
+        try:
+            async with self._connection() as conn:
+                version = await migrations.acurrent_version(conn, self.settings.schema)
+        except psycopg.OperationalError as exc:
+            raise unavailable(exc, self.settings.dsn) from None
         migrations.check_version(version, self.settings.schema)
-
-
-def snooze_params(jobs: Sequence[Job], delays: Sequence[float], worker: str, now: datetime | None) -> dict[str, Any]:
-    if len(delays) != len(jobs):
-        raise ValueError(f"{len(delays)} delays for {len(jobs)} jobs")
-    return fence_params(jobs, worker, now) | {"delays": [float(d) for d in delays]}
-
-
-def pause_params(settings: Settings, queue: str, paused: bool, now: datetime | None) -> dict[str, Any]:
-    return {
-        "queue": check_queue_name(queue),
-        "paused": paused,
-        "now": now,
-        "control_channel": settings.control_channel,
-        "channel": settings.channel,
-    }
-
-
-def retry_params(
-    ids: Sequence[int] | None, queue: str | None, include_cancelled: bool, now: datetime | None
-) -> dict[str, Any]:
-    statuses = ["failed", "cancelled"] if include_cancelled else ["failed"]
-    return {"ids": list(ids) if ids is not None else None, "queue": queue, "statuses": statuses, "now": now}
-
-
-def cancel_params(
-    settings: Settings,
-    ids: Sequence[int] | None,
-    queue: str | None,
-    task: str | None,
-    reason: str,
-    now: datetime | None,
-) -> dict[str, Any]:
-    return {
-        "ids": list(ids) if ids is not None else None,
-        "queue": queue,
-        "task": task,
-        "reason": reason,
-        "now": now,
-        "control_channel": settings.control_channel,
-    }
-
-
-def _require_selection(ids: Sequence[int] | None, queue: str | None) -> None:
-    if ids is None and queue is None:
-        raise ValueError("name the jobs: give ids, a queue, or both")
 
 
 def check_connect(dsn: str, timeout: float = 10.0) -> None:

@@ -1,7 +1,9 @@
-"""The one settings object: explicit flag, then ``SKIPLOCK_*`` env, then (DSN only) ``DATABASE_URL``, then default.
+"""The one settings object. ``Settings(...)`` takes its values from the arguments only; reading the environment
+is the explicit step :meth:`Settings.from_env` (flag, then ``SKIPLOCK_*`` env, then, for the DSN only,
+``DATABASE_URL``, then default).
 
-The CLI builds it, the worker receives it, and the operator renders a worker's environment with
-:meth:`Settings.to_env`, so CLI flags, environment variables, the CRD and the chart share one set of names.
+Every field is a knob of :mod:`skiplock.knobs` (its help, bounds, flag, env name and CRD field live there);
+the operator renders a worker's environment with :meth:`Settings.to_env`.
 """
 
 from __future__ import annotations
@@ -13,15 +15,13 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from skiplock.errors import ConfigError
+from skiplock.knobs import BY_NAME, ENV_PREFIX, IDENTIFIER, MAX_BACKOFF_SECONDS, QUEUE_NAME, knob_problems
 
-ENV_PREFIX = "SKIPLOCK_"
-MAX_BACKOFF_SECONDS = 365 * 86400
-IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+__all__ = ["ENV_PREFIX", "IDENTIFIER", "MAX_BACKOFF_SECONDS", "QUEUE_NAME", "Settings", "mask_dsn", "redact"]
 LogFormat = Literal["plain", "json"]
 
 
@@ -34,93 +34,36 @@ WORKER_EXTRA_CONNECTIONS = CONTROL_CONNECTIONS + 2
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
+    """Worker and producer settings; each field is documented once, in :data:`skiplock.knobs.KNOBS`."""
+
     dsn: str | None = field(default=None, repr=False)
-    """libpq DSN or URL of the database. No default: flag, ``SKIPLOCK_DSN`` or ``DATABASE_URL``."""
-
     schema: str = "skiplock"
-    """PostgreSQL schema that holds the jobs table (default ``skiplock``); lower-case identifier, quoted in SQL."""
-
     queue: str = "default"
-    """Queue of a single-queue worker and the default of the CLI's enqueue (default ``default``)."""
-
     queues: tuple[str, ...] = ()
-    """Queues one worker serves from one claim statement (default: every queue its app's tasks name, else
-    ``queue``). Env and flag take a comma-separated list."""
-
     app: str | None = None
-    """``module:attr`` of a :class:`skiplock.App` whose tasks the worker runs."""
-
     handler: str | None = None
-    """``module:function`` the worker calls for jobs without a task (the catch-all handler)."""
-
     concurrency: int = 10
-    """Jobs in flight at once in one worker process (default 10). A worker holds at most concurrency + 6
-    connections: one per slot for ``job.conn``, the control pool (4), LISTEN and the metrics scrape."""
-
     batch: int = 10
-    """Most jobs claimed in one statement (default 10); never more than the free slots, so nothing is hoarded."""
-
     lease_seconds: float = 60.0
-    """How long a claim stays valid without a heartbeat (default 60 s); expired jobs are recovered."""
-
     heartbeat_seconds: float | None = None
-    """How often in-flight jobs renew their lease (default lease / 4; at most lease / 2)."""
-
     poll_seconds: float = 2.0
-    """Polling fallback when no notification arrives (default 2 s); NOTIFY can be lost or coalesced."""
-
     recover_seconds: float | None = None
-    """How often each worker recovers expired leases (default lease / 2, at most 30 s; cheap, SKIP LOCKED)."""
-
     backoff_base_seconds: float = 5.0
-    """First retry delay; attempt n waits base * 2**(n-1) (default 5 s)."""
-
     backoff_cap_seconds: float = 3600.0
-    """Upper bound of one retry delay (default 1 h)."""
-
     backoff_jitter: float = 1.0
-    """Fraction of the delay that is random (default 1.0, full jitter; 0 = none) so failures do not retry in step."""
-
     max_attempts: int = 5
-    """Default attempts of a newly enqueued job (default 5), after which it is ``failed``."""
-
     shutdown_grace_seconds: float = 30.0
-    """On SIGTERM, how long in-flight jobs may run before they are handed back (default 30 s)."""
-
     retain_done_seconds: float = 7 * 86400.0
-    """How long done jobs are kept before the workers' scheduled purge deletes them (default 7 days)."""
-
     retain_failed_seconds: float = 30 * 86400.0
-    """How long failed jobs are kept (default 30 days): long enough to inspect and retry them."""
-
     retain_cancelled_seconds: float = 7 * 86400.0
-    """How long cancelled jobs are kept (default 7 days)."""
-
     purge_interval_seconds: float = 3600.0
-    """How often a worker runs the scheduled purge (default 1 h; one worker of the fleet at a time, under an
-    advisory lock). 0 turns it off (``skiplock purge`` still works)."""
-
     metrics_port: int = 0
-    """Port of /metrics, /healthz and /readyz (default 0: off). The operator sets 9464."""
-
     metrics_host: str = "0.0.0.0"
-    """Address the metrics server binds (default all interfaces, as a pod needs)."""
-
     listen: bool = True
-    """Use LISTEN/NOTIFY to wake at once (default on). Turn off behind PgBouncer in transaction mode."""
-
     max_payload_bytes: int = 256 * 1024
-    """Largest JSON payload accepted by enqueue (default 256 KiB); keep payloads small, store blobs elsewhere."""
-
     log_format: LogFormat = "plain"
-    """``plain`` (default) or ``json`` log lines."""
-
     log_level: str = "INFO"
-    """Python logging level name (default INFO)."""
-
     worker_id: str = ""
-    """Identity prefix written to locked_by (default ``host:pid``; the operator uses the pod name).
-    Each worker process appends its own random nonce, so a restarted container never shares an identity."""
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -138,8 +81,9 @@ class Settings:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None, **flags: Any) -> Settings:
-        """Build settings: explicit flags (None means unset), then SKIPLOCK_* env, then DATABASE_URL, then defaults."""
+    def from_env(cls, env: Mapping[str, str] | None = None, **flags: Any) -> Settings:
+        """Read the environment, explicitly: flags given here (None means unset), then ``SKIPLOCK_*`` env, then
+        ``DATABASE_URL`` (DSN only), then defaults. ``env`` defaults to ``os.environ``."""
         env = os.environ if env is None else env
         known = {f.name: f for f in fields(cls)}
         unknown = set(flags) - set(known)
@@ -154,6 +98,11 @@ class Settings:
         if "dsn" not in values and env.get("DATABASE_URL"):
             values["dsn"] = env["DATABASE_URL"]
         return cls(**values)
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **flags: Any) -> Settings:
+        """Deprecated name of :meth:`from_env` (kept for existing callers; new code calls ``from_env``)."""
+        return cls.from_env(env, **flags)
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -172,43 +121,20 @@ class Settings:
 
     @classmethod
     def env_name(cls, name: str) -> str:
-        if name not in {f.name for f in fields(cls)}:
+        if name not in BY_NAME:
             raise ConfigError(f"unknown setting {name!r}")
-        return ENV_PREFIX + name.upper()
+        return BY_NAME[name].env
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
-        problems: list[str] = []
-        if not IDENTIFIER.match(self.schema):
-            problems.append(
-                f"schema {self.schema!r} must match {IDENTIFIER.pattern} (lower-case, at most 40 characters)"
-            )
-        for q in (self.queue, *self.queues):
-            if not isinstance(q, str) or not QUEUE_NAME.match(q):
-                problems.append(f"queue {q!r} must match {QUEUE_NAME.pattern}")
+        """Bounds, choices and patterns from the knob table, then the rules that relate two settings."""
+        problems = knob_problems({f.name: getattr(self, f.name) for f in fields(self)})
         if len(set(self.queues)) != len(self.queues):
             problems.append(f"queues {list(self.queues)} name a queue twice")
-        if self.app is not None and not re.match(r"^[\w.]+:[\w.]+$", self.app):
-            problems.append(f"app {self.app!r} must look like 'package.module:attribute'")
-        for name in ("concurrency", "batch", "max_attempts", "max_payload_bytes"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1 (got {getattr(self, name)})")
-        for name in ("lease_seconds", "heartbeat_seconds", "poll_seconds", "recover_seconds", "backoff_base_seconds"):
-            if getattr(self, name) <= 0:
-                problems.append(f"{name} must be > 0 (got {getattr(self, name)})")
+        if problems:  # the rules below compare numbers: only once each is valid on its own
+            raise ConfigError("invalid settings: " + "; ".join(problems))
         if self.backoff_cap_seconds < self.backoff_base_seconds:
             problems.append("backoff_cap_seconds must be >= backoff_base_seconds")
-        if self.backoff_cap_seconds > MAX_BACKOFF_SECONDS:
-            problems.append(f"backoff_cap_seconds must be at most {MAX_BACKOFF_SECONDS} (one year)")
-        if not 0.0 <= self.backoff_jitter <= 1.0:
-            problems.append(f"backoff_jitter must be within [0, 1] (got {self.backoff_jitter})")
-        for name in ("retain_done_seconds", "retain_failed_seconds", "retain_cancelled_seconds"):
-            if not getattr(self, name) > 0:
-                problems.append(f"{name} must be > 0 (got {getattr(self, name)})")
-        if not self.purge_interval_seconds >= 0:
-            problems.append(f"purge_interval_seconds must be >= 0 (got {self.purge_interval_seconds})")
-        if self.shutdown_grace_seconds < 0:
-            problems.append("shutdown_grace_seconds must be >= 0")
         assert self.heartbeat_seconds is not None and self.recover_seconds is not None  # set in __post_init__
         if self.heartbeat_seconds * 2 > self.lease_seconds:
             problems.append(
@@ -217,18 +143,15 @@ class Settings:
             )
         if self.poll_seconds >= self.lease_seconds:
             problems.append("poll_seconds must be below lease_seconds")
-        if not 0 <= self.metrics_port <= 65535:
-            problems.append(f"metrics_port must be within 0..65535 (got {self.metrics_port})")
-        if self.log_format not in get_args(LogFormat):
-            problems.append(f"log_format must be one of {get_args(LogFormat)} (got {self.log_format!r})")
-        if self.handler is not None and not re.match(r"^[\w.]+:[\w.]+$", self.handler):
-            problems.append(f"handler {self.handler!r} must look like 'package.module:function'")
         if problems:
             raise ConfigError("invalid settings: " + "; ".join(problems))
 
     def require_dsn(self) -> str:
         if not self.dsn:
-            raise ConfigError("no database given: pass --dsn, or set SKIPLOCK_DSN or DATABASE_URL")
+            raise ConfigError(
+                "no database given: pass a DSN (dsn=, --dsn or --dsn-file), or set SKIPLOCK_DSN or DATABASE_URL "
+                "(read by the skiplock command and Settings.from_env)"
+            )
         return self.dsn
 
     @property

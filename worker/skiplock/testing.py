@@ -48,7 +48,9 @@ class RunReport:
     snoozed: list[int] = field(default_factory=list)
     """Jobs whose handler raised Snooze (due again later: not run again in this call unless due)."""
     cancelled: list[int] = field(default_factory=list)
+    """Jobs cancelled while they ran (their result was refused and their job.conn writes rolled back)."""
     lease_lost: list[int] = field(default_factory=list)
+    """Jobs whose result was refused because their lease was lost (recovered by another worker meanwhile)."""
     timed_out: bool = False
 
     @property

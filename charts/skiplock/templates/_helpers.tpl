@@ -81,10 +81,26 @@ True (non-empty) when more than one operator replica runs, which turns on kopf p
 {{- end }}
 
 {{/*
-True (non-empty) when the operator watches only the release namespace.
+True (non-empty) when the operator watches a fixed list of namespaces (rbac.scope namespace: the release
+namespace, or every namespace of rbac.namespaces), with a Role in each instead of a ClusterRole.
 */}}
 {{- define "skiplock.namespaced" -}}
 {{- if eq .Values.rbac.scope "namespace" }}true{{ end }}
+{{- end }}
+
+{{/*
+The namespaces the operator watches in namespaced mode, as a JSON list: rbac.namespaces when given (the
+multi-namespace install), else the release namespace. Use with fromJsonArray.
+*/}}
+{{- define "skiplock.watchedNamespaces" -}}
+{{- if and .Values.rbac.namespaces (not (include "skiplock.namespaced" .)) }}
+{{- fail "rbac.namespaces lists the namespaces of rbac.scope namespace; with rbac.scope cluster leave it empty" }}
+{{- end }}
+{{- if .Values.rbac.namespaces }}
+{{- toJson (uniq .Values.rbac.namespaces) }}
+{{- else }}
+{{- toJson (list .Release.Namespace) }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -119,8 +135,8 @@ Arguments: (list $ "crds-src/file.yaml"). A file may hold several documents.
 {{- end }}
 
 {{/*
-The operator's RBAC rules, shared by the ClusterRole (rbac.scope cluster) and the Role (rbac.scope namespace).
-Every verb is one the operator uses; tests/chart asserts the exact set.
+The operator's RBAC rules, shared by the ClusterRole (rbac.scope cluster) and the Roles (rbac.scope namespace,
+one per watched namespace). Every verb is one the operator or kopf uses; tests/chart asserts the exact set.
 */}}
 {{- define "skiplock.rbacRules" -}}
 # Watch JobQueues; kopf patches them for its finalizer and progress annotations.
@@ -131,22 +147,38 @@ Every verb is one the operator uses; tests/chart asserts the exact set.
 - apiGroups: ["skiplock.io"]
   resources: ["jobqueues/status"]
   verbs: ["patch"]
-# The worker Deployment of each JobQueue: created, scaled by patch, and deleted.
+# The worker Deployment of each JobQueue: created, scaled by patch, deleted, and watched so that a hand edit
+# of a Deployment it owns is reconciled back (drift correction).
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The database DSN, read from the Secret a JobQueue names (never listed or watched).
+# The database DSN, read from the Secret a JobQueue names (the operator reads only Secrets labelled
+# skiplock.io/dsn=true). Listed and watched only with rbac.watchSecrets, so that a rotation is seen at once.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get"]
-# A Kubernetes Event for every scale change and every error.
+  verbs: [{{ if .Values.rbac.watchSecrets }}"get", "list", "watch"{{ else }}"get"{{ end }}]
+# A Kubernetes Event for every scale decision and every error (patch: kopf and the client aggregate repeats).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
 # kopf peering keep-alives, so that exactly one of several operator pods acts.
 - apiGroups: ["kopf.dev"]
   resources: [{{ if include "skiplock.namespaced" . }}"kopfpeerings"{{ else }}"clusterkopfpeerings"{{ end }}]
   verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+
+{{/*
+Comma-separated list for an operator environment variable; an item holding a comma fails the render.
+Arguments: (list "values.key" $items).
+*/}}
+{{- define "skiplock.csv" -}}
+{{- $key := index . 0 }}
+{{- range $item := index . 1 }}
+{{- if or (contains "," $item) (not $item) }}
+{{- fail (printf "%s: %q must be non-empty and hold no comma" $key $item) }}
+{{- end }}
+{{- end }}
+{{- join "," (index . 1) }}
 {{- end }}
 
 {{/*
@@ -163,4 +195,17 @@ Name of the kopf peering object shared by the operator pods when replicas > 1.
 */}}
 {{- define "skiplock.peeringName" -}}
 {{- default (include "skiplock.fullname" .) .Values.operator.peeringName }}
+{{- end }}
+
+{{/*
+"true" when JobQueues may set tolerations, affinity and nodeSelector: one switch for the three, on only when
+policy.allowTolerations, policy.allowAffinity and policy.allowNodeSelector are all true (mixed values fail).
+*/}}
+{{- define "skiplock.allowScheduling" -}}
+{{- $p := .Values.policy }}
+{{- if and $p.allowTolerations $p.allowAffinity $p.allowNodeSelector }}true
+{{- else if or $p.allowTolerations $p.allowAffinity $p.allowNodeSelector }}
+{{- fail "policy.allowTolerations, policy.allowAffinity and policy.allowNodeSelector are one switch in the operator: set all three alike" }}
+{{- else }}false
+{{- end }}
 {{- end }}

@@ -66,6 +66,7 @@ class Queries:
     job_enqueue_many: LiteralString
     job_notify: LiteralString
     job_complete_and_claim: LiteralString
+    job_complete_and_claim_one: LiteralString
     job_complete: LiteralString
     job_confirm_done: LiteralString
     job_fail: LiteralString
@@ -89,6 +90,9 @@ class Queries:
     queue_stats: LiteralString
     queue_set_paused: LiteralString
     queue_paused: LiteralString
+    queue_next_due: LiteralString
+    server_connection_limits: LiteralString
+    session_statement_timeout: LiteralString
     schema_lock: LiteralString
     schema_exists: LiteralString
     schema_create: LiteralString

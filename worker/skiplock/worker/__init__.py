@@ -38,7 +38,7 @@ from skiplock.queue import Failure, check_connect
 from skiplock.settings import Settings
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import Completer, failure_for
-from skiplock.worker.control import Control
+from skiplock.worker.control import Control, Scope
 from skiplock.worker.executor import (
     AsyncExecutor,
     Outcome,
@@ -57,6 +57,7 @@ __all__ = ["APPLICATION_NAME", "Outcome", "Worker", "serve_queues"]
 log = logging.getLogger(__name__)
 CONTROL_WORDS = ("cancel", "pause")
 """Payloads of the control channel (``Settings.control_channel``): what the workers recheck."""
+STOP_WAIT_SECONDS = 5.0
 
 
 def serve_queues(settings: Settings, app: App | None, handler: Handler | None) -> tuple[str, ...]:
@@ -68,6 +69,17 @@ def serve_queues(settings: Settings, app: App | None, handler: Handler | None) -
         extra = (settings.queue,) if handler is not None else ()
         return tuple(dict.fromkeys((*app.queues, *extra)))
     return (settings.queue,)
+
+
+async def _settle(tasks: list[asyncio.Task[Any]]) -> None:
+    """Wait for background tasks to end (a few seconds at most: one may be inside a database call)."""
+    done, pending = await asyncio.wait(tasks, timeout=STOP_WAIT_SECONDS)
+    for t in pending:
+        log.warning("background task %s did not stop in time", t.get_name(), extra={"action": "task_left"})
+        t.cancel()
+    for t in done:
+        if not t.cancelled() and t.exception() is not None:
+            log.error("background task %s failed: %r", t.get_name(), t.exception(), extra={"action": "task_failed"})
 
 
 def _as_handler(handler: Handler | Callable[..., Any] | None) -> Handler | None:
@@ -114,6 +126,7 @@ class Worker:
         self._loop_thread: int | None = None
         self._stopping: asyncio.Event | None = None
         self._stop_requests = 0
+        self._lock = threading.Lock()
         self._force = False
         self._started = threading.Event()
         self._finished = threading.Event()
@@ -162,10 +175,11 @@ class Worker:
 
     def request_stop(self) -> None:
         """First call: stop claiming and drain. Second: stop waiting for running jobs. Safe from any thread."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            self._stop_requests += 1  # before run(): it stops at once
-            return
+        with self._lock:
+            loop = self._loop
+            if loop is None or loop.is_closed():
+                self._stop_requests += 1  # before run(): it stops at once
+                return
         if threading.get_ident() == self._loop_thread:
             self._on_stop()
         else:
@@ -199,13 +213,20 @@ class Worker:
         self._thread = threading.Thread(target=main, name="skiplock-worker", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout):
-            raise TimeoutError(f"worker not ready within {timeout:g}s")
+            self.request_stop()
+            self._thread.join(STOP_WAIT_SECONDS)
+            raise TimeoutError(f"worker not ready within {timeout:g}s (stopped)")
         if self._error is not None:
             raise self._error
 
     def stop(self, timeout: float | None = None) -> int | None:
-        """Drain and wait (from any thread); returns the exit code, or None if it did not stop within ``timeout``."""
+        """Drain and wait (from any thread but the worker's own loop: await the task of ``run()`` there);
+        returns the exit code, or None if it did not stop within ``timeout``."""
+        if self._loop is not None and threading.get_ident() == self._loop_thread:
+            raise RuntimeError("stop() would block the worker's own event loop: call request_stop() and await run()")
         self.request_stop()
+        if self._loop is None and self._thread is None:  # never started
+            return self.exit_code
         if self._thread is not None:
             self._thread.join(timeout)
         elif not self._finished.wait(timeout):
@@ -221,11 +242,12 @@ class Worker:
     # ------------------------------------------------------------------------------------------ lifecycle
     async def _run(self, until_idle: bool) -> int:
         s = self.settings
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
         stopping = self._stopping = asyncio.Event()
-        if self._stop_requests:
-            stopping.set()
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
+            if self._stop_requests:
+                stopping.set()
         exporter = self._bind_exporter()  # a busy port fails before any connection is opened
         try:
             await asyncio.to_thread(check_connect, s.require_dsn())
@@ -240,16 +262,11 @@ class Worker:
         control = self._control = Control(s, self.metrics)
         await control.open()
         kinds = self.router.kinds
-        slots = self._slots = Slots(s.concurrency, self._in_flight_changed)
-        completer = self._completer = Completer(control, s, self._bound, self.identity, self.observe)
-        overrides = self.router.lease_overrides()
+        slots = self._slots = Slots(s.concurrency)
+        scope = Scope(control, s, self.identity, self.queues, self.router.lease_overrides())
+        completer = self._completer = Completer(scope, self._bound, self._observe)
         leases = self._leases = Leases(
-            control,
-            s,
-            self.identity,
-            self.queues,
-            overrides,
-            self.metrics,
+            scope,
             self._bound,
             tracked=lambda: slots.jobs() + completer.jobs(),
             holds=lambda job: slots.holds(job) or completer.holds(job),
@@ -257,15 +274,12 @@ class Worker:
             cancelled=self._on_cancelled,
             timeouts=self.router.timeouts(),
         )
-        claimer = self._claimer = Claimer(
-            control, s, self.identity, self.queues, overrides, slots, completer, leases, self._start_jobs,
-            self.metrics, stopping,
-        )  # fmt: skip
+        claimer = self._claimer = Claimer(scope, slots, completer, leases, self._start_jobs, self.metrics, stopping)
         claimer.until_idle = until_idle
         tasks: list[asyncio.Task[Any]] = []
         try:
             if True in kinds:
-                pool = async_pool(dsn, "skiplock-handlers", s.concurrency, autocommit=False, timeout=30)
+                pool = async_pool(dsn, "skiplock-handlers", s.concurrency, autocommit=True, timeout=30)
                 await pool.open()
                 self._async = AsyncExecutor(pool, control.queue.queries, self.identity, self._on_result)
             if False in kinds:
@@ -276,10 +290,14 @@ class Worker:
                 )
                 self._threads.skip = lambda job: not slots.holds(job)
             flusher = asyncio.create_task(completer.run(stopping), name="completer")
+            halt = asyncio.Event()  # set once the drain is over: heartbeats and recovery end by themselves
+            loops = [
+                asyncio.create_task(leases.heartbeats(halt), name="heartbeat"),
+                asyncio.create_task(leases.recoverer(halt), name="recoverer"),
+            ]
+            tasks = [asyncio.create_task(self._ticker(), name="ticker")]
             tasks = [
                 asyncio.create_task(self._ticker(), name="ticker"),
-                asyncio.create_task(leases.heartbeats(), name="heartbeat"),
-                asyncio.create_task(leases.recoverer(), name="recoverer"),
                 asyncio.create_task(leases.cancellations(), name="cancellations"),
                 asyncio.create_task(claimer.watch_paused(self._bound), name="paused"),
             ]
@@ -294,7 +312,7 @@ class Worker:
                     self.queues,
                     lambda: self._wake("notify"),
                     application_name=APPLICATION_NAME,
-                    on_state=lambda up: self.metrics.listener_connected.set(1 if up else 0),
+                    on_state=self._listener_state,
                     on_notify=lambda: self.metrics.last_notification.set(time.time()),
                     on_unsupported=lambda: self.metrics.listener_enabled.set(0),
                 )
@@ -310,10 +328,16 @@ class Worker:
             try:
                 await claimer.run()
                 await self._drain()
+            except asyncio.CancelledError:  # run() cancelled (a lifespan's task.cancel(), Ctrl-C): hand back now
+                stopping.set()
+                self._force = True
+                await self._drain()
+                raise
             finally:
+                halt.set()
                 for t in tasks:
                     t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await _settle(tasks + loops)
                 if self._threads is not None:
                     self._threads.collect()  # results posted meanwhile are written, not rerun
                 await completer.close(flusher)
@@ -394,7 +418,7 @@ class Worker:
         assert self._slots is not None and self._completer is not None
         now = datetime.now(UTC)
         started = time.monotonic()
-        self.on_claimed(len(jobs))
+        self._callback(self.on_claimed, len(jobs))
         for job in jobs:
             m = self._bound[job.queue]
             m.claimed.inc()
@@ -408,6 +432,7 @@ class Worker:
                 self._completer.fail(failure_for(job, target, None, self.settings))
                 continue
             self._submit(job, target, started)
+        self._publish_in_flight()
 
     def _submit(self, job: Job, target: Target, started: float) -> None:
         assert self._slots is not None
@@ -418,9 +443,14 @@ class Worker:
 
     def _on_results(self, results: list[Result]) -> None:
         for r in results:
-            self._on_result(r)
+            self._finish(r)
+        self._publish_in_flight()
 
     def _on_result(self, r: Result) -> None:
+        self._finish(r)
+        self._publish_in_flight()
+
+    def _finish(self, r: Result) -> None:
         assert self._slots is not None and self._completer is not None
         job = r.job
         if r.outcome == "timed_out":
@@ -435,7 +465,7 @@ class Worker:
             m.stuck.dec()
             if r.outcome == "done":  # it committed before the timeout was recorded (that write was refused)
                 m.finished["done"].inc()
-                self.observe(job, "done")
+                self._observe(job, "done")
             return  # otherwise its job was already failed at the timeout and its writes are rolled back
         if r.timed_out:
             m.timed_out.inc()
@@ -451,7 +481,7 @@ class Worker:
             self._completer.fail(failure_for(job, r.error, r.task, self.settings))
         elif r.outcome == "done":
             m.finished["done"].inc()
-            self.observe(job, "done")
+            self._observe(job, "done")
             log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
         elif r.outcome == "lease_lost":  # lost, or cancelled before this worker was told: the completer asks
             self._completer.refused(job)
@@ -491,8 +521,26 @@ class Worker:
         if self._claimer is not None:
             self._claimer.poke_paused()
 
-    def _in_flight_changed(self, queue: str, delta: int) -> None:
-        self._bound[queue].in_flight.inc(delta)
+    def _listener_state(self, up: bool) -> None:
+        self.metrics.listener_connected.set(1 if up else 0)
+        if up:
+            self.metrics.listener_enabled.set(1)  # a later probe proved it after all
+
+    def _observe(self, job: Job, outcome: str) -> None:
+        self._callback(self.observe, job, outcome)
+
+    @staticmethod
+    def _callback(fn: Callable[..., None], *args: Any) -> None:
+        """A user callback: an exception is logged, never allowed to stop the claim loop or a flush."""
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("worker callback %r failed", fn, extra={"action": "callback_failed"})
+
+    def _publish_in_flight(self) -> None:
+        assert self._slots is not None
+        for queue, running in self._slots.per_queue.items():
+            self._bound[queue].in_flight.set(running)
 
     def _wake(self, source: str) -> None:
         if self._claimer is not None:

@@ -8,16 +8,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
 from skiplock.job import Job
 from skiplock.metrics import BoundMetrics, WorkerMetrics
-from skiplock.settings import Settings
+from skiplock.queue import per_queue_limit
 from skiplock.worker.completer import Completer
-from skiplock.worker.control import Control
+from skiplock.worker.control import Scope
 from skiplock.worker.executor import Slots
 from skiplock.worker.leases import Leases
 
@@ -25,8 +26,11 @@ log = logging.getLogger(__name__)
 # With jobs in flight and work waiting, wait up to this long for a whole batch of slots to free before claiming,
 # so one claim statement carries several jobs instead of one per finished job.
 CLAIM_GATHER_SECONDS = 0.005
-# After a claim that found nothing, wake-ups are folded for this long: a flood of notifications (anyone may
-# NOTIFY the channel) costs at most ten empty claims a second, and a real job waits at most this long.
+# After EMPTY_STREAK claims in a row found nothing, wake-ups are folded for EMPTY_CLAIM_QUIET_SECONDS: a flood of
+# notifications (anyone may NOTIFY the channel) costs at most ten empty claims a second. A worker that loses a
+# race now and then (several idle workers wake on each NOTIFY) stays eager, so pick-up latency is unchanged: a
+# worker that keeps losing goes quiet, and the one that wins keeps winning.
+EMPTY_STREAK = 3
 EMPTY_CLAIM_QUIET_SECONDS = 0.1
 # All slots busy this long: the claim connection goes back to the pool (a slow job may run for hours).
 BUSY_RETURN_SECONDS = 1.0
@@ -35,11 +39,7 @@ BUSY_RETURN_SECONDS = 1.0
 class Claimer:
     def __init__(
         self,
-        control: Control,
-        settings: Settings,
-        identity: str,
-        queues: Sequence[str],
-        lease_overrides: dict[str, float],
+        scope: Scope,
         slots: Slots,
         completer: Completer,
         leases: Leases,
@@ -47,11 +47,11 @@ class Claimer:
         metrics: WorkerMetrics,
         stopping: asyncio.Event,
     ) -> None:
-        self._control = control
-        self._settings = settings
-        self._identity = identity
-        self._queues = list(queues)
-        self._leases_by_task = lease_overrides or None
+        self._control = scope.control
+        self._settings = scope.settings
+        self._identity = scope.identity
+        self._queues = list(scope.queues)
+        self._leases_by_task = scope.lease_overrides or None
         self._slots = slots
         self._completer = completer
         self._leases = leases
@@ -64,6 +64,8 @@ class Claimer:
         self._conn: psycopg.AsyncConnection[Any] | None = None  # kept between claims: no pool checkout per claim
         self._orphans_possible = False
         self._quiet_until = 0.0
+        self._empty_streak = 0
+        self._rotate = 0
         self.until_idle = False  # stop once nothing is due and nothing runs (skiplock.testing)
         self.claims = 0
         self.empty_claims = 0
@@ -126,6 +128,8 @@ class Claimer:
         except BaseException:
             self._completer.give_back(done)
             raise
+        if self._control.uncertain:  # a try failed in flight: it may have claimed jobs whose reply was lost
+            self._orphans_possible = True
         if result is None:
             # The completions must not wait for a claim that keeps failing (a statement timeout, a lock wait):
             # the completer writes them on its own. The claim may have committed with its reply lost.
@@ -136,12 +140,19 @@ class Claimer:
         completed, jobs = result
         await self._completer.settle(done, completed)
         self.claims += 1
+        self._rotate += 1  # the next claim serves another queue first
         if jobs:
+            self._empty_streak = 0
             self._start(jobs)
         else:
             self.empty_claims += 1
-            self._quiet_until = time.monotonic() + EMPTY_CLAIM_QUIET_SECONDS
-        full = len(jobs) == want
+            self._empty_streak += 1
+            if self._empty_streak >= EMPTY_STREAK:
+                self._quiet_until = time.monotonic() + EMPTY_CLAIM_QUIET_SECONDS
+        # Full: the batch was filled, or some queue gave all it may give one claim (more of it is waiting).
+        full = len(jobs) == want or (
+            len(self._queues) > 1 and max(Counter(j.queue for j in jobs).values(), default=0) >= self._per_queue(want)
+        )
         if full:
             self._metrics.wakeups.labels("busy").inc()
         return full
@@ -160,11 +171,15 @@ class Claimer:
                 worker=self._identity,
                 lease_seconds=self._settings.lease_seconds,
                 leases=self._leases_by_task,
+                rotate=self._rotate,
                 conn=self._conn,
             )
         except BaseException:
             await self._return_conn()
             raise
+
+    def _per_queue(self, want: int) -> int:
+        return per_queue_limit(want, len(self._queues))
 
     async def _return_conn(self) -> None:
         conn, self._conn = self._conn, None

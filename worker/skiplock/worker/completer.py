@@ -16,7 +16,7 @@ from skiplock.job import Job
 from skiplock.metrics import BoundMetrics
 from skiplock.queue import Failure, format_error
 from skiplock.settings import Settings
-from skiplock.worker.control import Control
+from skiplock.worker.control import Scope
 from skiplock.worker.executor import UnknownTaskError
 
 log = logging.getLogger(__name__)
@@ -46,23 +46,17 @@ def failure_for(job: Job, exc: BaseException, task: Task | None, settings: Setti
 
 
 class Completer:
-    def __init__(
-        self,
-        control: Control,
-        settings: Settings,
-        metrics: dict[str, BoundMetrics],
-        identity: str,
-        observe: Callable[[Job, str], None],
-    ) -> None:
+    def __init__(self, scope: Scope, metrics: dict[str, BoundMetrics], observe: Callable[[Job, str], None]) -> None:
         self._observe = observe  # each written outcome: done, retried, failed, unknown_*, lease_lost
-        self._control = control
-        self._settings = settings
+        self._control = scope.control
+        self._settings = scope.settings
         self._m = metrics
-        self._identity = identity
+        self._identity = scope.identity
         self._done: list[Job] = []
         self._failed: list[Failure] = []
         self._refused: list[Job] = []  # completions the fence refused in the handler's transaction
         self._snoozed: list[tuple[Job, float]] = []  # jobs to reschedule without using an attempt
+        self._writing: list[Job] = []  # a flush in flight: still held (heartbeats, orphan release) until settled
         self._needed = asyncio.Event()
         self._closing = False
 
@@ -97,8 +91,9 @@ class Completer:
             self._needed.set()
 
     def jobs(self) -> list[Job]:
-        """Jobs finished here but not yet written: their leases must still be renewed."""
-        return self._done + [f.job for f in self._failed] + [j for j, _ in self._snoozed]
+        """Jobs finished here but not yet written (or being written): their leases must still be renewed, and
+        they are this worker's own, never orphans."""
+        return self._done + [f.job for f in self._failed] + [j for j, _ in self._snoozed] + self._writing
 
     def holds(self, job: Job) -> bool:
         return any(j.id == job.id and j.attempts == job.attempts for j in self.jobs())
@@ -207,6 +202,7 @@ class Completer:
                     warn_lost(job, "completion refused: the lease was lost while the handler ran")
         while ok and self._done:
             batch = self.take_done()
+            self._writing = list(batch)
             ok = False
             try:
                 done = await self._control.call(
@@ -216,6 +212,7 @@ class Completer:
                     await self.settle(batch, done)
                     ok = True
             finally:  # on failure keep the results for the next or final flush
+                self._writing = []
                 if not ok:
                     self._done[:0] = batch
         if ok and self._snoozed:
@@ -223,6 +220,7 @@ class Completer:
         while ok and self._failed:
             fails, self._failed = self._failed[:FLUSH_MAX], self._failed[FLUSH_MAX:]
             fails.sort(key=lambda f: f.job.id)
+            self._writing = [f.job for f in fails]
             ok = False
             try:
                 statuses = await self._control.call(
@@ -235,6 +233,7 @@ class Completer:
                         self._count_failure(f, status)
                     ok = True
             finally:
+                self._writing = []
                 if not ok:
                     self._failed[:0] = fails
         return ok
@@ -242,10 +241,17 @@ class Completer:
     async def _write_snoozes(self) -> bool:
         batch, self._snoozed = sorted(self._snoozed, key=lambda s: s[0].id), []
         jobs = [j for j, _ in batch]
-        written = await self._control.call(
-            "fail",
-            lambda: self._control.queue.snooze(jobs, [d for _, d in batch], worker=self._identity),
-        )
+        self._writing = list(jobs)
+        try:
+            written = await self._control.call(
+                "fail",
+                lambda: self._control.queue.snooze(jobs, [d for _, d in batch], worker=self._identity),
+            )
+        except BaseException:
+            self._snoozed[:0] = batch
+            raise
+        finally:
+            self._writing = []
         if written is None:
             self._snoozed[:0] = batch
             return False

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import psycopg
@@ -28,6 +29,18 @@ ATTEMPTS = CONTROL_CONNECTIONS + 1
 BACKOFF_CAP_SECONDS = 10.0
 
 
+@dataclass(frozen=True)
+class Scope:
+    """What every seam of one worker shares: its control calls, settings, identity, the queues it serves and
+    the leases of tasks that set their own."""
+
+    control: Control
+    settings: Settings
+    identity: str
+    queues: tuple[str, ...]
+    lease_overrides: dict[str, float] = field(default_factory=dict)
+
+
 class Control:
     """Owns the control pool. ``call`` runs one fenced or idempotent call; a database error is logged, counted and
     survived (``None``), so every seam backs off and tries again instead of dying."""
@@ -42,7 +55,7 @@ class Control:
         self.queue = AsyncQueue(self.pool, settings, owned=True)
         self.ok = False
         self.failures = 0
-        self.last_failed = False  # the most recent call failed (its effect on the server is unknown)
+        self.uncertain = False  # a try of the last call failed in flight: it may have committed unseen
 
     async def open(self) -> None:
         await self.pool.open()
@@ -51,22 +64,25 @@ class Control:
         await self.pool.close()
 
     async def call(self, operation: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        """``uncertain`` is True afterwards when any try failed: that try may have committed with its reply lost
+        (the claimer then reclaims jobs leased to this worker that it does not know)."""
+        self.uncertain = False
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 result = await fn()
                 break
             except TRANSIENT as exc:
-                _raise_if_cancelling()
+                _reraise_cancellation()
+                self.uncertain = True
                 if attempt < ATTEMPTS:
                     continue
                 self._error(operation, exc, logging.WARNING)
                 return None
             except psycopg.Error as exc:  # not transient: a bug, a privilege, a standby
-                _raise_if_cancelling()
+                _reraise_cancellation()
                 self._error(operation, exc, logging.ERROR)
                 return None
-        _raise_if_cancelling()  # a cancel swallowed on the way (by the driver or the pool) still ends the task
-        self.last_failed = False
+        _reraise_cancellation()  # a cancel swallowed on the way (by the driver or the pool) still ends the task
         if not self.ok:
             if self.failures:
                 log.info("database reachable again", extra={"action": "db_recovered"})
@@ -79,7 +95,6 @@ class Control:
         self.metrics.db_errors.labels(operation).inc()
         self.metrics.database_up.set(0)
         self.ok = False
-        self.last_failed = True
         self.failures += 1
         if self.failures == 1 or self.failures % 10 == 0:
             log.log(
@@ -100,9 +115,10 @@ class Control:
             await asyncio.wait_for(stopping.wait(), timeout=delay)
 
 
-def _raise_if_cancelling() -> None:
-    """psycopg may turn a cancelled call into an error (the query was cancelled): the task's cancel must win, or
-    a stopping worker would wait for the next round of a loop that was told to end."""
+def _reraise_cancellation() -> None:
+    """A cancel that landed inside a database call may surface as a query error (the query was cancelled), or be
+    swallowed by the driver or the pool: never survive it, or a stopping worker would wait for the next round of
+    a loop that was told to end."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError

@@ -143,11 +143,11 @@ class Entry:
 class Slots:
     """The jobs running now (at most ``capacity``); ``freed`` is set whenever one ends."""
 
-    def __init__(self, capacity: int, on_change: Callable[[str, int], None] = lambda q, d: None) -> None:
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._running: dict[int, Entry] = {}
         self.freed = asyncio.Event()
-        self._on_change = on_change
+        self.per_queue: dict[str, int] = {}  # running jobs by queue (the in-flight gauges, set once per batch)
 
     def free(self) -> int:
         return self.capacity - len(self._running)
@@ -157,7 +157,7 @@ class Slots:
 
     def add(self, job: Job, started: float) -> Entry:
         entry = self._running[job.id] = Entry(job, started)
-        self._on_change(job.queue, 1)
+        self.per_queue[job.queue] = self.per_queue.get(job.queue, 0) + 1
         return entry
 
     def pop(self, job: Job) -> Entry | None:
@@ -168,7 +168,7 @@ class Slots:
         del self._running[job.id]
         if entry.timer is not None:
             entry.timer.cancel()
-        self._on_change(job.queue, -1)
+        self.per_queue[job.queue] -= 1
         self.freed.set()
         return entry
 
@@ -202,7 +202,9 @@ class Slots:
 
 
 def _finish_sync(conn: psycopg.Connection[Any] | None, job: Job, worker: str, q: Queries) -> Outcome:
-    """After a sync handler returned: complete in its transaction when it wrote, else defer to the batch."""
+    """After a sync handler returned: complete in its transaction when it used job.conn, else defer to the batch.
+    (IDLE: the handler ended the job's transaction itself, with ``commit()`` or ``rollback()``: documented as
+    unfenced; the job is completed in the batch.)"""
     if conn is None:
         return "deferred"
     status = conn.info.transaction_status
@@ -265,9 +267,20 @@ class AsyncExecutor:
             result = Result(job, "failed", exc, time.monotonic(), target.task, is_timeout(exc))
         self._report(result)
 
+    async def _checkout(self) -> Any:
+        """A job connection with its transaction already open, so the handler's ``transaction()`` blocks are
+        savepoints inside it: nothing the handler writes commits outside the fenced completion."""
+        conn = await self.pool.getconn()
+        try:
+            await conn.execute("BEGIN")
+        except BaseException:
+            await self.pool.putconn(conn)
+            raise
+        return conn
+
     async def _unit(self, job: Job, target: Target, cancel: threading.Event) -> Outcome:
         pool = self.pool
-        lazy = AsyncLazyConnection(pool.getconn)
+        lazy = AsyncLazyConnection(self._checkout)
         timeout = timeout_for(job, target)
         try:
             try:
@@ -363,9 +376,19 @@ class ThreadExecutor:
         if results:
             self._report(results)
 
+    def _checkout(self) -> Any:
+        """As :meth:`AsyncExecutor._checkout`: the job's transaction is open before the handler sees it."""
+        conn = self.pool.getconn()
+        try:
+            conn.execute("BEGIN")
+        except BaseException:
+            self.pool.putconn(conn)
+            raise
+        return conn
+
     def _unit(self, job: Job, target: Target, cancel: threading.Event) -> Outcome:
         pool = self.pool
-        lazy = LazyConnection(pool.getconn)
+        lazy = LazyConnection(self._checkout)
         try:
             try:
                 target.func(job.with_conn(lazy, cancel))

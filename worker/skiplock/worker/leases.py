@@ -5,13 +5,13 @@ committed but whose reply was lost with the connection."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from skiplock.job import Job
-from skiplock.metrics import BoundMetrics, WorkerMetrics
-from skiplock.settings import Settings
-from skiplock.worker.control import Control
+from skiplock.metrics import BoundMetrics
+from skiplock.worker.control import Scope
 
 log = logging.getLogger(__name__)
 
@@ -19,12 +19,7 @@ log = logging.getLogger(__name__)
 class Leases:
     def __init__(
         self,
-        control: Control,
-        settings: Settings,
-        identity: str,
-        queues: Sequence[str],
-        lease_overrides: dict[str, float],
-        metrics: WorkerMetrics,
+        scope: Scope,
         bound: dict[str, BoundMetrics],
         tracked: Callable[[], list[Job]],
         holds: Callable[[Job], bool],
@@ -32,12 +27,12 @@ class Leases:
         cancelled: Callable[[set[int]], None] = lambda ids: None,
         timeouts: dict[str, float] | None = None,
     ) -> None:
-        self._control = control
+        settings, lease_overrides = scope.settings, scope.lease_overrides
+        self._control = scope.control
         self._settings = settings
-        self._identity = identity
-        self._queues = list(queues)
+        self._identity = scope.identity
+        self._queues = list(scope.queues)
         self._overrides = lease_overrides
-        self._metrics = metrics
         self._m = bound
         self._tracked = tracked  # every job this worker holds a lease for (running or finished but unwritten)
         self._holds = holds  # whether it still holds this attempt (it may have finished during a round trip)
@@ -63,9 +58,10 @@ class Leases:
         return self._timeouts.get(job.task) if job.task else None
 
     # ------------------------------------------------------------------ heartbeats
-    async def heartbeats(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_seconds)
+    async def heartbeats(self, halt: asyncio.Event) -> None:
+        """Until ``halt``: a loop that ends by itself, not by cancellation (a cancel that lands inside a database
+        call can surface as a query error, be survived, and be lost)."""
+        while not await _halted(halt, self.heartbeat_seconds):
             await self.beat()
 
     async def beat(self) -> None:
@@ -120,10 +116,10 @@ class Leases:
         return found or set()
 
     # ------------------------------------------------------------------ recovery
-    async def recoverer(self) -> None:
-        while True:
+    async def recoverer(self, halt: asyncio.Event) -> None:
+        while not halt.is_set():
             await self.recover()
-            await asyncio.sleep(self.recover_seconds)
+            await _halted(halt, self.recover_seconds)
 
     async def recover(self) -> int:
         recovered = await self._control.call(
@@ -180,3 +176,11 @@ class Leases:
             )
             self._wake()
         return True
+
+
+async def _halted(halt: asyncio.Event, seconds: float) -> bool:
+    """Sleep ``seconds`` or until ``halt`` is set; True when halted."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await halt.wait()
+    return halt.is_set()

@@ -38,9 +38,14 @@ def _check(conn: psycopg.Connection[Any]) -> None:
             conn.rollback()
 
 
-def async_pool(dsn: str, name: str, size: int, *, autocommit: bool, timeout: float) -> AsyncConnectionPool[Any]:
-    """An unopened async pool of up to ``size`` connections (control calls: autocommit; job.conn: transactional)."""
-    return AsyncConnectionPool(
+def make_pool(
+    dsn: str, name: str, size: int, *, asynchronous: bool, autocommit: bool, timeout: float
+) -> AsyncConnectionPool[Any] | ConnectionPool[Any]:
+    """The one pool constructor of the worker, unopened: control calls (async, autocommit) and ``job.conn``
+    (the handler's colour; autocommit too, since the executor opens the job's transaction itself at checkout
+    with ``BEGIN``, so a handler's ``transaction()`` blocks nest in it as savepoints)."""
+    cls: Any = AsyncConnectionPool if asynchronous else ConnectionPool
+    return cls(  # type: ignore[no-any-return]
         dsn,
         min_size=1,
         max_size=size,
@@ -48,21 +53,18 @@ def async_pool(dsn: str, name: str, size: int, *, autocommit: bool, timeout: flo
         name=name,
         reconnect_timeout=0,
         timeout=timeout,
-        check=_acheck,
+        check=_acheck if asynchronous else _check,
         kwargs={"application_name": APPLICATION_NAME, "autocommit": autocommit},
     )
 
 
+def async_pool(dsn: str, name: str, size: int, *, timeout: float, autocommit: bool = True) -> AsyncConnectionPool[Any]:
+    pool = make_pool(dsn, name, size, asynchronous=True, autocommit=autocommit, timeout=timeout)
+    assert isinstance(pool, AsyncConnectionPool)
+    return pool
+
+
 def sync_pool(dsn: str, name: str, size: int, *, timeout: float) -> ConnectionPool[Any]:
-    """An unopened sync pool for the ``job.conn`` of sync handlers (transactional connections)."""
-    return ConnectionPool(
-        dsn,
-        min_size=1,
-        max_size=size,
-        open=False,
-        name=name,
-        reconnect_timeout=0,
-        timeout=timeout,
-        check=_check,
-        kwargs={"application_name": APPLICATION_NAME},
-    )
+    pool = make_pool(dsn, name, size, asynchronous=False, autocommit=True, timeout=timeout)
+    assert isinstance(pool, ConnectionPool)
+    return pool

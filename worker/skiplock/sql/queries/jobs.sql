@@ -1,8 +1,9 @@
 -- name: job_enqueue
 -- Insert one job, or find the live job with the same idempotency key; wake workers when it is visible now.
 WITH ins AS (
-    INSERT INTO {schema}.jobs (queue, payload, priority, max_attempts, visible_at, idempotency_key, timeout_seconds)
-    VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
+    INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, idempotency_key,
+                               timeout_seconds)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
             coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), %(idempotency_key)s,
             %(timeout_seconds)s)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL AND status <> 'failed' DO NOTHING
@@ -18,14 +19,14 @@ WHERE NOT EXISTS (SELECT 1 FROM ins)
 
 -- name: job_find_by_key
 -- The live job of a queue with an idempotency key (used when a concurrent insert won the race).
-SELECT id FROM {schema}.jobs
+SELECT id, task FROM {schema}.jobs
 WHERE queue = %(queue)s AND idempotency_key = %(idempotency_key)s AND status <> 'failed';
 
 -- name: job_enqueue_many
 -- Insert many jobs of one queue in one statement (payloads as one JSON array; duplicate keys skipped); wake once.
 WITH ins AS (
-    INSERT INTO {schema}.jobs (queue, payload, priority, max_attempts, visible_at, idempotency_key)
-    SELECT %(queue)s, p.payload, %(priority)s, %(max_attempts)s,
+    INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, idempotency_key)
+    SELECT %(queue)s, %(task)s, p.payload, %(priority)s, %(max_attempts)s,
            coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), k.key
     FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, n)
     LEFT JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, n) USING (n)
@@ -43,7 +44,7 @@ SELECT ins.id, (SELECT count(*) FROM woke) AS notified FROM ins ORDER BY ins.id;
 SELECT pg_notify(%(channel)s, %(queue)s);
 
 -- name: job_complete_and_claim
--- Mark claimed jobs done, fenced (rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of the given queues that are not paused, round-robin across queues so a busy queue never starves a quiet one: one statement, one commit (claim alone: no ids).
+-- Mark claimed jobs done, fenced (rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of the given queues that are not paused: at most `per_queue` of each, taken round-robin from the queue after `rotate` on (the claimer moves it every claim), so a busy queue never starves a quiet one; one statement, one commit (claim alone: no ids).
 WITH done AS (
     UPDATE {schema}.jobs AS j
     SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
@@ -52,20 +53,53 @@ WITH done AS (
     WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
     RETURNING j.id
 ), candidates AS (
-    SELECT c.id, row_number() OVER (PARTITION BY q.queue ORDER BY c.priority DESC, c.visible_at, c.id) AS turn,
-           c.priority, c.visible_at
-    FROM unnest(%(queues)s::text[]) AS q(queue)
+    SELECT c.id, q.n, row_number() OVER (PARTITION BY q.n ORDER BY c.priority DESC, c.visible_at, c.id) AS turn
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
     CROSS JOIN LATERAL (
         SELECT id, priority, visible_at FROM {schema}.jobs
         WHERE queue = q.queue AND status = 'pending'
           AND visible_at <= coalesce(%(now)s::timestamptz, now())
         ORDER BY priority DESC, visible_at, id
-        LIMIT %(limit)s
+        LIMIT %(per_queue)s
         FOR UPDATE SKIP LOCKED
     ) AS c
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = q.queue AND p.paused)
 ), picked AS (
-    SELECT id FROM candidates ORDER BY turn, priority DESC, visible_at, id LIMIT %(limit)s
+    SELECT id FROM candidates
+    ORDER BY turn, (n + cardinality(%(queues)s::text[]) - 1 - %(rotate)s) %% cardinality(%(queues)s::text[])
+    LIMIT %(limit)s
+), claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
+        locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
+        lease_expires_at = coalesce(%(now)s::timestamptz, now())
+            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s))
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
+              j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds
+)
+SELECT false AS completed, c.* FROM claimed AS c
+UNION ALL
+SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
+
+-- name: job_complete_and_claim_one
+-- The claim of job_complete_and_claim for a worker of one queue: the same completion, lease and columns, with a plain index scan instead of the per-queue round-robin (no window function, sort or rotation).
+WITH done AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
+    WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
+    RETURNING j.id
+), picked AS (
+    SELECT id FROM {schema}.jobs
+    WHERE queue = (%(queues)s::text[])[1] AND status = 'pending'
+      AND visible_at <= coalesce(%(now)s::timestamptz, now())
+      AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = (%(queues)s::text[])[1] AND p.paused)
+    ORDER BY priority DESC, visible_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE {schema}.jobs AS j
     SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,

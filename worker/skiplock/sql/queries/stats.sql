@@ -41,3 +41,18 @@ FROM counts AS c
 FULL JOIN paused AS p USING (queue)
 ORDER BY queue;
 
+-- name: queue_next_due
+-- Seconds until the earliest delayed pending job of the given queues becomes visible (NULL when none waits).
+SELECT extract(epoch FROM min(visible_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS due_in_seconds
+FROM {schema}.jobs
+WHERE status = 'pending' AND queue = ANY(%(queues)s::text[])
+  AND visible_at > coalesce(%(now)s::timestamptz, now());
+
+-- name: server_connection_limits
+-- The server's max_connections and superuser_reserved_connections (the operator's default connection budget).
+SELECT current_setting('max_connections')::int AS max_connections,
+       current_setting('superuser_reserved_connections')::int AS reserved_connections;
+
+-- name: session_statement_timeout
+-- Bound every statement of this session (milliseconds as text), so the server stops work nobody waits for.
+SELECT set_config('statement_timeout', %(ms)s, false);

@@ -1,0 +1,92 @@
+"""Outage detection through a real partition (a local TCP proxy that stops forwarding), and tarpits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from skiplock_operator.database import DatabaseProblem, Databases
+from support.pg import await_for
+
+from .conftest import NAMESPACE, Cluster, jobqueue_spec, metric
+from .netfaults import Proxy, Tarpit
+from .test_conditions import is_status
+
+POLL = 1.0
+TIMEOUT = 2.0  # the operator's database_timeout_seconds in these tests (conftest)
+
+
+async def test_a_partition_is_reported_within_poll_plus_timeout_and_healed_within_a_poll(
+    pg_dsn: str, schema: str, cluster: Cluster, operator: Any
+) -> None:
+    async with Proxy(pg_dsn) as proxy:
+        await cluster.apply_secret("db", proxy.dsn())
+        await cluster.create_jobqueue("part", jobqueue_spec("part", schema, minReplicas=1, pollingIntervalSeconds=POLL))
+        await await_for(lambda: is_status(cluster, "part", "DatabaseReachable", "True"), what="reachable")
+        await await_for(
+            lambda: metric(operator, "skiplock_operator_database_up", namespace=NAMESPACE, jobqueue="part") == 1,
+            what="up=1",
+        )
+
+        proxy.partition()
+        cut = time.monotonic()
+        await await_for(
+            lambda: is_status(cluster, "part", "DatabaseReachable", "False"), timeout=30, what="the partition seen"
+        )
+        detected = time.monotonic() - cut
+        reason = cluster.condition("part", "DatabaseReachable")["reason"]  # type: ignore[index]
+        assert reason in ("QueryTimeout", "ConnectTimeout"), reason
+        assert metric(operator, "skiplock_operator_database_up", namespace=NAMESPACE, jobqueue="part") == 0
+        assert cluster.replicas("part") == 1, "replicas are kept through an outage"
+        # The documented bound: pollingIntervalSeconds + database timeout + 2 s.
+        assert detected <= POLL + TIMEOUT + 2.0, f"partition detected after {detected:.1f}s"
+
+        proxy.heal()
+        healed = time.monotonic()
+        await await_for(lambda: is_status(cluster, "part", "DatabaseReachable", "True"), timeout=30, what="healed")
+        recovered = time.monotonic() - healed
+        assert recovered <= POLL + 2.0, f"recovery seen after {recovered:.1f}s"
+        print(f"partition detected after {detected:.2f}s, heal seen after {recovered:.2f}s")
+
+
+async def test_tarpit_tenants_do_not_stall_a_healthy_one(pg_dsn: str, schema: str) -> None:
+    dbs = Databases(timeout=3.0, connect_slots=2)
+    try:
+        async with Tarpit() as tarpit:
+            stuck = [
+                asyncio.create_task(
+                    dbs.stats(("evil", f"jq{i}"), tarpit.dsn(f"pw{i}"), "skiplock", ["q"], lease_seconds=60)
+                )
+                for i in range(4)
+            ]
+            await await_for(lambda: tarpit.accepted >= 2, what="the tarpit holds connects")
+            healthy = await dbs.stats(("good", "jq"), pg_dsn, schema, ["q"], lease_seconds=60)
+            assert healthy["q"].ready == 0
+            assert not any(t.done() for t in stuck), "the healthy tenant had to wait for the tarpits"
+            assert tarpit.accepted == 2, "one namespace had more connects in flight than its slots"
+            results = await asyncio.gather(*stuck, return_exceptions=True)
+            assert all(isinstance(r, DatabaseProblem) and r.reason == "ConnectTimeout" for r in results), results
+            assert tarpit.accepted == 4
+    finally:
+        await dbs.close()
+
+
+async def test_a_query_stuck_behind_a_partition_fails_within_the_timeout(pg_dsn: str, schema: str) -> None:
+    """No cancel request is sent over the dead link (it would wait for its own timeout)."""
+    async with Proxy(pg_dsn) as proxy:
+        dbs = Databases(timeout=2.0)
+        try:
+            dsn = proxy.dsn()
+            await dbs.stats("a", dsn, schema, ["q"], lease_seconds=60)
+            proxy.partition()
+            call = asyncio.create_task(dbs.stats("a", dsn, schema, ["q"], lease_seconds=60))
+            done, _ = await asyncio.wait({call}, timeout=2.0 + 2.0)
+            assert done, "the stuck query outlived timeout + 2 s"
+            error = call.exception()
+            assert isinstance(error, DatabaseProblem) and error.reason == "QueryTimeout"
+            assert len(dbs) == 0, "the severed connection must be dropped"
+            proxy.heal()
+            assert (await dbs.stats("a", dsn, schema, ["q"], lease_seconds=60))["q"].ready == 0
+        finally:
+            await dbs.close()

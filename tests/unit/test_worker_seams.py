@@ -1,0 +1,246 @@
+"""Unit tests of the worker's seams with fake neighbours (no database): routing, slots, failures, the completer's
+buffers, the served queues, per-job payload decoding and the lazy async job.conn."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from skiplock import NonRetryableError, Settings
+from skiplock.app import App
+from skiplock.errors import ConfigError
+from skiplock.handlers import Handler
+from skiplock.job import AsyncLazyConnection, Job, decode_payload, job_from_row, payload_depth_exceeded
+from skiplock.worker import serve_queues
+from skiplock.worker.completer import Completer, failure_for
+from skiplock.worker.control import Scope
+from skiplock.worker.executor import Router, Slots, UnknownTaskError
+
+SETTINGS = Settings(
+    dsn="postgresql://x@127.0.0.1/none", backoff_base_seconds=4, backoff_cap_seconds=8, backoff_jitter=0
+)
+
+
+def job(job_id: int = 1, *, task: str | None = None, queue: str = "q", attempts: int = 1) -> Job:
+    return Job(id=job_id, queue=queue, payload={}, attempts=attempts, max_attempts=5, task=task)
+
+
+def app_with(*names: str, **options: Any) -> App:
+    app = App()
+    for name in names:
+        app.task(name=name, **options)(lambda job: None)
+    return app
+
+
+# ---------------------------------------------------------------------------------------------- routing
+def test_router_sends_a_job_to_its_task_and_a_job_without_one_to_the_catch_all():
+    app = app_with("a")
+    handler = Handler("h:f", lambda job: None, False)
+    router = Router(app, handler)
+    target_a = router.resolve(job(task="a"))
+    assert not isinstance(target_a, UnknownTaskError) and target_a.task is app.get("a")
+    assert router.resolve(job()) is router.default
+    unknown = router.resolve(job(task="b"))
+    assert isinstance(unknown, UnknownTaskError) and str(unknown) == "no task 'b' registered in this worker"
+
+
+def test_router_without_a_catch_all_refuses_jobs_without_a_task_and_knows_its_colours():
+    app = App()
+
+    @app.task(name="s")
+    def s(job):
+        pass
+
+    @app.task(name="a")
+    async def a(job):
+        pass
+
+    router = Router(app, None)
+    assert isinstance(router.resolve(job()), UnknownTaskError)
+    assert router.kinds == {True, False}
+    assert Router(app_with("x", lease_seconds=5), None).lease_overrides() == {"x": 5}
+
+
+def test_serve_queues_follow_settings_then_the_app_then_the_default_queue():
+    app = App()
+    app.task(name="m", queue="mail")(lambda job: None)
+    app.task(name="r", queue="reports")(lambda job: None)
+    handler = Handler("h:f", lambda job: None, False)
+    assert serve_queues(SETTINGS.replace(queues=("x",)), app, None) == ("x",)
+    assert serve_queues(SETTINGS, app, None) == ("mail", "reports")
+    assert serve_queues(SETTINGS, app, handler) == ("mail", "reports", "default")
+    assert serve_queues(SETTINGS, None, handler) == ("default",)
+
+
+# ---------------------------------------------------------------------------------------------- slots
+async def test_slots_count_free_places_forget_only_the_same_attempt_and_signal_each_end():
+    slots = Slots(2)
+    first = job(1)
+    slots.add(first, 0.0)
+    slots.add(job(2), 0.0)
+    assert slots.free() == 0 and slots.holds(first)
+    assert slots.pop(job(1, attempts=2)) is None, "another attempt of the same job is not this slot"
+    assert slots.pop(first) is not None and slots.freed.is_set() and slots.free() == 1
+    assert slots.pop(first) is None
+    assert slots.per_queue == {"q": 1}, "running jobs by queue, for the in-flight gauges"
+
+
+# ---------------------------------------------------------------------------------------------- failures
+def test_a_failure_retries_with_the_tasks_backoff_unless_its_type_is_non_retryable():
+    class Permanent(Exception):
+        pass
+
+    app = app_with("t", non_retryable=Permanent, backoff_base_seconds=1, backoff_cap_seconds=1, backoff_jitter=0)
+    task = app.get("t")
+    flaky = failure_for(job(attempts=3), RuntimeError("x"), task, SETTINGS)
+    assert flaky.retry and flaky.delay_seconds == 1.0 and flaky.error == "RuntimeError: x"
+    assert not failure_for(job(), Permanent("no"), task, SETTINGS).retry
+    assert not failure_for(job(), NonRetryableError("no"), None, SETTINGS).retry
+    default = failure_for(job(attempts=3), RuntimeError("x"), None, SETTINGS)
+    assert default.delay_seconds == 8.0, "the worker's backoff: min(cap 8, 4 * 2**2)"
+
+
+def test_task_options_are_validated_when_the_task_is_registered():
+    app = App()
+    with pytest.raises(ConfigError, match="unknown task option"):
+        app.task(name="x", retries=3)
+    with pytest.raises(ConfigError, match="max_attempts"):
+        app.task(name="x", max_attempts=0)
+    app.task(name="x")(lambda job: None)
+    with pytest.raises(ConfigError, match="registered twice"):
+        app.task(name="x")(lambda job: None)
+
+
+# ---------------------------------------------------------------------------------------------- completer
+class FakeControl:
+    """The completer's neighbour: records what would be written, answers like the database would."""
+
+    def __init__(self) -> None:
+        self.written: list[list[int]] = []
+        self.queue = self
+
+    async def call(self, operation: str, fn: Any) -> Any:
+        return await fn()
+
+    async def complete(self, jobs: list[Job], *, worker: str) -> set[int]:
+        self.written.append([j.id for j in jobs])
+        return {j.id for j in jobs if j.id != 13}  # job 13 lost its lease
+
+    async def confirm_done(self, jobs: list[Job], *, worker: str) -> set[int]:
+        return set()
+
+    async def cancelled_among(self, jobs: list[Job], *, worker: str) -> set[int]:
+        return set()  # none of them was cancelled: a refused completion is a lost lease
+
+
+async def test_the_completer_hands_done_jobs_to_claims_in_id_order_and_counts_what_was_written():
+    from skiplock.metrics import WorkerMetrics
+
+    observed: list[tuple[int, str]] = []
+    control = FakeControl()
+    bound = WorkerMetrics(__import__("prometheus_client").CollectorRegistry()).describe_worker(["q"], 1, "t")
+    scope = Scope(control, SETTINGS, "me", ("q",))  # type: ignore[arg-type]
+    completer = Completer(scope, bound, lambda j, o: observed.append((j.id, o)))
+    for i in (3, 1, 2):
+        completer.defer(job(i))
+    assert completer.holds(job(2)) and not completer.holds(job(2, attempts=2))
+    taken = completer.take_done()
+    assert [j.id for j in taken] == [1, 2, 3] and completer.pending == 0
+    completer.give_back(taken)
+    assert completer.pending == 3
+    completer.defer(job(13))
+    assert await completer.flush()
+    assert control.written == [[1, 2, 3, 13]]
+    assert sorted(observed) == [(1, "done"), (2, "done"), (3, "done"), (13, "lease_lost")]
+
+
+# ---------------------------------------------------------------------------------------------- payloads
+def test_each_claimed_payload_is_decoded_on_its_own():
+    assert decode_payload('{"a": [1, 2]}') == ({"a": [1, 2]}, None)
+    value, error = decode_payload("[" * 100_000 + "]" * 100_000)
+    assert value is None and error and error.startswith("PayloadError: payload cannot be decoded")
+    row = {"id": 1, "queue": "q", "payload": "[" * 100_000, "attempts": 1, "max_attempts": 1, "task": "t"}
+    bad = job_from_row(row)
+    assert bad.decode_error and bad.task == "t" and bad.payload is None
+    assert payload_depth_exceeded("[" * 201 + "]" * 201) and not payload_depth_exceeded('["[[[[[[["]')
+
+
+# ---------------------------------------------------------------------------------------------- lazy job.conn
+class FakeConn:
+    def __init__(self) -> None:
+        self.executed: list[str] = []
+
+    async def execute(self, query: str) -> str:
+        self.executed.append(query)
+        return "cursor"
+
+    def transaction(self) -> Any:
+        conn = self
+
+        class Tx:
+            async def __aenter__(self) -> Any:
+                conn.executed.append("BEGIN")
+                return self
+
+            async def __aexit__(self, *exc: Any) -> None:
+                conn.executed.append("END")
+
+        return Tx()
+
+
+async def test_the_async_job_conn_checks_out_on_first_use_only():
+    checkouts: list[FakeConn] = []
+
+    async def acquire() -> FakeConn:
+        checkouts.append(FakeConn())
+        return checkouts[-1]
+
+    untouched = AsyncLazyConnection(acquire)
+    await untouched.rollback()  # nothing to roll back: no checkout
+    assert untouched.conn is None and checkouts == []
+    lazy = AsyncLazyConnection(acquire)
+    assert await lazy.execute("SELECT 1") == "cursor"
+    async with lazy.transaction():
+        await lazy.execute("SELECT 2")
+    assert len(checkouts) == 1 and checkouts[0].executed == ["SELECT 1", "BEGIN", "SELECT 2", "END"]
+    with pytest.raises(AttributeError, match="acquire"):
+        _ = AsyncLazyConnection(acquire).info
+
+
+async def test_a_failed_async_checkout_is_remembered_even_if_the_handler_swallows_it():
+    async def acquire() -> Any:
+        raise OSError("pool closed")
+
+    lazy = AsyncLazyConnection(acquire)
+    with pytest.raises(OSError):
+        await lazy.execute("SELECT 1")
+    assert isinstance(lazy.failed, OSError)
+    await asyncio.sleep(0)
+
+
+async def test_a_flush_in_flight_keeps_its_jobs_held():
+    from skiplock.metrics import WorkerMetrics
+
+    gate = asyncio.Event()
+
+    class SlowControl(FakeControl):
+        async def complete(self, jobs: list[Job], *, worker: str) -> set[int]:
+            await gate.wait()
+            return {j.id for j in jobs}
+
+    bound = WorkerMetrics(__import__("prometheus_client").CollectorRegistry()).describe_worker(["q"], 1, "t")
+    completer = Completer(Scope(SlowControl(), SETTINGS, "me", ("q",)), bound, lambda j, o: None)  # type: ignore[arg-type]
+    completer.defer(job(7))
+    flush = asyncio.create_task(completer.flush())
+    await asyncio.sleep(0.01)
+    assert completer.holds(job(7)) and [j.id for j in completer.jobs()] == [7], "in flight: still this worker's"
+    gate.set()
+    assert await flush and completer.jobs() == []
+
+
+def test_one_claim_takes_and_locks_about_limit_rows_over_all_queues():
+    from skiplock.queue import per_queue_limit
+
+    assert per_queue_limit(10, 1) == 10 and per_queue_limit(10, 3) == 4 and per_queue_limit(10, 50) == 1

@@ -1,0 +1,209 @@
+"""The knob table: every worker setting declared once, with what each surface needs.
+
+:class:`~skiplock.settings.Settings` validates its bounds, choices and patterns from this table; the
+``skiplock`` command builds its flags from it; the environment names, the generated configuration reference
+and the JobQueue CRD field names come from it. Unit tests fail when ``Settings``, the CLI or the CRD schema
+drift away from it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ENV_PREFIX = "SKIPLOCK_"
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+IMPORT_SPEC = re.compile(r"^[\w.]+:[\w.]+$")
+MAX_BACKOFF_SECONDS = 365 * 86400
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One setting: its name (the ``Settings`` field), type, default and everything derived from it.
+
+    ``flag`` is the option of ``skiplock worker`` (``common`` ones are accepted by every subcommand), ``crd``
+    the dotted path under ``JobQueue.spec``; either is ``None`` where that surface does not carry the knob.
+    ``min``/``max`` bound what a worker accepts (``min_exclusive``: strictly above ``min``); the CRD may be
+    narrower, never wider.
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    flag: str | None = None
+    crd: str | None = None
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: bool = False
+    choices: tuple[str, ...] = ()
+    pattern: re.Pattern[str] | None = None
+    shape: str = ""
+    common: bool = False
+    secret: bool = False
+    duration: bool = False
+    """The flag also takes a duration with a unit (``90s``, ``15m``, ``12h``, ``7d``, ``2w``)."""
+
+    @property
+    def env(self) -> str:
+        """The environment variable (``SKIPLOCK_<NAME>``)."""
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def bounds(self) -> str:
+        """The accepted range in words, e.g. ``> 0``, ``>= 1``, ``0..65535``; empty when unbounded."""
+        low = None if self.min is None else f"{_num(self.min)}"
+        if low is not None and self.max is not None and not self.min_exclusive:
+            return f"{low}..{_num(self.max)}"
+        parts = []
+        if low is not None:
+            parts.append(("> " if self.min_exclusive else ">= ") + low)
+        if self.max is not None:
+            parts.append(f"<= {_num(self.max)}")
+        return ", ".join(parts)
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not acceptable for this knob, or ``None`` (``None`` values are not checked)."""
+        if value is None:
+            return None
+        if isinstance(value, tuple):
+            return next((p for item in value if (p := self.problem(item)) is not None), None)
+        if self.pattern is not None and (not isinstance(value, str) or not self.pattern.match(value)):
+            return f"{self.name} {value!r} must {self.shape or 'match ' + self.pattern.pattern}"
+        if self.choices and str(value).upper() not in {c.upper() for c in self.choices}:
+            return f"{self.name} must be one of {', '.join(self.choices)} (got {value!r})"
+        if self.min is None and self.max is None:
+            return None
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            return f"{self.name} must be a finite number (got {value!r})"
+        low_ok = self.min is None or (value > self.min if self.min_exclusive else value >= self.min)
+        if low_ok and (self.max is None or value <= self.max):
+            return None
+        if self.min is not None and self.max is not None and not self.min_exclusive:
+            return f"{self.name} must be within {self.bounds} (got {value})"
+        if not low_ok:
+            return f"{self.name} must be {'>' if self.min_exclusive else '>='} {_num(self.min)} (got {value})"
+        return f"{self.name} must be at most {_num(self.max)} (got {value})"
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else (str(int(x)) if float(x).is_integer() else str(x))
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("dsn", str, None, "libpq DSN or URL of the database (else DATABASE_URL). Prefer the environment or "
+         "--dsn-file: a --dsn flag shows in the process list.", flag="--dsn", common=True, secret=True),
+    Knob("schema", str, "skiplock", "PostgreSQL schema of the jobs table (lower-case identifier, quoted in SQL).",
+         flag="--schema", crd="schema", pattern=IDENTIFIER, common=True,
+         shape=f"match {IDENTIFIER.pattern} (lower-case, at most 40 characters)"),
+    Knob("queue", str, "default", "Queue of a single-queue worker, and the default queue of `skiplock enqueue`.",
+         flag="--queue", crd="queue", pattern=QUEUE_NAME),
+    Knob("queues", tuple, (), "Queues one worker serves, comma-separated (default: every queue its app's tasks "
+         "name, else `queue`).", flag="--queues", crd="queues", pattern=QUEUE_NAME),
+    Knob("app", str, None, "`module:attr` of the skiplock.App whose tasks the worker runs.",
+         flag="--app", crd="app", pattern=IMPORT_SPEC, shape="look like 'package.module:attribute'"),
+    Knob("handler", str, None, "`module:function` called for jobs without a task (the catch-all handler).",
+         flag="--handler", crd="handler", pattern=IMPORT_SPEC, shape="look like 'package.module:function'"),
+    Knob("concurrency", int, 10, "Jobs in flight at once in one worker process; it holds at most concurrency + 6 "
+         "connections.", flag="--concurrency", crd="concurrency", min=1),
+    Knob("batch", int, 10, "Most jobs claimed by one statement (never more than the free slots).",
+         flag="--batch", crd="batch", min=1),
+    Knob("lease_seconds", float, 60.0, "How long a claim stays valid without a heartbeat; expired jobs are "
+         "recovered.", flag="--lease", crd="leaseSeconds", min=0, min_exclusive=True),
+    Knob("heartbeat_seconds", float, None, "How often in-flight jobs renew their lease (default lease / 4; at "
+         "most lease / 2).", flag="--heartbeat", crd="heartbeatSeconds", min=0, min_exclusive=True),
+    Knob("poll_seconds", float, 2.0, "Polling fallback when no notification arrives (below the lease).",
+         flag="--poll", crd="pollSeconds", min=0, min_exclusive=True),
+    Knob("recover_seconds", float, None, "How often each worker recovers expired leases (default lease / 2, at "
+         "most 30 s).", flag="--recover", crd="recoverSeconds", min=0, min_exclusive=True),
+    Knob("backoff_base_seconds", float, 5.0, "First retry delay; attempt n waits base * 2^(n-1).",
+         flag="--backoff-base", crd="backoff.baseSeconds", min=0, min_exclusive=True),
+    Knob("backoff_cap_seconds", float, 3600.0, "Upper bound of one retry delay (at least the base).",
+         flag="--backoff-cap", crd="backoff.capSeconds", min=0, min_exclusive=True, max=MAX_BACKOFF_SECONDS),
+    Knob("backoff_jitter", float, 1.0, "Fraction of the retry delay that is random (1 = full jitter, 0 = none).",
+         flag="--backoff-jitter", crd="backoff.jitter", min=0, max=1),
+    Knob("max_attempts", int, 5, "Attempts of a job enqueued without its own limit, after which it is failed.",
+         crd="maxAttempts", min=1, max=1000),
+    Knob("shutdown_grace_seconds", float, 30.0, "On SIGTERM, how long in-flight jobs may run before they are "
+         "handed back.", flag="--grace", crd="shutdownGraceSeconds", min=0),
+    Knob("retain_done_seconds", float, 7 * 86400.0, "How long done jobs are kept before the workers' scheduled "
+         "purge deletes them (the flag takes 7d, 12h, ...).", flag="--retain-done", min=0, min_exclusive=True,
+         duration=True),
+    Knob("retain_failed_seconds", float, 30 * 86400.0, "How long failed jobs are kept (long enough to inspect and "
+         "retry them).", flag="--retain-failed", min=0, min_exclusive=True, duration=True),
+    Knob("retain_cancelled_seconds", float, 7 * 86400.0, "How long cancelled jobs are kept.",
+         flag="--retain-cancelled", min=0, min_exclusive=True, duration=True),
+    Knob("purge_interval_seconds", float, 3600.0, "How often a worker runs the scheduled purge (one worker of the "
+         "fleet at a time, under an advisory lock); 0 turns it off (`skiplock purge` still works).",
+         flag="--purge-interval", min=0, duration=True),
+    Knob("metrics_port", int, 0, "Port of /metrics, /healthz and /readyz (0 = off; the operator sets 9464).",
+         flag="--metrics-port", min=0, max=65535),
+    Knob("metrics_host", str, "0.0.0.0", "Address the metrics server binds (all interfaces, as a pod needs).",
+         flag="--metrics-host"),
+    Knob("listen", bool, True, "Wake at once by LISTEN/NOTIFY; --no-listen polls only (PgBouncer in transaction "
+         "mode).", flag="--no-listen", crd="listen"),
+    Knob("max_payload_bytes", int, 256 * 1024, "Largest JSON payload enqueue accepts, in bytes.", min=1),
+    Knob("log_format", str, "plain", "Log line format.", flag="--log-format", crd="logFormat",
+         choices=("plain", "json"), common=True),
+    Knob("log_level", str, "INFO", "Python logging level.", flag="--log-level", crd="logLevel",
+         choices=LOG_LEVELS, common=True),
+    Knob("worker_id", str, "", "Identity prefix written to locked_by (default host:pid; the operator uses the "
+         "pod name). Each process appends its own nonce."),
+)  # fmt: skip
+
+BY_NAME: Mapping[str, Knob] = {k.name: k for k in KNOBS}
+
+
+def knob(name: str) -> Knob:
+    return BY_NAME[name]
+
+
+def knob_crd_fields() -> dict[str, Knob]:
+    """CRD field path under ``JobQueue.spec`` (dotted for nested fields, e.g. ``backoff.baseSeconds``) -> knob."""
+    return {k.crd: k for k in KNOBS if k.crd is not None}
+
+
+OPENAPI_TYPES: Mapping[type, str] = {int: "integer", float: "number", bool: "boolean", str: "string", tuple: "array"}
+
+
+def crd_field_problems(k: Knob, field: Mapping[str, Any]) -> list[str]:
+    """How a CRD field's OpenAPI schema disagrees with its knob: type, default, bounds, enum, pattern.
+
+    The CRD may be narrower than the worker (a smaller maximum), never wider. A knob whose default is ``None``
+    (derived) must have no CRD default. Pure: the operator's tests and the chart's can check their copy with it.
+    """
+    where = f"spec.{k.crd}"
+    problems = []
+    if field.get("type") != OPENAPI_TYPES[k.type]:
+        problems.append(f"{where} is of type {field.get('type')!r}, the knob {k.name} is {OPENAPI_TYPES[k.type]!r}")
+    if "default" in field and field["default"] != k.default:
+        problems.append(f"{where} defaults to {field['default']!r}, the worker to {k.default!r}")
+    if k.min is not None:
+        low = field.get("minimum")
+        if low is None or not (low > k.min if k.min_exclusive else low >= k.min):
+            problems.append(f"{where} minimum {low} allows values the worker refuses ({k.name} {k.bounds})")
+    if k.max is not None and (field.get("maximum") is None or field["maximum"] > k.max):
+        problems.append(f"{where} maximum {field.get('maximum')} allows values the worker refuses ({k.bounds})")
+    enum = field.get("enum")
+    if k.choices and (not enum or not set(enum) <= set(k.choices)):
+        problems.append(f"{where} enum {enum} is not within the worker's choices {list(k.choices)}")
+    if k.pattern is not None:
+        node = field.get("items", {}) if k.type is tuple else field
+        if node.get("pattern") != k.pattern.pattern:
+            problems.append(f"{where} pattern {node.get('pattern')!r} is not the worker's {k.pattern.pattern!r}")
+    return problems
+
+
+def knob_flags() -> dict[str, Knob]:
+    """CLI flag -> knob."""
+    return {k.flag: k for k in KNOBS if k.flag is not None}
+
+
+def knob_problems(values: Mapping[str, Any]) -> list[str]:
+    """Every bound, choice or pattern that ``values`` (setting name -> value) breaks, in table order."""
+    return [p for k in KNOBS if k.name in values and (p := k.problem(values[k.name])) is not None]
