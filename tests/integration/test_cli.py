@@ -12,10 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from skiplock import Settings
+from skiplock import Queue, Settings
 from skiplock.errors import HandlerImportError
 from skiplock.handlers import load_target
 from skiplock.migrate import current_version, latest_version, migrate
+from skiplock.queue import Failure
 from support.pg import drop_schema
 
 
@@ -277,12 +278,14 @@ def test_load_target_errors_are_handler_import_errors(spec, fragment):
 def test_tables_left_align_text_and_right_align_numbers(pg_dsn, schema):
     for _ in range(2):
         run("enqueue", "--queue", "emails", "--payload", "{}", "--max-attempts", "1", dsn=pg_dsn, schema=schema)
-    run("cancel", "--queue", "emails", dsn=pg_dsn, schema=schema)
+    with Queue(pg_dsn, settings=Settings(dsn=pg_dsn, schema=schema)) as q:  # a cancelled job is not failed: fail them
+        jobs = q.claim("emails", limit=2, worker="w")
+        q.fail([Failure(j, "Boom: no", 0.0, False) for j in jobs], worker="w")
     header, rule, *rows = run("failed", dsn=pg_dsn, schema=schema).stdout.splitlines()
     assert rows and set(rule) <= {"-", " "}
     queue_col, error_col = header.index("queue"), header.index("last_error")
     for line in rows:
-        assert line[queue_col:].startswith("emails") and line[error_col:].startswith("Cancelled")
+        assert line[queue_col:].startswith("emails") and line[error_col:].startswith("Boom")
         assert line[: header.index("id") + 2].strip().isdigit()  # ids end where the "id" heading ends
     header, _, row = run("stats", dsn=pg_dsn, schema=schema).stdout.splitlines()
     assert row.startswith("emails ") and row[: header.index("failed") + len("failed")].endswith("2")

@@ -19,6 +19,7 @@ import pytest
 
 from skiplock import AsyncQueue, Queue, Settings, Snooze
 from skiplock.app import App
+from skiplock.errors import EnqueueError
 from skiplock.queue import Failure
 from skiplock.worker import Worker
 from support.pg import await_for, wait_for
@@ -354,8 +355,11 @@ async def test_a_sync_job_past_its_own_timeout_is_abandoned_its_slot_stuck_until
 
     with Queue(settings=settings) as q:  # the per-job timeout, set at enqueue
         assert row(pg_dsn, schema, q.enqueue("other", {}, timeout_seconds=2.5).id)["timeout_seconds"] == 2.5
-        with pytest.raises(ValueError, match="timeout_seconds"):
-            q.enqueue("other", {}, timeout_seconds=0)
+        for bad in (0, -1, float("nan"), float("inf"), True, "5"):
+            with pytest.raises(EnqueueError, match="timeout_seconds"):
+                q.enqueue("other", {}, timeout_seconds=bad)  # type: ignore[arg-type]
+        with pytest.raises(EnqueueError, match="unknown enqueue option"):
+            q.enqueue_many("other", [{}], timeout_seconds=1)  # type: ignore[call-arg]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         job_id = conn.execute(
             f'INSERT INTO "{schema}".jobs (queue, payload, task, timeout_seconds) VALUES (%s, %s, %s, %s) RETURNING id',

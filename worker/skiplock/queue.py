@@ -907,6 +907,10 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         """The status of each existing job of ``ids`` (what cancel and retry report for the ones they left)."""
         return self._call(self._s.statuses(ids))
 
+    def cancelled_among(self, jobs: Sequence[Job], *, worker: str) -> set[int]:
+        """Of ``jobs`` (attempts held by ``worker``), the ids cancelled meanwhile."""
+        return self._call(self._s.cancelled_among(jobs, worker))
+
     def purge(
         self,
         *,
