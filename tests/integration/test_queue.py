@@ -452,7 +452,11 @@ async def test_async_queue_has_the_admin_verbs(aqueue: AsyncQueue):
     assert failed["id"] == job_id and failed["last_error"] == "E: boom"
     assert await aqueue.retry_failed(ids=[job_id]) == [job_id]
     assert await aqueue.cancel(queue="q", reason="test") == [job_id]
-    assert await aqueue.purge(older_than_seconds=0, now=datetime.now(UTC) + timedelta(seconds=1)) == 1
+    later = datetime.now(UTC) + timedelta(seconds=1)
+    assert await aqueue.purge(older_than_seconds=0, now=later) == 0, "a cancelled job is neither done nor failed"
+    assert await aqueue.retry_failed(ids=[job_id], include_cancelled=True) == [job_id]
+    assert await aqueue.cancel(ids=[job_id], task=None) == [job_id]
+    assert await aqueue.purge(older_than_seconds=0, statuses=("cancelled",), now=later) == 1
     assert await aqueue.get(job_id) is None
 
 
