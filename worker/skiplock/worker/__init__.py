@@ -486,7 +486,7 @@ class Worker:
 
     def _wake(self, source: str) -> None:
         if self._claimer is not None:
-            self._claimer.wake()
+            self._claimer.wake(source)
 
     # ------------------------------------------------------------------------------------------ health
     async def _ticker(self) -> None:
