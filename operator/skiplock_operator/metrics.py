@@ -61,7 +61,7 @@ class OperatorMetrics:
         )
         self.wakeups = Counter(
             "skiplock_operator_wakeups",
-            "Autoscaler wake-ups by source (notify, poll, change).",
+            "Autoscaler wake-ups by source (event: a NOTIFY or watched change; poll: timer or job due; stopped).",
             ["source"],
             registry=registry,
         )

@@ -294,6 +294,10 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
         finally:
             self._slots.release()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or hung up is routine: no traceback on stderr."""
+        log.debug("metrics request from %s ended early", client_address[0], extra={"action": "scrape_dropped"})
+
 
 class _QuietHandler(WSGIRequestHandler):
     timeout = REQUEST_TIMEOUT_SECONDS

@@ -71,6 +71,10 @@ def serve_queues(settings: Settings, app: App | None, handler: Handler | None) -
     return (settings.queue,)
 
 
+def _ignore(*_: Any) -> None:
+    return None
+
+
 async def _settle(tasks: list[asyncio.Task[Any]]) -> None:
     """Wait for background tasks to end (a few seconds at most: one may be inside a database call)."""
     done, pending = await asyncio.wait(tasks, timeout=STOP_WAIT_SECONDS)
@@ -118,7 +122,7 @@ class Worker:
         self.released = 0
         self.abandoned_threads = 0
         self.exit_code: int | None = None
-        self.observe: Callable[[Job, str], None] = lambda job, outcome: None
+        self.observe: Callable[[Job, str], None] = _ignore
         """Called on the loop with each outcome written (done, retried, failed, unknown_*, lease_lost)."""
         self.on_claimed: Callable[[int], None] = lambda n: None
         """Called on the loop with the number of jobs of each non-empty claim."""
@@ -419,9 +423,10 @@ class Worker:
         now = datetime.now(UTC)
         started = time.monotonic()
         self._callback(self.on_claimed, len(jobs))
+        by_queue: dict[str, int] = {}
         for job in jobs:
             m = self._bound[job.queue]
-            m.claimed.inc()
+            by_queue[job.queue] = by_queue.get(job.queue, 0) + 1
             if job.visible_at is not None:
                 m.wait.observe(max(0.0, (now - job.visible_at).total_seconds()))
             if job.decode_error is not None:  # a payload no handler can receive: fail it, never retry
@@ -432,6 +437,8 @@ class Worker:
                 self._completer.fail(failure_for(job, target, None, self.settings))
                 continue
             self._submit(job, target, started)
+        for queue, n in by_queue.items():
+            self._bound[queue].claimed.inc(n)
         self._publish_in_flight()
 
     def _submit(self, job: Job, target: Target, started: float) -> None:
@@ -527,7 +534,8 @@ class Worker:
             self.metrics.listener_enabled.set(1)  # a later probe proved it after all
 
     def _observe(self, job: Job, outcome: str) -> None:
-        self._callback(self.observe, job, outcome)
+        if self.observe is not _ignore:  # the hot path pays nothing when nobody observes
+            self._callback(self.observe, job, outcome)
 
     @staticmethod
     def _callback(fn: Callable[..., None], *args: Any) -> None:
@@ -544,7 +552,7 @@ class Worker:
 
     def _wake(self, source: str) -> None:
         if self._claimer is not None:
-            self._claimer.wake()
+            self._claimer.wake(source)
 
     # ------------------------------------------------------------------------------------------ health
     async def _ticker(self) -> None:

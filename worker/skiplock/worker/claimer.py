@@ -66,11 +66,14 @@ class Claimer:
         self._quiet_until = 0.0
         self._empty_streak = 0
         self._rotate = 0
+        self._source = "notify"
         self.until_idle = False  # stop once nothing is due and nothing runs (skiplock.testing)
         self.claims = 0
         self.empty_claims = 0
 
-    def wake(self) -> None:
+    def wake(self, source: str = "notify") -> None:
+        """Wake the claim loop; ``source`` (notify, recovered) is what its wake-up counter says."""
+        self._source = source
         self._wake.set()
 
     # ------------------------------------------------------------------ pause
@@ -216,4 +219,4 @@ class Claimer:
         if quiet > 0 and not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=quiet)
-        return "notify"
+        return self._source

@@ -125,18 +125,24 @@ class Completer:
         return found or set()
 
     def count_done(self, done: list[Job], completed: set[int], cancelled: Collection[int] = ()) -> None:
+        """Count a written batch: one counter update per queue, a log line per job only at DEBUG."""
+        by_queue: dict[str, int] = {}
+        debug = log.isEnabledFor(logging.DEBUG)
         for job in done:
-            m = self._m[job.queue]
             if job.id in completed:
-                m.finished["done"].inc()
+                by_queue[job.queue] = by_queue.get(job.queue, 0) + 1
                 self._observe(job, "done")
-                log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
+                if debug:
+                    log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
             elif job.id in cancelled:
                 self.count_cancelled(job)
             else:
+                m = self._m[job.queue]
                 m.finished["lease_lost"].inc()
                 self._observe(job, "lease_lost")
                 warn_lost(job, "completion refused: the lease was lost before it was written")
+        for queue, n in by_queue.items():
+            self._m[queue].finished["done"].inc(n)
 
     def count_cancelled(self, job: Job) -> None:
         self._m[job.queue].finished["cancelled"].inc()
