@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 
 import psycopg
 from psycopg import sql
@@ -36,7 +36,10 @@ class Listener:
         on_notify: Callable[[], None] = lambda: None,
         application_name: str = "skiplock",
         on_unsupported: Callable[[], None] = lambda: None,
+        also: Mapping[str, tuple[Collection[str], Callable[[], None]]] | None = None,
     ) -> None:
+        """``also`` listens on more channels over the same connection: channel -> (payloads, callback)."""
+        self._also = {ch: (frozenset(words), fn) for ch, (words, fn) in (also or {}).items()}
         self._application_name = application_name
         self._on_unsupported = on_unsupported
         self._dsn = dsn
@@ -59,7 +62,8 @@ class Listener:
                 async with await psycopg.AsyncConnection.connect(
                     self._dsn, autocommit=True, application_name=self._application_name
                 ) as conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    for channel in (self._channel, *self._also):
+                        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     if await self._probe(conn):
                         probes_failed = failures = 0
                         self.unsupported = False
@@ -98,7 +102,11 @@ class Listener:
     async def _listen(self, conn: psycopg.AsyncConnection[object]) -> None:
         """The proven connection: wake on every notification for our queues until it drops (raises)."""
         async for note in conn.notifies():
-            if note.payload in self._queues:
+            if note.channel != self._channel:
+                words, callback = self._also.get(note.channel, ((), None))
+                if callback is not None and note.payload in words:
+                    callback()
+            elif note.payload in self._queues:
                 self.last_notification = time.time()
                 self._on_notify()
                 self._wake()

@@ -319,12 +319,9 @@ class Worker:
                     on_state=self._listener_state,
                     on_notify=lambda: self.metrics.last_notification.set(time.time()),
                     on_unsupported=lambda: self.metrics.listener_enabled.set(0),
+                    also={s.control_channel: (CONTROL_WORDS, self._on_control)},  # one connection for both
                 )
                 tasks.append(asyncio.create_task(self.listener.run(), name="listener"))
-                controls = Listener(
-                    dsn, s.control_channel, CONTROL_WORDS, self._on_control, application_name=APPLICATION_NAME
-                )
-                tasks.append(asyncio.create_task(controls.run(), name="control-listener"))
             if exporter is not None:
                 exporter.start()
             self._log_started()
