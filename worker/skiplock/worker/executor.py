@@ -126,12 +126,28 @@ class Router:
         return {t.name: t.options.timeout_seconds for t in (self.app or ()) if t.options.timeout_seconds is not None}
 
 
+class CancelFlag:
+    """``job.cancelled``: a flag one thread sets and another reads (a threading.Event costs a lock and a
+    condition per job; nothing here ever waits on it)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 @dataclass(slots=True)
 class Entry:
     job: Job
     started: float
     handle: asyncio.Task[None] | None = None  # async jobs only; sync ones run on the handler threads
-    cancel: threading.Event = field(default_factory=threading.Event)  # set when the job is cancelled (job.cancelled)
+    cancel: CancelFlag = field(default_factory=CancelFlag)  # set when the job is cancelled (job.cancelled)
     stuck: bool = False  # a sync handler past its timeout: its job was failed, its thread still runs
     timer: asyncio.TimerHandle | None = None  # the sync handler's timeout
 
@@ -250,7 +266,7 @@ class AsyncExecutor:
     def submit(self, job: Job, target: Target, entry: Entry) -> None:
         entry.handle = asyncio.create_task(self._run(job, target, entry.cancel), name=f"job-{job.id}")
 
-    async def _run(self, job: Job, target: Target, cancel: threading.Event) -> None:
+    async def _run(self, job: Job, target: Target, cancel: CancelFlag) -> None:
         try:
             outcome = await self._unit(job, target, cancel)
             result = Result(job, outcome, None, time.monotonic(), target.task)
@@ -278,7 +294,7 @@ class AsyncExecutor:
             raise
         return conn
 
-    async def _unit(self, job: Job, target: Target, cancel: threading.Event) -> Outcome:
+    async def _unit(self, job: Job, target: Target, cancel: CancelFlag) -> Outcome:
         pool = self.pool
         lazy = AsyncLazyConnection(self._checkout)
         timeout = timeout_for(job, target)
@@ -329,7 +345,7 @@ class ThreadExecutor:
         self._worker = worker
         self._report = report
         self._loop = asyncio.get_running_loop()
-        self._inbox: queue.SimpleQueue[tuple[Job, Target, threading.Event] | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[Job, Target, CancelFlag] | None] = queue.SimpleQueue()
         self._outbox: deque[Result] = deque()
         self._scheduled = False
         self.skip: Callable[[Job], bool] = lambda job: False  # a job handed back before its thread got to it
@@ -386,7 +402,7 @@ class ThreadExecutor:
             raise
         return conn
 
-    def _unit(self, job: Job, target: Target, cancel: threading.Event) -> Outcome:
+    def _unit(self, job: Job, target: Target, cancel: CancelFlag) -> Outcome:
         pool = self.pool
         lazy = LazyConnection(self._checkout)
         try:
