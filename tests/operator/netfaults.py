@@ -10,26 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Self
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 
-class Proxy:
-    """Forwards 127.0.0.1:<port> to the server ``dsn`` names (TCP, or its unix socket)."""
+class _Listening:
+    """A local TCP server on 127.0.0.1 (a free port) whose connections are closed on exit."""
 
-    def __init__(self, dsn: str) -> None:
-        params = conninfo_to_dict(dsn)
-        self.host = str(params.get("host") or "127.0.0.1")
-        self.target_port = int(params.get("port") or 5432)
-        self._dsn = dsn
-        self.partitioned = asyncio.Event()
+    def __init__(self) -> None:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: list[asyncio.StreamWriter] = []
         self.port = 0
 
-    async def __aenter__(self) -> Proxy:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -45,6 +44,18 @@ class Proxy:
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(self._server.wait_closed(), 2)
 
+
+class Proxy(_Listening):
+    """Forwards 127.0.0.1:<port> to the server ``dsn`` names (TCP, or its unix socket)."""
+
+    def __init__(self, dsn: str) -> None:
+        params = conninfo_to_dict(dsn)
+        self.host = str(params.get("host") or "127.0.0.1")
+        self.target_port = int(params.get("port") or 5432)
+        self._dsn = dsn
+        self.partitioned = asyncio.Event()
+        super().__init__()
+
     def dsn(self) -> str:
         """The server's DSN pointed at this proxy."""
         return make_conninfo(self._dsn, host="127.0.0.1", port=str(self.port), hostaddr="")
@@ -58,7 +69,7 @@ class Proxy:
             writer.close()
         self._writers.clear()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
         try:
             if self.host.startswith("/"):
@@ -90,31 +101,16 @@ class Proxy:
         dst.close()
 
 
-class Tarpit:
+class Tarpit(_Listening):
     """Accepts connections and never answers."""
 
     def __init__(self) -> None:
-        self._server: asyncio.Server | None = None
-        self._writers: list[asyncio.StreamWriter] = []
-        self.port = 0
+        super().__init__()
         self.accepted = 0
         self.open = 0
         self.most_open = 0
 
-    async def __aenter__(self) -> Tarpit:
-        self._server = await asyncio.start_server(self._hold, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self._writers:
-            writer.close()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(self._server.wait_closed(), 2)
-
-    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
         self.accepted += 1
         self.open += 1

@@ -10,7 +10,6 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 
-import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from support.chaos import _user_exists
@@ -47,7 +46,7 @@ def run_pgbouncer(pg_dsn: str, pool_mode: str, pool_size: int = 2) -> Iterator[s
     if os.getuid() == 0:
         user = next((u for u in ("postgres", "nobody") if _user_exists(u)), None)
         if user is None:
-            pytest.skip("running as root and no unprivileged user for PgBouncer")
+            missing("running as root and no unprivileged user (postgres or nobody) to run PgBouncer as")
         command += ["-u", user]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     dsn = f"postgresql://{server.get('user', 'postgres')}@127.0.0.1:{port}/{server.get('dbname', 'postgres')}"

@@ -3,6 +3,7 @@ defaults and every ci/ scenario, and chart metadata in step with the package."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import tomllib
@@ -18,27 +19,16 @@ CHART = ROOT / "charts" / "skiplock"
 VALUES = CHART / "values.yaml"
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 SCENARIOS = sorted(CHART.glob("ci/*-values.yaml"))
-KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w.-]*):(\s|$)")
 
 
 def keys_with_comments() -> list[tuple[str, bool]]:
-    """(dotted key, has a comment line right above it) for every mapping key in values.yaml."""
-    lines = VALUES.read_text().splitlines()
-    stack: list[tuple[int, str]] = []
-    out = []
-    for i, line in enumerate(lines):
-        m = KEY.match(line)
-        if not m or line.lstrip().startswith("#"):
-            continue
-        indent = len(m["indent"])
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        if stack and lines[i - 1].strip().startswith("- "):
-            continue  # a key inside a list item (an example value), not a chart option
-        dotted = ".".join([k for _, k in stack] + [m["key"]])
-        stack.append((indent, m["key"]))
-        out.append((dotted, lines[i - 1].strip().startswith("#") if i else False))
-    return out
+    """(dotted key, has a comment right above it) for every mapping key in values.yaml, parsed as the values
+    reference generator parses it (one parser for the docs and this check)."""
+    spec = importlib.util.spec_from_file_location("gen_helm_docs", ROOT / "tools" / "gen-helm-docs.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return [(key, bool(comment)) for key, comment in tool.commented_keys(VALUES.read_text())]
 
 
 def test_every_key_has_a_comment() -> None:
