@@ -1,4 +1,7 @@
-"""skiplock benchmark suite (issue 7): ``make bench`` or ``.venv/bin/python bench/run.py [--quick|--full]``.
+"""skiplock benchmark suite: ``make bench`` or ``.venv/bin/python bench/run.py [--quick|--full]``.
+
+Side by side in one run: skiplock at its defaults, the ceiling (a tuned plain-SQL loop on the same table, see
+``seed_baseline.py``), pgqueuer (when the ``bench`` extra is installed), and the plain transactional loop.
 
 Each case runs ``--repeat`` times (default 3), interleaved (case A, case B, ..., then again), so slow drift on a
 shared machine hits every case alike; the tables show medians, and each ratio is the median over repeats of the
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import meter
+import pgqueuer_bench
 import scenario
 from server import Server, external_server, private_server
 
@@ -48,7 +53,7 @@ MODES: dict[str, dict[str, Any]] = {
     },
     # make bench: a few minutes on a 2-core machine
     "default": {
-        "drain_jobs": 5_000,
+        "drain_jobs": 20_000,
         "single_jobs": 1_000,
         "bulk_jobs": 20_000,
         "bulk_chunk": 1_000,
@@ -68,15 +73,19 @@ MODES: dict[str, dict[str, Any]] = {
     },
 }
 EXPORTED: set[str] = set()  # temp dirs holding a `git archive` of worker/, removed at exit
-TUNED = "drain noop [tuned SQL]"  # the ceiling: claim 100, one UPDATE for all 100, no per-job work
-GROUPS = ("enqueue", "drain", "transactional", "tablesize", "latency")
+CEILING = "drain noop [ceiling]"  # a tuned plain-SQL loop: claim 200, pipelined completion, NOTIFY
+PGQUEUER = "drain noop [pgqueuer]"
+TX_CEILING = "drain write [plain tx]"  # per job: BEGIN, INSERT, UPDATE, COMMIT
+GROUPS = ("enqueue", "drain", "transactional", "tablesize", "latency", "scale")
 DRAIN_COLUMNS = (
     ("jobs_per_s", "jobs/s", "{:,.0f}"),
-    ("vs_seed", "x seed", "{:.1f}x"),
+    ("vs_ceiling", "x ceiling", "{:.2f}x"),
+    ("vs_pgqueuer", "x pgqueuer", "{:.2f}x"),
     ("vs_main", "x main", "{:.2f}x"),
-    ("vs_tuned", "x tuned", "{:.2f}x"),
-    ("worker_cpu_s_per_1k", "worker CPU s/1k", "{:.2f}"),
-    ("pg_cpu_s_per_1k", "PG CPU s/1k", "{:.2f}"),
+    ("vs_seed", "x seed", "{:.1f}x"),
+    ("vs_empty_table", "x empty table", "{:.2f}x"),
+    ("worker_cpu_us_per_job", "worker CPU us/job", "{:.0f}"),
+    ("pg_cpu_us_per_job", "PG CPU us/job", "{:.0f}"),
     ("commits_per_job", "commits/job", "{:.3f}"),
     ("write_tx_per_job", "write tx/job", "{:.3f}"),
     ("wal_bytes_per_job", "WAL B/job", "{:,.0f}"),
@@ -99,7 +108,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, help="override N of the drains")
     p.add_argument("--prefill", type=int, help="override the finished rows of the table-size case")
     p.add_argument("--only", nargs="+", choices=GROUPS, help="run only these groups")
-    p.add_argument("--no-baseline", action="store_true", help="skip the seed baseline cases")
+    p.add_argument("--no-baseline", action="store_true", help="skip the ceiling loops and pgqueuer")
+    p.add_argument("--seed", action="store_true", help="also run the seed's literal PHP loop (slow)")
     p.add_argument("--json-out", type=Path, help="JSON lines file (default bench/results/bench-<time>.jsonl)")
     p.add_argument("--keep-schemas", action="store_true", help="leave the bench_* schemas behind")
     p.add_argument(
@@ -128,63 +138,63 @@ Case = tuple[str, str, Callable[[], dict[str, Any]]]
 def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case], Callable[[], None]]:
     """The cases in run order (group, name, thunk), and a setup step (prefilled tables) to run first."""
     groups = set(a.only or GROUPS)
-    seed = not a.no_baseline
+    peers = not a.no_baseline
+    pgq = peers and pgqueuer_bench.available()
     alt = worker_source(a.compare) if a.compare else None
     tag = f" [{a.compare_label}]"
     big: dict[str, str] = {}
     cases: list[Case] = []
+    big_rows = [cfg.prefill_rows] + ([10 * cfg.prefill_rows] if a.mode == "full" else [])
 
     def setup() -> None:
         if "tablesize" in groups:
-            for system in ("skiplock", "seed") if seed else ("skiplock",):
-                big[system] = scenario.new_schema(cfg, f"big{system[:4]}")
-                scenario.prefill(cfg, big[system], cfg.prefill_rows)
+            for rows in big_rows:
+                big[f"{rows:,}"] = scenario.new_schema(cfg, "big")
+                scenario.prefill(cfg, big[f"{rows:,}"], rows)
 
     def add(group: str, name: str, fn: Callable[[], dict[str, Any]]) -> None:
         if group in groups:
             cases.append((group, name, fn))
 
+    def skiplock(name: str, handler: str = "noop", group: str = "drain", **kw: Any) -> None:
+        add(group, name, lambda: scenario.drain(cfg, system="skiplock", handler=handler, **kw))
+        if alt:
+            add(group, name + tag, lambda: scenario.drain(cfg, system="skiplock", handler=handler, src=alt, **kw))
+
     add("enqueue", "enqueue", lambda: scenario.enqueue(cfg))
-    add("drain", "drain noop", lambda: scenario.drain(cfg, system="skiplock", handler="noop"))
-    if alt:
-        add("drain", "drain noop" + tag, lambda: scenario.drain(cfg, system="skiplock", handler="noop", src=alt))
+    skiplock("drain noop")
+    if peers:
+        add("drain", CEILING, lambda: scenario.drain(cfg, system="ceiling", handler="noop"))
+    if pgq:
+        add("drain", PGQUEUER, lambda: scenario.drain(cfg, system="pgqueuer", handler="noop"))
     # the big-table drains run right after the empty-table ones, so their paired ratios compare neighbours in time
-    add(
-        "tablesize",
-        "drain noop, big table",
-        lambda: scenario.drain(cfg, system="skiplock", handler="noop", schema=big["skiplock"]),
-    )
-    if seed:
-        add("drain", "drain noop [seed]", lambda: scenario.drain(cfg, system="seed", handler="noop"))
+    for rows in big_rows:
         add(
             "tablesize",
-            "drain noop, big table [seed]",
-            lambda: scenario.drain(cfg, system="seed", handler="noop", schema=big["seed"]),
+            f"drain noop, {rows:,} finished rows",
+            lambda rows=rows: scenario.drain(cfg, system="skiplock", handler="noop", schema=big[f"{rows:,}"]),
         )
-        add("drain", TUNED, lambda: scenario.drain(cfg, system="tuned", handler="noop"))
-    big_c = a.big_concurrency  # the RSS case: C=32, claiming up to 32 at a time (batch = concurrency)
-    add("drain", "drain noop async", lambda: scenario.drain(cfg, system="skiplock", handler="anoop"))
+    if a.seed:
+        add("drain", "drain noop [seed]", lambda: scenario.drain(cfg, system="seed", handler="noop"))
+    skiplock("drain noop async", "anoop")
+    skiplock("drain noop W=4", workers=4)
+    if peers:
+        add("drain", CEILING + " W=4", lambda: scenario.drain(cfg, system="ceiling", handler="noop", workers=4))
+    big_c = a.big_concurrency  # the RSS case
     add(
         "drain",
-        f"drain noop C={a.big_concurrency}",
+        f"drain noop C={big_c}",
         lambda: scenario.drain(cfg, system="skiplock", handler="noop", concurrency=big_c, batch=big_c),
     )
-    if alt:
+    skiplock("drain write", "write", "transactional")
+    skiplock("drain write async", "awrite", "transactional")
+    if peers:
+        add("transactional", TX_CEILING, lambda: scenario.drain(cfg, system="txloop", handler="write"))
+    if a.mode == "full":
+        backlog = dataclasses.replace(cfg, drain_jobs=1_000_000, drain_timeout=1800.0)
         add(
-            "drain",
-            f"drain noop C={a.big_concurrency}" + tag,
-            lambda: scenario.drain(cfg, system="skiplock", handler="noop", concurrency=big_c, batch=big_c, src=alt),
+            "scale", "drain noop, 1,000,000 backlog", lambda: scenario.drain(backlog, system="skiplock", handler="noop")
         )
-    add("transactional", "drain write", lambda: scenario.drain(cfg, system="skiplock", handler="write"))
-    if alt:
-        add(
-            "transactional",
-            "drain write" + tag,
-            lambda: scenario.drain(cfg, system="skiplock", handler="write", src=alt),
-        )
-    if seed:
-        add("transactional", "drain write [seed]", lambda: scenario.drain(cfg, system="seed", handler="write"))
-    add("transactional", "drain write async", lambda: scenario.drain(cfg, system="skiplock", handler="awrite"))
     add("latency", "latency NOTIFY", lambda: scenario.latency(cfg, listen=True))
     if alt:
         add("latency", "latency NOTIFY" + tag, lambda: scenario.latency(cfg, listen=True, src=alt))
@@ -206,9 +216,9 @@ def main_of(name: str) -> str:
     return name.split(" [", 1)[0]
 
 
-def seed_of(name: str) -> str:
-    """The seed case to compare a drain with: same handler and table, the seed has no async or C variants."""
-    return main_of(name).replace(" async", "").split(" C=")[0] + " [seed]"
+def base_of(name: str, base: str) -> str:
+    """The peer case run with the same number of workers: ``drain noop W=4`` -> ``drain noop [ceiling] W=4``."""
+    return base + (" W=4" if " W=4" in name else "")
 
 
 def paired(runs: dict[str, list[dict[str, Any]]], case: str, base: str, key: str = "jobs_per_s") -> float | None:
@@ -221,16 +231,20 @@ def paired(runs: dict[str, list[dict[str, Any]]], case: str, base: str, key: str
 
 def add_ratios(med: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]]) -> None:
     for name, m in med.items():
-        if not name.startswith("drain") or "[seed]" in name:
+        if not name.startswith("drain"):
             continue
-        m["vs_seed"] = paired(runs, name, seed_of(name))
-        if name == TUNED:
-            continue
-        m["vs_main"] = paired(runs, name, main_of(name))
-        noop = "noop" in name and "big table" not in name
-        m["vs_tuned"] = paired(runs, name, TUNED) if noop else None
-    if "drain noop, big table" in med:
-        med["drain noop, big table"]["vs_empty_table"] = paired(runs, "drain noop, big table", "drain noop")
+        peer = any(name.startswith(b) for b in (CEILING, PGQUEUER, TX_CEILING, "drain noop [seed]"))
+        if name.endswith("]") and not peer:  # a --compare row against the same case of this tree
+            m["vs_main"] = paired(runs, name, main_of(name))
+        if "write" in name:
+            m["vs_ceiling"] = paired(runs, name, TX_CEILING)
+        elif "finished rows" in name or "backlog" in name:
+            m["vs_empty_table"] = paired(runs, name, "drain noop")
+        elif "C=" not in name:
+            m["vs_ceiling"] = paired(runs, name, base_of(name, CEILING))
+            m["vs_pgqueuer"] = paired(runs, name, PGQUEUER) if "W=4" not in name else None
+        if "[seed]" not in name and "drain noop [seed]" in runs and "noop" in name:
+            m["vs_seed"] = paired(runs, name, "drain noop [seed]")
 
 
 def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
@@ -238,17 +252,25 @@ def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
         v = med.get(case, {}).get(key)
         return float(v) if isinstance(v, int | float) and not math.isnan(v) else None
 
+    tables = [n for n in med if n.startswith("drain noop, ") and "finished rows" in n]
     rows = [
-        ("drain no-op vs seed baseline (2 workers)", ">= 15x", get("drain noop", "vs_seed"), 15.0, True),
-        ("drain no-op commits per job", "<= 0.1", get("drain noop", "commits_per_job"), 0.1, False),
-        ("bulk enqueue jobs/s", ">= 30,000", get("enqueue", "bulk_jobs_per_s"), 30_000.0, True),
-        ("bulk enqueue vs single", ">= 20x", get("enqueue", "bulk_over_single"), 20.0, True),
-        ("latency p50, NOTIFY (ms)", "<= 5", get("latency NOTIFY", "p50_ms"), 5.0, False),
-        ("latency p99, NOTIFY (ms)", "<= 20", get("latency NOTIFY", "p99_ms"), 20.0, False),
+        ("drain no-op, defaults, 2 workers vs ceiling", ">= 0.8x", get("drain noop", "vs_ceiling"), 0.8, True),
+        ("drain no-op vs pgqueuer", ">= 1x", get("drain noop", "vs_pgqueuer"), 1.0, True),
+        ("drain no-op async vs ceiling", ">= 0.8x", get("drain noop async", "vs_ceiling"), 0.8, True),
+        ("drain no-op, 4 workers vs ceiling (4)", ">= 0.8x", get("drain noop W=4", "vs_ceiling"), 0.8, True),
+        ("transactional drain vs plain tx loop", ">= 0.6x", get("drain write", "vs_ceiling"), 0.6, True),
+        ("worker CPU per no-op job (us)", "<= 15", get("drain noop", "worker_cpu_us_per_job"), 15.0, False),
+        ("PostgreSQL CPU per no-op job (us)", "<= 35", get("drain noop", "pg_cpu_us_per_job"), 35.0, False),
+        ("WAL per no-op job (B)", "<= 1,000", get("drain noop", "wal_bytes_per_job"), 1000.0, False),
+        ("single enqueue vs INSERT+NOTIFY", ">= 0.9x", get("enqueue", "single_vs_plain"), 0.9, True),
+        ("bulk enqueue vs COPY", ">= 0.8x", get("enqueue", "bulk_vs_copy"), 0.8, True),
+        ("latency p50 at 200/s, NOTIFY (ms)", "<= 1.5", get("latency NOTIFY", "p50_ms"), 1.5, False),
+        ("latency p99 at 200/s, NOTIFY (ms)", "<= 5", get("latency NOTIFY", "p99_ms"), 5.0, False),
+        *((f"{n[12:]} vs empty table", ">= 0.9x", get(n, "vs_empty_table"), 0.9, True) for n in tables),
         (
-            "big table drain vs empty table",
+            "1,000,000 backlog vs 20,000",
             ">= 0.9x",
-            get("drain noop, big table", "vs_empty_table"),
+            get("drain noop, 1,000,000 backlog", "vs_empty_table"),
             0.9,
             True,
         ),
@@ -256,6 +278,8 @@ def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
     ]
     out = []
     for name, goal, value, bound, at_least in rows:
+        if value is None and ("backlog" in name or "pgqueuer" in name):
+            continue  # a case not run (--full only, the bench extra not installed)
         ok = None if value is None else (value >= bound if at_least else value <= bound)
         out.append({"target": name, "goal": goal, "value": value, "met": ok})
     return out
@@ -288,6 +312,11 @@ def render(med: dict[str, dict[str, Any]], tgt: list[dict[str, Any]]) -> str:
             ["single (enqueue, 1 tx each)", fmt(m["single_jobs_per_s"], "{:,.0f}"), "1.0x"],
             ["bulk (enqueue_many)", fmt(m["bulk_jobs_per_s"], "{:,.0f}"), fmt(m["bulk_over_single"], "{:.1f}x")],
             [
+                "plain INSERT + NOTIFY, 1 tx each (ceiling)",
+                fmt(m.get("plain_single_jobs_per_s"), "{:,.0f}"),
+                fmt(m.get("plain_single_jobs_per_s", 0) / m["single_jobs_per_s"], "{:.1f}x"),
+            ],
+            [
                 "raw COPY (ceiling)",
                 fmt(m["copy_jobs_per_s"], "{:,.0f}"),
                 fmt(m["copy_jobs_per_s"] / m["single_jobs_per_s"], "{:.1f}x"),
@@ -303,10 +332,21 @@ def render(med: dict[str, dict[str, Any]], tgt: list[dict[str, Any]]) -> str:
                 *(fmt(m[k], "{:.1f}") for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")),
                 fmt(m.get("worker_commits_per_job"), "{:.2f}"),
                 fmt(m.get("worker_write_tx_per_job"), "{:.2f}"),
+                fmt(m.get("empty_claims_per_job"), "{:.2f}"),
             ]
             for n, m in lats
         ]
-        headers = ["latency (median)", "rate", "p50 ms", "p95 ms", "p99 ms", "max ms", "commits/job", "write tx/job"]
+        headers = [
+            "latency (median)",
+            "rate",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "max ms",
+            "commits/job",
+            "write tx/job",
+            "empty claims/job",
+        ]
         parts.append(table(headers, rows))
     if tgt:
         rows = [
@@ -318,7 +358,7 @@ def render(med: dict[str, dict[str, Any]], tgt: list[dict[str, Any]]) -> str:
             ]
             for t in tgt
         ]
-        parts.append(table(["target (issue 7)", "goal", "median", ""], rows))
+        parts.append(table(["target", "goal", "median", ""], rows))
     return "\n\n".join(parts)
 
 

@@ -41,7 +41,8 @@ from skiplock.migrate import migrate
 QUEUE = "bench"
 APP = "skiplock-bench"
 PRODUCER_APP = "skiplock-bench-producer"
-WORKER_APPS = ("skiplock-worker", "seed-baseline", PRODUCER_APP)  # backends whose exit flushes their statistics
+WORKER_APPS = ("skiplock-worker", "seed-baseline", "pgqueuer-bench", PRODUCER_APP)  # their exit flushes statistics
+PGQ_SCHEMA = os.environ.setdefault("PGQUEUER_SCHEMA", "bench_pgqueuer")  # pgqueuer reads it once per process
 ENQUEUE_CHUNK = 5000
 
 
@@ -92,6 +93,7 @@ def drop_schemas(cfg: Config) -> None:
     if cfg.keep_schemas:
         return
     with connect(cfg) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(PGQ_SCHEMA)))
         for name in cfg.schemas:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
     cfg.schemas.clear()
@@ -155,6 +157,7 @@ def start_skiplock(
     batch: int | None = None,
     listen: bool = True,
     src: str | None = None,
+    workers: int | None = None,
     **env: str,
 ) -> list[Proc]:
     settings = {
@@ -169,7 +172,7 @@ def start_skiplock(
         "SKIPLOCK_LOG_LEVEL": "INFO",
     }
     procs = []
-    for i in range(cfg.workers):
+    for i in range(workers or cfg.workers):
         log = logdir / f"worker-{i}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
@@ -182,10 +185,12 @@ def start_skiplock(
     return procs
 
 
-def start_seed(cfg: Config, schema: str, handler: str, logdir: Path, style: str = "seed") -> list[Proc]:
+def start_seed(
+    cfg: Config, schema: str, handler: str, logdir: Path, style: str = "seed", workers: int | None = None
+) -> list[Proc]:
     seed_args = ["--queue", QUEUE, "--handler", handler, "--style", style]
     procs = []
-    for i in range(cfg.workers):
+    for i in range(workers or cfg.workers):
         log = logdir / f"seed-{i}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
@@ -277,6 +282,15 @@ def enqueue(cfg: Config) -> dict[str, Any]:
             q.enqueue_many(QUEUE, [{"n": i} for i in range(start, min(cfg.bulk_jobs, start + cfg.bulk_chunk))])
         out["bulk_jobs_per_s"] = cfg.bulk_jobs / (time.perf_counter() - t)
     with connect(cfg, autocommit=False) as conn:
+        # the single-enqueue ceiling: a plain INSERT and NOTIFY in one transaction per job
+        insert = sql.SQL("INSERT INTO {}.jobs (queue, payload) VALUES (%s, %s::jsonb)").format(sql.Identifier(schema))
+        channel = Settings(schema=schema).channel
+        t = time.perf_counter()
+        for i in range(cfg.single_jobs):
+            conn.execute(insert, (QUEUE, f'{{"n":{i}}}'), prepare=True)
+            conn.execute("SELECT pg_notify(%s, %s)", (channel, QUEUE), prepare=True)
+            conn.commit()
+        out["plain_single_jobs_per_s"] = cfg.single_jobs / (time.perf_counter() - t)
         t = time.perf_counter()
         copy_sql = sql.SQL("COPY {}.jobs (queue, payload) FROM STDIN").format(sql.Identifier(schema))
         with conn.cursor() as cur, cur.copy(copy_sql) as copy:
@@ -286,10 +300,12 @@ def enqueue(cfg: Config) -> dict[str, Any]:
         out["copy_jobs_per_s"] = cfg.bulk_jobs / (time.perf_counter() - t)
     with connect(cfg) as conn:
         row = conn.execute(sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(schema))).fetchone()
-    expected = 1 + cfg.single_jobs + 2 * cfg.bulk_jobs
+    expected = 1 + 2 * cfg.single_jobs + 2 * cfg.bulk_jobs
     if not row or row[0] != expected:
         raise BenchError(f"enqueue: {row and row[0]} rows, expected {expected}")
     out["bulk_over_single"] = out["bulk_jobs_per_s"] / out["single_jobs_per_s"]
+    out["single_vs_plain"] = out["single_jobs_per_s"] / out["plain_single_jobs_per_s"]
+    out["bulk_vs_copy"] = out["bulk_jobs_per_s"] / out["copy_jobs_per_s"]
     out["jobs"] = expected
     return out
 
@@ -304,12 +320,17 @@ def drain(
     batch: int | None = None,
     schema: str | None = None,
     src: str | None = None,
+    workers: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Start W idle workers, commit N jobs in one transaction, time the drain and read the counters.
 
     Throughput runs from the enqueue commit (skiplock wakes by NOTIFY) or from the first claim (the seed polls
-    every second; its nap is not charged) to the last completion, both read from the jobs' timestamps.
+    every second; its nap is not charged) to the last completion, both read from the jobs' timestamps. The ceiling
+    loops (``ceiling``, ``txloop``) wake by NOTIFY too and are timed from the commit.
     """
+    if system == "pgqueuer":
+        return drain_pgqueuer(cfg, workers=workers)
     n = cfg.drain_jobs
     concurrency = concurrency or cfg.concurrency
     schema = schema or new_schema(cfg, "drain")
@@ -320,9 +341,11 @@ def drain(
             conn.execute(SEED_INDEX.format(schema=ident.as_string(conn)))
         conn.execute("CHECKPOINT")  # every run starts with the same full-page-image debt
     if system == "skiplock":
-        procs = start_skiplock(cfg, schema, handler, logdir, concurrency=concurrency, batch=batch, src=src)
+        procs = start_skiplock(
+            cfg, schema, handler, logdir, concurrency=concurrency, batch=batch, src=src, workers=workers, **(env or {})
+        )
     else:
-        procs = start_seed(cfg, schema, handler, logdir, style=system)
+        procs = start_seed(cfg, schema, handler, logdir, style=system, workers=workers)
     with running(procs), connect(cfg) as mon:
         wait_ready(procs)
         time.sleep(cfg.settle_seconds)  # startup chatter settles and its statistics are flushed
@@ -366,23 +389,110 @@ def drain(
     first_claim, last_done, done, total, max_attempts = row
     if done != n or total != n:
         raise BenchError(f"drain: {done} of {total} jobs done, expected {n}")
-    started = float(t_commit_row[0]) if system == "skiplock" else float(first_claim)
+    started = float(first_claim) if system in ("seed", "tuned") else float(t_commit_row[0])
     seconds = float(last_done) - started
     commits = after.commits - before.commits - ours
     write_tx = after.next_xid - before.next_xid - 1  # minus the enqueue transaction
     shutil.rmtree(logdir, ignore_errors=True)
+    return _drain_figures(
+        n, seconds, worker_cpu, pg_cpu0, pg_cpu1, commits, write_tx, after, before, enqueue_wal, rss
+    ) | {"max_attempts_seen": max_attempts}
+
+
+def _drain_figures(
+    n: int,
+    seconds: float,
+    worker_cpu: float,
+    pg_cpu0: float | None,
+    pg_cpu1: float | None,
+    commits: int,
+    write_tx: int,
+    after: Any,
+    before: Any,
+    enqueue_wal: int,
+    rss: float,
+) -> dict[str, Any]:
     return {
         "jobs": n,
         "seconds": seconds,
         "jobs_per_s": n / seconds,
-        "worker_cpu_s_per_1k": worker_cpu / n * 1000,
-        "pg_cpu_s_per_1k": (pg_cpu1 - pg_cpu0) / n * 1000 if pg_cpu0 is not None and pg_cpu1 is not None else None,
+        "worker_cpu_us_per_job": worker_cpu / n * 1e6,
+        "pg_cpu_us_per_job": (pg_cpu1 - pg_cpu0) / n * 1e6 if pg_cpu0 is not None and pg_cpu1 is not None else None,
         "commits_per_job": commits / n,
         "write_tx_per_job": write_tx / n,
         "wal_bytes_per_job": (after.wal_bytes - before.wal_bytes - enqueue_wal) / n,
         "worker_rss_mb": rss,
-        "max_attempts_seen": max_attempts,
     }
+
+
+def drain_pgqueuer(cfg: Config, *, workers: int | None = None) -> dict[str, Any]:
+    """The same drain with pgqueuer: its own fresh schema, W worker processes (asyncpg, uvloop, batch 100, no-op),
+    N jobs enqueued in one transaction through its API, timed from that commit to its last log entry."""
+    import asyncio
+
+    import pgqueuer_bench
+
+    n = cfg.drain_jobs
+    with connect(cfg) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(PGQ_SCHEMA)))
+    asyncio.run(pgqueuer_bench.install(cfg.dsn))
+    logdir = Path(tempfile.mkdtemp(prefix="bench-pgq-"))
+    procs = []
+    for i in range(workers or cfg.workers):
+        log = logdir / f"pgq-{i}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, str(BENCH / "pgqueuer_bench.py"), "--dsn", cfg.dsn, "worker"],
+                env=_env({"PGQUEUER_SCHEMA": PGQ_SCHEMA}),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        procs.append(Proc(popen, log, "ready"))
+    ident = sql.Identifier(PGQ_SCHEMA)
+    with running(procs), connect(cfg) as mon:
+        wait_ready(procs)
+        time.sleep(cfg.settle_seconds)
+        ours = 0
+        before = db_counters(mon)
+        ours += 1
+        wal0 = before.wal_bytes
+        t_commit = asyncio.run(pgqueuer_bench.enqueue(cfg.dsn, n))
+        ours += 2  # its transaction and the connection's
+        enqueue_wal = db_counters(mon).wal_bytes - wal0
+        ours += 2
+        pg_cpu0 = server_cpu_seconds(cfg.server.postmaster_pid)
+        cpu0 = {p.popen.pid: process_cpu_seconds(p.popen.pid) for p in procs}
+        query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {}.pgqueuer)").format(ident)
+        deadline = time.monotonic() + cfg.drain_timeout
+        while True:
+            ours += 1
+            row = mon.execute(query).fetchone()
+            if row and not row[0]:
+                break
+            if time.monotonic() > deadline:
+                raise BenchError("pgqueuer: queue not drained in time")
+            time.sleep(0.05)
+        pg_cpu1 = server_cpu_seconds(cfg.server.postmaster_pid)
+        worker_cpu = sum(process_cpu_seconds(pid) - c for pid, c in cpu0.items())
+        rss = max(peak_rss_mb(p.popen.pid) for p in procs)
+        stop(procs)
+        ours += wait_backends_gone(mon)
+        after = db_counters(mon)
+        ours += 1
+        row = mon.execute(
+            sql.SQL(
+                "SELECT extract(epoch FROM max(created))::float8, count(*) FROM {}.pgqueuer_log "
+                "WHERE status = 'successful'"
+            ).format(ident)
+        ).fetchone()
+    shutil.rmtree(logdir, ignore_errors=True)
+    assert row is not None
+    if row[1] != n:
+        raise BenchError(f"pgqueuer: {row[1]} jobs logged successful, expected {n}")
+    commits = after.commits - before.commits - ours
+    write_tx = after.next_xid - before.next_xid - 1
+    seconds = float(row[0]) - t_commit
+    return _drain_figures(n, seconds, worker_cpu, pg_cpu0, pg_cpu1, commits, write_tx, after, before, enqueue_wal, rss)
 
 
 # ---------------------------------------------------------------------------------------------- latency
@@ -446,5 +556,7 @@ def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, A
         "max_ms": lat_ms[-1],
         "worker_commits_per_job": worker_commits / n,
         "worker_write_tx_per_job": worker_write_tx / n,
+        # read-only worker transactions: the claims that found nothing (heartbeats and completions write)
+        "empty_claims_per_job": max(0, worker_commits - worker_write_tx) / n,
         "poll_seconds": None if listen else cfg.poll_seconds,
     }

@@ -5,8 +5,13 @@ as PDO does), and sleep 1 s when nothing was claimed. Runs until SIGTERM; prints
 
     python bench/seed_baseline.py --dsn ... --schema bench_x --queue bench [--handler noop|write]
 
-``--style tuned`` is the issue's "tuned loop of plain SQL", the hardware ceiling for a no-op drain: the same claim
-with LIMIT 100, then one fenced UPDATE for the whole batch (two autocommit statements per 100 jobs, no per-job work).
+``--style tuned``: the seed's claim with LIMIT 100, then one UPDATE for the whole batch (two statements per 100 jobs).
+
+``--style ceiling`` is the ceiling of a no-op drain on the machine: a tuned loop of plain SQL on skiplock's own table
+and claim order (priority, due time, id; skiplock's claim index), no fencing, claims of 200, one completion statement
+per batch sent in one pipeline with the next claim (one round trip per batch), woken by skiplock's NOTIFY when idle.
+``--style txloop`` is the ceiling of a transactional drain: the same claims, then per job one transaction holding the
+handler's INSERT and the job's completion (BEGIN, INSERT, UPDATE, COMMIT).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import time
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 SEED_CLAIM = """
 WITH picked AS (
@@ -48,10 +54,63 @@ UPDATE {schema}.jobs SET status = 'done', updated_at = now()
 WHERE id = ANY(%(ids)s) AND status = 'processing' AND locked_by = %(name)s
 """
 
+# skiplock's claim, unfenced and without the lease and task columns a worker needs: the ceiling's statement.
+CEILING_CLAIM = """
+WITH picked AS (
+    SELECT id FROM {schema}.jobs
+    WHERE queue = %(queue)s AND status = 'pending' AND visible_at <= now()
+    ORDER BY priority DESC, visible_at, id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs j
+SET status = 'processing', attempts = j.attempts + 1, locked_by = %(name)s, locked_at = now(), updated_at = now()
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.payload::text, j.attempts
+"""
+CEILING_FINISH = "UPDATE {schema}.jobs SET status = 'done', updated_at = now() WHERE id = ANY(%(ids)s)"
+CEILING_FINISH_ONE = "UPDATE {schema}.jobs SET status = 'done', updated_at = now() WHERE id = %(id)s"
+
 # The seed's index, plus ``id`` so its ORDER BY (visible_at, id) is served without sorting every pending row.
 SEED_INDEX = (
     "CREATE INDEX IF NOT EXISTS jobs_seed_claim_idx ON {schema}.jobs (queue, visible_at, id) WHERE status = 'pending'"
 )
+
+
+def ceiling(conn: psycopg.Connection[Any], schema: str, queue: str, batch: int, channel: str, stop: Any) -> None:
+    """Claim ``batch``; complete the previous batch in the same pipeline (one round trip); LISTEN when idle."""
+    claim, finish = (q.format(schema=schema) for q in (CEILING_CLAIM, CEILING_FINISH))
+    name = f"{socket.gethostname()}:{os.getpid()}"
+    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+    print("ready", flush=True)
+    ids: list[int] = []
+    while not stop():
+        with conn.pipeline():
+            if ids:
+                conn.execute(finish, {"ids": ids}, prepare=True)
+            cur = conn.execute(claim, {"queue": queue, "batch": batch, "name": name}, prepare=True)
+        ids = [row[0] for row in cur.fetchall()]
+        if not ids:
+            for _ in conn.notifies(timeout=1.0, stop_after=1):
+                pass
+
+
+def txloop(conn: psycopg.Connection[Any], schema: str, queue: str, batch: int, channel: str, stop: Any) -> None:
+    """Claim ``batch``; then per job one transaction: the handler's INSERT and the completion."""
+    claim, finish, effect = (q.format(schema=schema) for q in (CEILING_CLAIM, CEILING_FINISH_ONE, EFFECT))
+    name = f"{socket.gethostname()}:{os.getpid()}"
+    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+    print("ready", flush=True)
+    while not stop():
+        jobs = conn.execute(claim, {"queue": queue, "batch": batch, "name": name}, prepare=True).fetchall()
+        if not jobs:
+            for _ in conn.notifies(timeout=1.0, stop_after=1):
+                pass
+        for job_id, _payload, attempts in jobs:
+            with conn.transaction():
+                conn.execute(effect, {"id": job_id, "attempts": attempts}, prepare=True)
+                conn.execute(finish, {"id": job_id}, prepare=True)
 
 
 def run(dsn: str, schema: str, queue: str, handler: str, batch: int, poll_seconds: float, style: str) -> None:
@@ -66,6 +125,9 @@ def run(dsn: str, schema: str, queue: str, handler: str, batch: int, poll_second
     claim, finish, effect, tuned = (q.format(schema=quoted) for q in (SEED_CLAIM, SEED_FINISH, EFFECT, TUNED_FINISH))
     name = f"{socket.gethostname()}:{os.getpid()}"
     with psycopg.connect(dsn, autocommit=True, application_name="seed-baseline") as conn:
+        if style in ("ceiling", "txloop"):
+            loop = ceiling if style == "ceiling" else txloop
+            return loop(conn, quoted, queue, batch, f"{schema}_wakeup", lambda: stop)
         print("ready", flush=True)
         while not stop:
             jobs = conn.execute(claim, {"queue": queue, "batch": batch, "name": name}).fetchall()
@@ -87,11 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schema", required=True)
     p.add_argument("--queue", default="bench")
     p.add_argument("--handler", choices=["noop", "write"], default="noop")
-    p.add_argument("--style", choices=["seed", "tuned"], default="seed")
-    p.add_argument("--batch", type=int, help="jobs per claim (default 10; tuned 100)")
+    p.add_argument("--style", choices=["seed", "tuned", "ceiling", "txloop"], default="seed")
+    p.add_argument("--batch", type=int, help="jobs per claim (default 10; tuned 100; ceiling and txloop 200)")
     p.add_argument("--poll", type=float, default=1.0)
     a = p.parse_args(argv)
-    batch = a.batch or (100 if a.style == "tuned" else 10)
+    batch = a.batch or {"tuned": 100, "ceiling": 200, "txloop": 200}.get(a.style, 10)
     run(a.dsn, a.schema, a.queue, a.handler, batch, a.poll, a.style)
     return 0
 

@@ -38,7 +38,7 @@ def bench_lines(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> list[d
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "| drain (median)" in proc.stdout and "| target (issue 7)" in proc.stdout
+    assert "| drain (median)" in proc.stdout and "| target " in proc.stdout
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -59,16 +59,17 @@ def test_meta_names_settings_versions_and_machine(bench_lines: list[dict[str, An
 def test_every_case_ran_once(bench_lines: list[dict[str, Any]]) -> None:
     runs = [line for line in bench_lines if line["type"] == "run"]
     cases = {line["case"] for line in runs}
-    assert {"enqueue", "drain noop", "drain noop [seed]", "drain noop [tuned SQL]", "drain write"} <= cases
-    assert {"drain write [seed]", "drain noop async", "drain write async", "drain noop C=32"} <= cases
-    assert {"drain noop, big table", "drain noop, big table [seed]", "latency NOTIFY", "latency poll"} <= cases
+    assert {"enqueue", "drain noop", "drain noop [ceiling]", "drain write", "drain write [plain tx]"} <= cases
+    assert {"drain noop async", "drain write async", "drain noop C=32", "drain noop W=4"} <= cases
+    assert {"drain noop [ceiling] W=4", "drain noop, 5,000 finished rows", "latency NOTIFY", "latency poll"} <= cases
     assert all(line["rep"] == 1 for line in runs)
     assert set(_by(bench_lines, "median")) == cases
 
 
 def test_enqueue_figures_are_sane(bench_lines: list[dict[str, Any]]) -> None:
     m = _by(bench_lines, "median")["enqueue"]
-    for key in ("single_jobs_per_s", "bulk_jobs_per_s", "copy_jobs_per_s", "bulk_over_single"):
+    keys = ("single_jobs_per_s", "bulk_jobs_per_s", "copy_jobs_per_s", "plain_single_jobs_per_s", "bulk_vs_copy")
+    for key in keys:
         assert _positive(m[key]), key
 
 
@@ -76,16 +77,16 @@ def test_drains_finish_every_job_once_with_sane_counters(bench_lines: list[dict[
     drains = {k: v for k, v in _by(bench_lines, "median").items() if k.startswith("drain")}
     assert len(drains) >= 8
     for name, m in drains.items():
-        assert m["jobs"] > 0 and m["max_attempts_seen"] == 1, name  # every job done on its first attempt
+        if "[pgqueuer]" not in name:  # pgqueuer deletes finished jobs: no attempts column to read
+            assert m["jobs"] > 0 and m["max_attempts_seen"] == 1, name  # every job done on its first attempt
         for key in ("seconds", "jobs_per_s", "wal_bytes_per_job", "worker_rss_mb"):
             assert _positive(m[key]), (name, key)
         # CPU time is counted in clock ticks (10 ms): a tiny, fast drain may round down to zero.
-        assert m["worker_cpu_s_per_1k"] >= 0, name
+        assert m["worker_cpu_us_per_job"] >= 0, name
         assert m["commits_per_job"] > 0 and m["write_tx_per_job"] > 0, name  # not negative noise
-        if "[seed]" not in name:
-            assert _positive(m["vs_seed"]) or m["vs_seed"] is None, name
-    assert drains["drain noop [seed]"]["commits_per_job"] >= 1  # the seed commits each completion alone
-    assert drains["drain noop [tuned SQL]"]["write_tx_per_job"] < drains["drain noop [seed]"]["write_tx_per_job"]
+    for name in ("drain noop", "drain noop async", "drain noop W=4", "drain write", "drain write async"):
+        assert _positive(drains[name]["vs_ceiling"]), name
+    assert drains["drain noop [ceiling]"]["write_tx_per_job"] < drains["drain noop"]["write_tx_per_job"]
 
 
 def test_latency_percentiles_are_ordered(bench_lines: list[dict[str, Any]]) -> None:
@@ -97,5 +98,5 @@ def test_latency_percentiles_are_ordered(bench_lines: list[dict[str, Any]]) -> N
 
 def test_targets_are_reported(bench_lines: list[dict[str, Any]]) -> None:
     targets = [line for line in bench_lines if line["type"] == "target"]
-    assert len(targets) == 8
+    assert len(targets) >= 13
     assert all(t["value"] is not None and t["met"] in (True, False) for t in targets)
