@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             latency_seconds=1,
             workers=2,
             concurrency=a.concurrency,
-            batch=10,
+            batch=None,
             poll_seconds=2.0,
             drain_timeout=600,
         )

@@ -58,7 +58,7 @@ class Config:
     latency_seconds: float
     workers: int
     concurrency: int
-    batch: int
+    batch: int | None  # None: the worker's default
     poll_seconds: float
     drain_timeout: float
     settle_seconds: float = 1.2  # idle backends flush pending statistics after ~1 s (PGSTAT_MIN_INTERVAL)
@@ -166,7 +166,7 @@ def start_skiplock(
         "SKIPLOCK_QUEUE": QUEUE,
         "SKIPLOCK_HANDLER": f"handlers:{handler}",
         "SKIPLOCK_CONCURRENCY": str(concurrency),
-        "SKIPLOCK_BATCH": str(batch or cfg.batch),
+        **({"SKIPLOCK_BATCH": str(batch or cfg.batch)} if batch or cfg.batch else {}),
         "SKIPLOCK_POLL_SECONDS": str(cfg.poll_seconds),
         "SKIPLOCK_LISTEN": "true" if listen else "false",
         "SKIPLOCK_LOG_LEVEL": "INFO",

@@ -44,7 +44,8 @@ class JobQueueSpec:
     image_pull_secrets: tuple[str, ...] = ()
     schema: str = "skiplock"
     concurrency: int = 10
-    batch: int = 10
+    batch: int = 100
+    prefetch: int = 100
     lease_seconds: float = 60.0
     heartbeat_seconds: float | None = None
     poll_seconds: float = 2.0
@@ -98,6 +99,7 @@ class JobQueueSpec:
                 handler=self.handler,
                 concurrency=self.concurrency,
                 batch=self.batch,
+                prefetch=self.prefetch,
                 lease_seconds=self.lease_seconds,
                 heartbeat_seconds=self.heartbeat_seconds,
                 poll_seconds=self.poll_seconds,
@@ -252,6 +254,7 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
         schema=r.text("schema", d.schema),
         concurrency=r.integer("concurrency", d.concurrency, 1, 1000),
         batch=r.integer("batch", d.batch, 1, 1000),
+        prefetch=r.integer("prefetch", d.prefetch, 0, 10000),
         lease_seconds=r.number("leaseSeconds", d.lease_seconds, 1, 86400),
         heartbeat_seconds=r.optional_number("heartbeatSeconds", 0.01, 43200),
         poll_seconds=r.number("pollSeconds", d.poll_seconds, 0.01, 3600),

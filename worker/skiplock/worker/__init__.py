@@ -272,8 +272,8 @@ class Worker:
         leases = self._leases = Leases(
             scope,
             self._bound,
-            tracked=lambda: slots.jobs() + completer.jobs(),
-            holds=lambda job: slots.holds(job) or completer.holds(job),
+            tracked=lambda: slots.jobs() + completer.jobs() + self._buffered(),
+            holds=lambda job: slots.holds(job) or completer.holds(job) or self._in_buffer(job),
             wake=lambda: self._wake("recovered"),
             cancelled=self._on_cancelled,
             timeouts=self.router.timeouts(),
@@ -328,6 +328,7 @@ class Worker:
             self._started.set()
             try:
                 await claimer.run()
+                await leases.release(claimer.take_buffer())  # never started: handed back at once, no attempt burnt
                 await self._drain()
             except asyncio.CancelledError:  # run() cancelled (a lifespan's task.cancel(), Ctrl-C): hand back now
                 stopping.set()
@@ -342,7 +343,7 @@ class Worker:
                 if self._threads is not None:
                     self._threads.collect()  # results posted meanwhile are written, not rerun
                 await completer.close(flusher)
-                await leases.release(self._to_release)
+                await leases.release(self._to_release + claimer.take_buffer())
                 self.released = leases.released
         finally:
             await self._close_executors()
@@ -448,11 +449,23 @@ class Worker:
     def _on_results(self, results: list[Result]) -> None:
         for r in results:
             self._finish(r)
-        self._publish_in_flight()
+        self._refill()
 
     def _on_result(self, r: Result) -> None:
         self._finish(r)
+        self._refill()
+
+    def _refill(self) -> None:
+        """Slots freed: start prefetched jobs in them now (the claim loop refills the buffer meanwhile)."""
+        if self._claimer is not None:
+            self._claimer.feed()
         self._publish_in_flight()
+
+    def _buffered(self) -> list[Job]:
+        return self._claimer.buffered() if self._claimer is not None else []
+
+    def _in_buffer(self, job: Job) -> bool:
+        return self._claimer is not None and self._claimer.holds(job)
 
     def _finish(self, r: Result) -> None:
         assert self._slots is not None and self._completer is not None
@@ -512,7 +525,9 @@ class Worker:
 
     def _on_cancelled(self, ids: set[int]) -> None:
         """Jobs of this worker found cancelled in the database (control notification or heartbeat)."""
-        assert self._slots is not None
+        assert self._slots is not None and self._completer is not None
+        for job in self._claimer.drop(ids) if self._claimer is not None else []:  # prefetched, never started
+            self._completer.count_cancelled(job)
         for e in self._slots.cancel(ids):
             log.info(
                 "cancelling a running job", extra={"action": "job_cancelling", "queue": e.job.queue, "job_id": e.job.id}

@@ -1,6 +1,12 @@
-"""The claimer: the claim loop. It wakes on NOTIFY, recovered leases or the poll interval, claims only for free
-slots (waiting a few milliseconds to fill a batch), serves all its queues from one statement (round-robin across
-queues), and carries the completer's finished jobs on each claim (one statement, one commit)."""
+"""The claimer: the claim loop. It wakes on NOTIFY, recovered leases or the poll interval, claims for its free slots
+plus a bounded local buffer (prefetch: the next jobs are claimed while the current ones run, so a slot that frees
+starts its next job without a round trip), serves all its queues from one statement (round-robin across queues),
+and carries the completer's finished jobs on each claim (one statement, one commit).
+
+The buffer holds at most ``prefetch`` jobs and at most what this worker starts in ``PREFETCH_WAIT_FRACTION`` of a
+lease at its recent pace (so a worker of slow jobs prefetches next to nothing); its jobs are covered by heartbeats,
+a job that waited longer than that fraction of its lease is handed back (no attempt burnt), and on shutdown the
+whole buffer is handed back at once."""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +40,10 @@ EMPTY_STREAK = 3
 EMPTY_CLAIM_QUIET_SECONDS = 0.1
 # All slots busy this long: the claim connection goes back to the pool (a slow job may run for hours).
 BUSY_RETURN_SECONDS = 1.0
+# A prefetched job waits in the local buffer at most about this fraction of its lease (3 s of the default 60 s).
+PREFETCH_WAIT_FRACTION = 0.05
+# The pace (jobs started per second) that sizes the buffer is measured over windows this long.
+RATE_WINDOW_SECONDS = 0.25
 
 
 class Claimer:
@@ -67,6 +77,11 @@ class Claimer:
         self._empty_streak = 0
         self._rotate = 0
         self._source = "notify"
+        self._buffer: deque[tuple[Job, float]] = deque()  # claimed, not started yet: (job, claimed at)
+        self._prefetch = scope.settings.prefetch
+        self._rate = 0.0  # jobs started per second, recent
+        self._window_start = time.monotonic()
+        self._window_count = 0
         self.until_idle = False  # stop once nothing is due and nothing runs (skiplock.testing)
         self.claims = 0
         self.empty_claims = 0
@@ -75,6 +90,69 @@ class Claimer:
         """Wake the claim loop; ``source`` (notify, recovered) is what its wake-up counter says."""
         self._source = source
         self._wake.set()
+
+    # ------------------------------------------------------------------ prefetch buffer
+    def feed(self) -> None:
+        """Start buffered jobs in the free slots (called whenever slots free: no round trip between jobs)."""
+        buf = self._buffer
+        if not buf or self._stopping.is_set():
+            return
+        n = min(self._slots.free(), len(buf))
+        if n > 0:
+            self._count_started(n)
+            self._start([buf.popleft()[0] for _ in range(n)])
+
+    def buffered(self) -> list[Job]:
+        """Jobs claimed but not started: their leases are renewed, and they are this worker's own, never orphans."""
+        return [j for j, _ in self._buffer]
+
+    def holds(self, job: Job) -> bool:
+        return any(j.id == job.id and j.attempts == job.attempts for j, _ in self._buffer)
+
+    def take_buffer(self) -> list[Job]:
+        """Empty the buffer (shutdown): the jobs to hand back."""
+        jobs = self.buffered()
+        self._buffer.clear()
+        return jobs
+
+    def drop(self, ids: set[int]) -> list[Job]:
+        """Remove buffered jobs found cancelled: they never start."""
+        hit = [j for j, _ in self._buffer if j.id in ids]
+        if hit:
+            self._buffer = deque(e for e in self._buffer if e[0].id not in ids)
+        return hit
+
+    def allowed(self) -> int:
+        """How many jobs the buffer may hold now: ``prefetch``, and no more than this worker starts in
+        ``PREFETCH_WAIT_FRACTION`` of a lease at its recent pace."""
+        if self._prefetch <= 0:
+            return 0
+        self._count_started(0)
+        return min(self._prefetch, int(self._rate * self._settings.lease_seconds * PREFETCH_WAIT_FRACTION))
+
+    def _count_started(self, n: int) -> None:
+        self._window_count += n
+        now = time.monotonic()
+        elapsed = now - self._window_start
+        if elapsed >= RATE_WINDOW_SECONDS:  # the past window weighs as one window, however long this one was
+            self._rate = (self._rate * RATE_WINDOW_SECONDS + self._window_count) / (RATE_WINDOW_SECONDS + elapsed)
+            self._window_start, self._window_count = now, 0
+
+    def _room(self) -> int:
+        """Jobs the next claim may take: the free slots plus the buffer's free room."""
+        return self._slots.free() + self.allowed() - len(self._buffer)
+
+    async def _expire_buffer(self) -> None:
+        """Hand back buffered jobs that waited longer than their share of the lease (their slots stayed busy)."""
+        if not self._buffer:
+            return
+        now = time.monotonic()
+        stale = [j for j, at in self._buffer if now - at > self._leases.lease_for(j) * PREFETCH_WAIT_FRACTION]
+        if stale:
+            self._rate = 0.0  # the pace fell (slots stayed busy): prefetch again once jobs start again
+            ids = {j.id for j in stale}
+            self._buffer = deque(e for e in self._buffer if e[0].id not in ids)
+            await self._leases.release(stale)
 
     # ------------------------------------------------------------------ pause
     def poke_paused(self) -> None:
@@ -98,17 +176,21 @@ class Claimer:
     async def run(self) -> None:
         s = self._settings
         more = True
-        gather = max(1, min(s.batch, s.concurrency))
         try:
             while not self._stopping.is_set():
-                free = self._slots.free()
+                self.feed()
+                await self._expire_buffer()
+                free = self._room()
                 if free <= 0:
                     await self._wait_for_slot()
                     continue
-                if more and len(self._slots) and free < gather:
+                # Wait a few milliseconds for room for a whole batch (half the room, with a buffer), so one claim
+                # carries many jobs instead of one per finished job.
+                gather = max(1, min(s.batch, s.concurrency), min(s.batch, s.concurrency + self.allowed()) // 2)
+                if more and (len(self._slots) or self._buffer) and free < gather:
                     free = await self._gather_slots(gather)
                 if not more:
-                    if self.until_idle and not len(self._slots) and not self._completer.pending:
+                    if self.until_idle and not len(self._slots) and not self._completer.pending and not self._buffer:
                         self._stopping.set()
                         break
                     await self._return_conn()  # idle: the pool checks and recycles it meanwhile
@@ -146,7 +228,9 @@ class Claimer:
         self._rotate += 1  # the next claim serves another queue first
         if jobs:
             self._empty_streak = 0
-            self._start(jobs)
+            now = time.monotonic()
+            self._buffer.extend((j, now) for j in jobs)
+            self.feed()
         else:
             self.empty_claims += 1
             self._empty_streak += 1
@@ -196,16 +280,18 @@ class Claimer:
                 await self._slots.freed.wait()
         except TimeoutError:
             await self._return_conn()  # all slots busy for a while (maybe hours): the pool has it
+            if self._buffer:
+                return  # the loop hands back buffered jobs that waited too long
             await self._slots.freed.wait()
 
     async def _gather_slots(self, wanted: int) -> int:
         """Wait a few milliseconds for ``wanted`` free slots (fewer if time runs out); returns the free slots."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(CLAIM_GATHER_SECONDS):  # one timer, no task per wake-up
-                while self._slots.free() < wanted and not self._stopping.is_set():
+                while self._room() < wanted and not self._stopping.is_set():
                     self._slots.freed.clear()
                     await self._slots.freed.wait()
-        return self._slots.free()
+        return self._room()
 
     async def _wait_for_work(self) -> str:
         """Sleep until a wake-up (NOTIFY, recovered jobs, stop) or the poll interval; wake-ups right after an
