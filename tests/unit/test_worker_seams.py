@@ -244,3 +244,44 @@ def test_one_claim_takes_and_locks_about_limit_rows_over_all_queues():
     from skiplock.queue import per_queue_limit
 
     assert per_queue_limit(10, 1) == 10 and per_queue_limit(10, 3) == 4 and per_queue_limit(10, 50) == 1
+
+
+# ---------------------------------------------------------------------------------------------- thread executor
+async def test_short_sync_handlers_go_to_threads_in_chunks_and_a_slow_one_never_holds_its_chunk_mates():
+    import threading
+
+    from skiplock.worker.executor import CHUNK, Result, Target, ThreadExecutor
+
+    gate = threading.Event()
+    results: list[Result] = []
+    slow_id = 3  # blocks until the gate opens: the rest of its chunk must still run on the other thread
+
+    def handler(j: Job) -> None:
+        if j.id == slow_id:
+            gate.wait(30)
+
+    executor = ThreadExecutor(2, None, None, "me", results.extend)  # type: ignore[arg-type]
+    try:
+        executor.pace = 0.0  # handlers known to be short: chunks of CHUNK per thread wake-up
+        slots = Slots(3 * CHUNK)
+        target = Target(handler, False)
+        jobs = [job(i) for i in range(1, 3 * CHUNK + 1)]
+        for j in jobs:
+            executor.submit(j, target, slots.add(j, 0.0))
+        assert results == [], "staged until dispatch"
+        executor.dispatch()
+        for _ in range(3000):
+            if len(results) == len(jobs) - 1:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(r.job.id for r in results) == [j.id for j in jobs if j.id != slow_id]
+        assert {r.outcome for r in results} == {"deferred"}
+        gate.set()
+        for _ in range(3000):
+            if len(results) == len(jobs):
+                break
+            await asyncio.sleep(0.01)
+        assert results[-1].job.id == slow_id and results[-1].outcome == "deferred"
+    finally:
+        gate.set()
+        executor.close(join=False)

@@ -435,6 +435,8 @@ class Worker:
                 self._completer.fail(failure_for(job, target, None, self.settings))
                 continue
             self._submit(job, target, started)
+        if self._threads is not None:
+            self._threads.dispatch()
         for queue, n in by_queue.items():
             self._bound[queue].claimed.inc(n)
         self._publish_in_flight()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
@@ -53,6 +54,7 @@ class Completer:
         self._m = metrics
         self._identity = scope.identity
         self._done: list[Job] = []
+        self._done_since: float | None = None  # when the oldest done job not yet taken by a claim finished
         self._failed: list[Failure] = []
         self._refused: list[Job] = []  # completions the fence refused in the handler's transaction
         self._snoozed: list[tuple[Job, float]] = []  # jobs to reschedule without using an attempt
@@ -62,8 +64,10 @@ class Completer:
 
     # ------------------------------------------------------------------ buffers
     def defer(self, job: Job) -> None:
+        if not self._done:
+            self._done_since = time.monotonic()
+            self._needed.set()
         self._done.append(job)
-        self._needed.set()
 
     def fail(self, failure: Failure) -> None:
         self._failed.append(failure)
@@ -82,12 +86,14 @@ class Completer:
     def take_done(self, limit: int = FLUSH_MAX) -> list[Job]:
         """Done jobs for the next claim to carry (give them back with :meth:`give_back` if it fails)."""
         taken, self._done = self._done[:limit], self._done[limit:]
+        self._done_since = time.monotonic() if self._done else None
         taken.sort(key=_by_id)  # rows are locked in id order by every writer of this worker
         return taken
 
     def give_back(self, jobs: list[Job]) -> None:
         self._done[:0] = jobs
         if jobs:
+            self._done_since = self._done_since or time.monotonic()
             self._needed.set()
 
     def jobs(self) -> list[Job]:
@@ -187,9 +193,13 @@ class Completer:
             self._needed.clear()
             if self._closing:
                 break
-            if not stopping.is_set() and not self._failed:
-                # Let the next claim carry the completions; flush them alone if none comes by then.
-                await asyncio.sleep(FLUSH_DELAY_SECONDS)
+            # Let the next claim carry the completions; flush them alone once the oldest waited FLUSH_DELAY_SECONDS
+            # (claims that keep coming take them first, and then no statement of its own is needed).
+            while not stopping.is_set() and not self._failed and self._done_since is not None:
+                wait = self._done_since + FLUSH_DELAY_SECONDS - time.monotonic()
+                if wait <= 0:
+                    break
+                await asyncio.sleep(wait)
             if not await self.flush():
                 await self._control.backoff(stopping)
                 self._needed.set()
@@ -221,6 +231,7 @@ class Completer:
                 self._writing = []
                 if not ok:
                     self._done[:0] = batch
+                    self._done_since = self._done_since or time.monotonic()
         if ok and self._snoozed:
             ok = await self._write_snoozes()
         while ok and self._failed:

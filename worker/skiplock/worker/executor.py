@@ -34,6 +34,13 @@ from skiplock.sql import Queries
 
 log = logging.getLogger(__name__)
 
+# While handlers return within this long on average, a thread wake-up carries up to CHUNK jobs.
+SHORT_HANDLER_SECONDS = 0.00005
+CHUNK = 16
+# What a chunk has not run this long after dispatch goes to the threads one job at a time (a slow job in a chunk
+# never keeps the others from an idle thread for longer).
+REBALANCE_SECONDS = 0.002
+
 Outcome = Literal["done", "deferred", "failed", "lease_lost", "released", "cancelled", "timed_out", "snoozed"]
 """done: completed in the handler's transaction; deferred: to be completed in a batch; failed: the handler raised
 (or the job cannot run); lease_lost: the fence refused the completion (writes rolled back); released: handed back;
@@ -140,6 +147,10 @@ class CancelFlag:
 
     def is_set(self) -> bool:
         return self._set
+
+
+Item = tuple[Job, Target, CancelFlag]
+"""A job handed to a handler thread, with what runs it and its cancel flag."""
 
 
 @dataclass(slots=True)
@@ -345,7 +356,11 @@ class ThreadExecutor:
         self._worker = worker
         self._report = report
         self._loop = asyncio.get_running_loop()
-        self._inbox: queue.SimpleQueue[tuple[Job, Target, CancelFlag] | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Item | deque[Item] | None] = queue.SimpleQueue()
+        self._staged: list[Item] = []
+        self._chunks: list[deque[Item]] = []  # dispatched chunks, until the rebalance after REBALANCE_SECONDS
+        self._rebalancing = False
+        self.pace = 1.0  # recent handler run time (s), an average the threads keep; starts as "slow"
         self._outbox: deque[Result] = deque()
         self._scheduled = False
         self.skip: Callable[[Job], bool] = lambda job: False  # a job handed back before its thread got to it
@@ -357,31 +372,73 @@ class ThreadExecutor:
             thread.start()
 
     def submit(self, job: Job, target: Target, entry: Entry) -> None:
+        """Stage a job; :meth:`dispatch` hands the staged jobs to the threads."""
         timeout = timeout_for(job, target)
         if timeout is not None:  # the thread cannot be interrupted: at the deadline the job is reported timed out
             entry.timer = self._loop.call_later(timeout, self._expire, job, target, timeout)
-        self._inbox.put((job, target, entry.cancel))
+            self._inbox.put((job, target, entry.cancel))  # never queued behind another job: its clock runs
+            return
+        self._staged.append((job, target, entry.cancel))
+
+    def dispatch(self) -> None:
+        """Hand the staged jobs to the threads: one per wake-up, or, while recent handlers return within
+        ``SHORT_HANDLER_SECONDS`` (trivial work: the GIL runs them one at a time anyway), up to ``CHUNK`` per wake-up,
+        run in turn by one thread: waking a thread costs more than such a handler. A job that turns out slow holds
+        the rest of its chunk for at most ``REBALANCE_SECONDS``; then they go to other threads one by one."""
+        staged, self._staged = self._staged, []
+        if self.pace < SHORT_HANDLER_SECONDS and len(staged) > 1:
+            for i in range(0, len(staged), CHUNK):
+                chunk = deque(staged[i : i + CHUNK])
+                self._chunks.append(chunk)
+                self._inbox.put(chunk)
+            if not self._rebalancing:
+                self._rebalancing = True
+                self._loop.call_later(REBALANCE_SECONDS, self._rebalance)
+        else:
+            for item in staged:
+                self._inbox.put(item)
+
+    def _rebalance(self) -> None:
+        """Jobs still waiting in a chunk a moment after dispatch (one of its jobs is slow after all) go to the
+        threads one by one, so an idle thread takes them."""
+        self._rebalancing = False
+        chunks, self._chunks = self._chunks, []
+        for chunk in chunks:
+            while True:
+                try:
+                    item = chunk.popleft()  # atomic: each job is taken once, by its chunk's thread or from here
+                except IndexError:
+                    break
+                self._inbox.put(item)
 
     def _expire(self, job: Job, target: Target, timeout: float) -> None:
         self._report([Result(job, "timed_out", timed_out_error(timeout), time.monotonic(), target.task, True)])
 
     def _thread(self) -> None:
+        clock = time.perf_counter
         while (item := self._inbox.get()) is not None:
-            job, target, cancel = item
-            if self.skip(job):
-                continue
-            try:
-                outcome = self._unit(job, target, cancel)
-                result = Result(job, outcome, None, time.monotonic(), target.task)
-            except Snooze as exc:
-                result = Result(job, "snoozed", exc, time.monotonic(), target.task)
-            except BaseException as exc:
-                result = Result(job, "failed", exc, time.monotonic(), target.task)
-            self._outbox.append(result)
-            if not self._scheduled:  # one loop wake-up carries every result posted until it runs
-                self._scheduled = True
-                with contextlib.suppress(RuntimeError):  # the loop is closed: the worker has exited
-                    self._loop.call_soon_threadsafe(self.collect)
+            chunk: deque[Item] = item if isinstance(item, deque) else deque((item,))
+            while True:
+                try:
+                    job, target, cancel = chunk.popleft()
+                except IndexError:
+                    break
+                if self.skip(job):
+                    continue
+                t0 = clock()
+                try:
+                    outcome = self._unit(job, target, cancel)
+                    result = Result(job, outcome, None, time.monotonic(), target.task)
+                except Snooze as exc:
+                    result = Result(job, "snoozed", exc, time.monotonic(), target.task)
+                except BaseException as exc:
+                    result = Result(job, "failed", exc, time.monotonic(), target.task)
+                self.pace += (clock() - t0 - self.pace) * 0.1  # a benign race between threads: an estimate
+                self._outbox.append(result)
+                if not self._scheduled:  # one loop wake-up carries every result posted until it runs
+                    self._scheduled = True
+                    with contextlib.suppress(RuntimeError):  # the loop is closed: the worker has exited
+                        self._loop.call_soon_threadsafe(self.collect)
 
     def collect(self) -> None:
         """On the loop: hand every posted result to the worker."""
