@@ -201,7 +201,8 @@ class Worker:
         return self
 
     async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.request_stop()
+        if self._stopping is None or not self._stopping.is_set():  # a stop already requested drains, never forced
+            self.request_stop()
         if self._task is not None:
             await self._task
 
