@@ -77,6 +77,24 @@ class OperatorMetrics:
             ["namespace", "jobqueue", "queue"],
             registry=registry,
         )
+        self.queue_paused = Gauge(
+            "skiplock_queue_paused",
+            "1 while a queue is paused in the database (spec.paused or skiplock pause), from the operator's poll.",
+            ["namespace", "jobqueue", "queue"],
+            registry=registry,
+        )
+        self.jobs_purged = Counter(
+            "skiplock_operator_jobs_purged",
+            "Old jobs deleted by the operator's scheduled retention of a JobQueue's schema, by status.",
+            ["namespace", "jobqueue", "status"],
+            registry=registry,
+        )
+        self.purge_errors = Counter(
+            "skiplock_operator_purge_errors",
+            "Failed rounds of the operator's scheduled retention, by classified reason (PermissionDenied, ...).",
+            ["namespace", "jobqueue", "reason"],
+            registry=registry,
+        )
         self.database_up = Gauge(
             "skiplock_operator_database_up",
             "1 when the operator's last poll of a JobQueue's database succeeded, else 0.",
@@ -86,6 +104,7 @@ class OperatorMetrics:
         for result in RESULTS:
             self.reconciles.labels(result)
         self._queues: dict[tuple[str, str], set[str]] = {}
+        self._retention: dict[tuple[str, str], set[tuple[Counter, str]]] = {}
 
     def observe_queues(self, namespace: str, jobqueue: str, stats: Mapping[str, QueueStats]) -> None:
         """Set the queue gauges of one JobQueue; queues it no longer serves lose their series."""
@@ -96,6 +115,7 @@ class OperatorMetrics:
             for state in STATES:
                 self.queue_jobs.labels(namespace, jobqueue, queue, state).set(getattr(row, state))
             self.queue_oldest_ready_age.labels(namespace, jobqueue, queue).set(row.oldest_ready_age_seconds)
+            self.queue_paused.labels(namespace, jobqueue, queue).set(1 if row.paused else 0)
         self._queues[key] = set(stats)
         self.database_up.labels(namespace, jobqueue).set(1)
 
@@ -103,8 +123,9 @@ class OperatorMetrics:
         for state in STATES:
             with contextlib.suppress(KeyError):
                 self.queue_jobs.remove(namespace, jobqueue, queue, state)
-        with contextlib.suppress(KeyError):
-            self.queue_oldest_ready_age.remove(namespace, jobqueue, queue)
+        for gauge in (self.queue_oldest_ready_age, self.queue_paused):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, jobqueue, queue)
 
     def forget(self, namespace: str, jobqueue: str) -> None:
         """A JobQueue is gone: every series that names it goes too."""
@@ -113,3 +134,15 @@ class OperatorMetrics:
                 gauge.remove(namespace, jobqueue)
         for queue in self._queues.pop((namespace, jobqueue), set()):
             self._remove_queue(namespace, jobqueue, queue)
+        for counter, labels in self._retention.pop((namespace, jobqueue), set()):
+            with contextlib.suppress(KeyError):
+                counter.remove(namespace, jobqueue, labels)
+
+    def purged(self, namespace: str, jobqueue: str, counts: Mapping[str, int]) -> None:
+        for status, n in counts.items():
+            self._retention.setdefault((namespace, jobqueue), set()).add((self.jobs_purged, status))
+            self.jobs_purged.labels(namespace, jobqueue, status).inc(n)
+
+    def purge_failed(self, namespace: str, jobqueue: str, reason: str) -> None:
+        self._retention.setdefault((namespace, jobqueue), set()).add((self.purge_errors, reason))
+        self.purge_errors.labels(namespace, jobqueue, reason).inc()
