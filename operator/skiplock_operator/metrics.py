@@ -11,6 +11,7 @@ from skiplock import QueueStats
 
 RESULTS = ("success", "invalid", "retry", "error")
 STATES = ("ready", "delayed", "processing", "stalled", "failed")
+PURGED = ("done", "failed", "cancelled")
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
@@ -91,8 +92,8 @@ class OperatorMetrics:
         )
         self.purge_errors = Counter(
             "skiplock_operator_purge_errors",
-            "Failed rounds of the operator's scheduled retention, by classified reason (PermissionDenied, ...).",
-            ["namespace", "jobqueue", "reason"],
+            "Failed rounds of the operator's scheduled retention of a JobQueue's schema (the reason is in its Events).",
+            ["namespace", "jobqueue"],
             registry=registry,
         )
         self.database_up = Gauge(
@@ -104,7 +105,7 @@ class OperatorMetrics:
         for result in RESULTS:
             self.reconciles.labels(result)
         self._queues: dict[tuple[str, str], set[str]] = {}
-        self._retention: dict[tuple[str, str], set[tuple[Counter, str]]] = {}
+        self._retention: dict[tuple[str, str], bool] = {}
 
     def observe_queues(self, namespace: str, jobqueue: str, stats: Mapping[str, QueueStats]) -> None:
         """Set the queue gauges of one JobQueue; queues it no longer serves lose their series."""
@@ -134,15 +135,16 @@ class OperatorMetrics:
                 gauge.remove(namespace, jobqueue)
         for queue in self._queues.pop((namespace, jobqueue), set()):
             self._remove_queue(namespace, jobqueue, queue)
-        for counter, labels in self._retention.pop((namespace, jobqueue), set()):
+        if self._retention.pop((namespace, jobqueue), False):
+            for status in PURGED:
+                with contextlib.suppress(KeyError):
+                    self.jobs_purged.remove(namespace, jobqueue, status)
             with contextlib.suppress(KeyError):
-                counter.remove(namespace, jobqueue, labels)
+                self.purge_errors.remove(namespace, jobqueue)
 
-    def purged(self, namespace: str, jobqueue: str, counts: Mapping[str, int]) -> None:
-        for status, n in counts.items():
-            self._retention.setdefault((namespace, jobqueue), set()).add((self.jobs_purged, status))
-            self.jobs_purged.labels(namespace, jobqueue, status).inc(n)
-
-    def purge_failed(self, namespace: str, jobqueue: str, reason: str) -> None:
-        self._retention.setdefault((namespace, jobqueue), set()).add((self.purge_errors, reason))
-        self.purge_errors.labels(namespace, jobqueue, reason).inc()
+    def watch_retention(self, namespace: str, jobqueue: str) -> None:
+        """The retention series of a JobQueue start at 0 (a first purge or failure then shows in rate/increase)."""
+        self._retention[(namespace, jobqueue)] = True
+        for status in PURGED:
+            self.jobs_purged.labels(namespace, jobqueue, status)
+        self.purge_errors.labels(namespace, jobqueue)

@@ -42,6 +42,7 @@ class Retention:
 
     async def run(self, stopped: Any) -> None:
         never = asyncio.Event()
+        self.rt.metrics.watch_retention(*self.key)
         try:
             while not stopped:
                 delay = await self.step(stopped)
@@ -76,7 +77,8 @@ class Retention:
             batch = await self.rt.databases.purge_batch(self.user, dsn, spec.schema, params)
             if batch is None:
                 break  # someone else purges this schema now
-            self.rt.metrics.purged(*self.key, batch)
+            for status, n in batch.items():
+                self.rt.metrics.jobs_purged.labels(*self.key, status).inc(n)
             total += batch
             if not batch or max(batch.values()) < BATCH:
                 break
@@ -88,9 +90,11 @@ class Retention:
         return total
 
     def failed(self, reason: str, message: str) -> None:
-        self.rt.metrics.purge_failed(*self.key, reason)
+        self.rt.metrics.purge_errors.labels(*self.key).inc()
         if self.failing:
             return  # one line and one Event per streak of failures
         self.failing = True
         self.logger.warning(f"scheduled purge failed ({reason}); tried again later")
-        kopf.event(self.body, type="Warning", reason="PurgeFailed", message=f"scheduled purge failed: {message}")
+        kopf.event(
+            self.body, type="Warning", reason="PurgeFailed", message=f"scheduled purge failed ({reason}): {message}"
+        )
