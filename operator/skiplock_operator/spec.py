@@ -132,6 +132,11 @@ class JobQueueSpec:
         return self.worker_settings().to_env()
 
 
+def _plain(x: float) -> str:
+    """A bound as written in the CRD: 315360000, not 3.1536e+08."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
 class _Reader:
     """Typed access to one mapping, naming the full path in every error."""
 
@@ -177,7 +182,7 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidSpecError(f"{self.path}.{key} must be a number")
         if not low <= value <= high:
-            raise InvalidSpecError(f"{self.path}.{key} must be within {low:g}..{high:g} (got {value})")
+            raise InvalidSpecError(f"{self.path}.{key} must be within {_plain(low)}..{_plain(high)} (got {value})")
         return float(value)
 
     def optional_number(self, key: str, low: float, high: float) -> float | None:

@@ -265,6 +265,9 @@ async def test_an_operator_holding_only_the_worker_role_reports_the_purge_failin
     assert roles.password not in event[0]["message"]
     assert surviving(pg_dsn, schema, doomed) == doomed
     await await_for(lambda: is_status(cluster, "weak", "Ready", "True"), what="the rest of the JobQueue still works")
+    await cluster.patch_jobqueue("weak", {"spec": {"paused": True}})  # the worker role may not write `queues`
+    await await_for(lambda: is_status(cluster, "weak", "QueuesActive", "False", PERMISSION_DENIED), what="refused")
+    assert paused_rows(pg_dsn, schema) == {}
 
 
 async def test_a_purge_batch_waits_its_turn_behind_the_retention_lock(pg_dsn: str, schema: str) -> None:
