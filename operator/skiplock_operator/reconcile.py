@@ -513,6 +513,7 @@ class Autoscaler:
                 self.logger.warning(f"spec.paused={spec.paused} not applied to the database ({exc.reason})")
                 why = f"spec.paused={str(spec.paused).lower()} is not applied yet: {exc}"
                 return stats, ({}, (status.QUEUES_ACTIVE, False, exc.reason, why))
+            await write_status(self.rt, self.key, fields={"paused": spec.paused})  # remembered before anything else
             verb = "paused" if spec.paused else "resumed"
             self.logger.info(f"queue(s) {', '.join(todo)} {verb} in the database (spec.paused={spec.paused})")
             held = list(queues) if spec.paused else []
