@@ -518,7 +518,7 @@ class Autoscaler:
             self.logger.info(f"queue(s) {', '.join(todo)} {verb} in the database (spec.paused={spec.paused})")
             held = list(queues) if spec.paused else []
             stats = {q: dataclasses.replace(row, paused=q in held) for q, row in stats.items()}
-        fields = {"paused": spec.paused, "pausedQueues": held or None}
+        fields = {"paused": spec.paused, "pausedQueues": held}
         listed = ", ".join(held)
         if spec.paused:
             message = (

@@ -124,7 +124,7 @@ async def test_spec_paused_pauses_the_served_queues_a_worker_stops_claiming_and_
         await await_for(lambda: job_status(pg_dsn, schema, held) == "done", timeout=20, what="resumed and claimed")
         assert paused_rows(pg_dsn, schema) == {"a": False, "b": False}
         await await_for(lambda: is_status(cluster, "pq", "QueuesActive", "True", "Claiming"), what="resumed status")
-        assert "pausedQueues" not in status_of(cluster, "pq") and status_of(cluster, "pq")["paused"] is False
+        assert status_of(cluster, "pq")["pausedQueues"] == [] and status_of(cluster, "pq")["paused"] is False
         assert any(e.get("reason") == "Claiming" and e["type"] == "Normal" for e in cluster.events())
 
 
