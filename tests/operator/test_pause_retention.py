@@ -7,15 +7,12 @@ in-process worker. Retention is tested under the least-privilege roles ``skiploc
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from skiplock import Settings
 from skiplock.app import App
@@ -24,6 +21,7 @@ from skiplock.worker import Worker
 from skiplock.worker.retention import purge_params, retention_lock_key
 from skiplock_operator.database import PERMISSION_DENIED, Databases
 from support.pg import await_for
+from support.roles import Roles, login_roles
 
 from .conftest import NAMESPACE, Cluster, jobqueue_spec, metric
 from .test_conditions import is_status
@@ -155,34 +153,13 @@ async def test_a_queue_paused_by_command_is_left_paused_and_a_deleted_paused_job
 
 
 # ---------------------------------------------------------------------------------------------- retention
-@dataclass
-class Roles:
-    worker: str
-    owner: str
-    password: str
-
-    def dsn(self, base: str, role: str) -> str:
-        return make_conninfo(base, user=role, password=self.password)
-
-
 @pytest.fixture
 def roles(pg_dsn: str, schema: str) -> Iterator[Roles]:
-    tag = uuid.uuid4().hex[:8]
-    made = Roles(f"sk_work_{tag}", f"sk_op_{tag}", f"Pw-{tag}")
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for role in (made.worker, made.owner):
-            conn.execute(
-                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(made.password))
-            )
-        apply_grants(conn, schema, worker=made.worker, operator=made.owner)
-    try:
-        yield made
-    finally:
+    """The worker and operator roles of ``skiplock grant`` on the schema (the operator role owns it)."""
+    with login_roles(pg_dsn, schema) as made:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-            for role in (made.worker, made.owner):
-                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+            apply_grants(conn, schema, worker=made.worker, operator=made.operator)
+        yield made
 
 
 def old_jobs(dsn: str, schema: str, status: str, n: int, days: float) -> set[int]:
@@ -216,7 +193,7 @@ async def test_the_operator_purges_at_zero_replicas_with_the_owner_role_while_wo
     kept |= old_jobs(pg_dsn, schema, "pending", 2, 90)
 
     await cluster.apply_secret("worker-db", roles.dsn(pg_dsn, roles.worker))
-    await cluster.apply_secret("owner-db", roles.dsn(pg_dsn, roles.owner))
+    await cluster.apply_secret("owner-db", roles.dsn(pg_dsn, roles.operator))
     spec = {
         **jobqueue_spec("rq", schema, maxReplicas=0),
         "dsnSecretRef": {"name": "worker-db"},
