@@ -1,7 +1,8 @@
 """Database access of the operator: one connection per (DSN, schema), shared by the JobQueues that use it.
 
 What happens here: migrate a schema, read queue stats and the next due time of delayed jobs, read the
-server's connection limits. Each (DSN, schema) has its own lock, so a tenant whose database hangs stalls
+server's connection limits, pause and resume queues (``spec.paused``), and purge old jobs in batches (the
+scheduled retention). Each (DSN, schema) has its own lock, so a tenant whose database hangs stalls
 only the JobQueues that share that very DSN; connects are bounded per namespace as well.
 
 Every call is bounded by ``timeout``. When a query outlives it, the socket is shut down from our side and
@@ -19,7 +20,8 @@ import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -31,7 +33,9 @@ from skiplock import QueueStats
 from skiplock.errors import DatabaseUnavailableError
 from skiplock.migrate import amigrate
 from skiplock.queue import stats_from_row
+from skiplock.settings import Settings
 from skiplock.sql import queries_for
+from skiplock.worker.retention import retention_lock_key
 
 log = logging.getLogger(__name__)
 PoolKey = tuple[str, str]
@@ -49,6 +53,7 @@ CONNECT_FAILED = "ConnectFailed"
 QUERY_TIMEOUT = "QueryTimeout"
 CONNECTION_LOST = "ConnectionLost"
 QUERY_FAILED = "QueryFailed"
+PERMISSION_DENIED = "PermissionDenied"
 MESSAGES = {
     DSN_INVALID: "the DSN in the Secret is not a valid PostgreSQL connection string",
     HOST_NOT_ALLOWED: "the DSN's host is not in the operator's allowed database hosts",
@@ -61,6 +66,8 @@ MESSAGES = {
     QUERY_TIMEOUT: "the database did not answer a query in time",
     CONNECTION_LOST: "the connection to the database was lost",
     QUERY_FAILED: "a database query of the operator failed",
+    PERMISSION_DENIED: "the operator's database role lacks a privilege it needs (give the operator the schema "
+    "owner's DSN: spec.operatorDsnSecretRef)",
 }
 REASONS = tuple(MESSAGES)
 CONNECT_SLOTS_PER_NAMESPACE = 2
@@ -88,6 +95,8 @@ def classify(exc: BaseException, *, connecting: bool) -> str:
     if connecting and isinstance(exc, psycopg.ProgrammingError):
         return DSN_INVALID
     sqlstate = getattr(exc, "sqlstate", None) or ""
+    if sqlstate == "42501":  # insufficient_privilege
+        return PERMISSION_DENIED
     text = str(exc).lower()
     role_missing = "role" in text and "does not exist" in text
     if sqlstate.startswith("28") or role_missing or "authentication" in text or "pg_hba.conf" in text:
@@ -328,6 +337,45 @@ class Databases:
 
         max_connections, reserved = await self._call(user, (dsn, schema), read)
         return budget_from_limits(max_connections, reserved)
+
+    async def set_paused(self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], paused: bool) -> None:
+        """Pause (or resume) each of ``queues`` in the queues table, in one transaction; the statement tells the
+        workers on the control channel (and, on resume, wakes those serving the queue)."""
+        q = queries_for(schema)
+        channels = Settings(schema=schema)
+
+        async def write(conn: psycopg.AsyncConnection[Any], _: _Entry) -> None:
+            async with conn.transaction():
+                for name in queues:
+                    params = {
+                        "queue": name,
+                        "paused": paused,
+                        "now": None,
+                        "control_channel": channels.control_channel,
+                        "channel": channels.channel,
+                    }
+                    await conn.execute(q.queue_set_paused, params)
+
+        await self._call(user, (dsn, schema), write)
+
+    async def purge_batch(
+        self, user: Hashable, dsn: str, schema: str, params: Mapping[str, Any]
+    ) -> Counter[str] | None:
+        """One batch of the scheduled retention, in its own transaction, under the schema's retention lock (the
+        key the workers' purge holds): the rows deleted by status, or None when someone else holds the lock."""
+        q = queries_for(schema)
+
+        async def purge(conn: psycopg.AsyncConnection[Any], _: _Entry) -> Counter[str] | None:
+            async with conn.transaction():
+                row = await (
+                    await conn.execute(q.retention_try_xact_lock, {"key": retention_lock_key(schema)})
+                ).fetchone()
+                if not row or not row[0]:
+                    return None
+                rows = await (await conn.execute(q.job_purge_expired, dict(params))).fetchall()
+            return Counter(r[0] for r in rows)
+
+        return await self._call(user, (dsn, schema), purge)
 
     async def release(self, user: Hashable) -> None:
         key = self._users.pop(user, None)

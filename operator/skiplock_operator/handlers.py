@@ -11,7 +11,7 @@ from typing import Any
 
 import kopf
 
-from skiplock_operator import reconcile
+from skiplock_operator import reconcile, retention
 from skiplock_operator.config import GROUP, KIND, PLURAL, VERSION, OperatorConfig
 from skiplock_operator.k8s import DSN_LABEL, Kube
 from skiplock_operator.metrics import OperatorMetrics
@@ -124,3 +124,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
         body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
     ) -> None:
         await reconcile.Autoscaler(memo.runtime, body, logger).run(stopped)
+
+    @kopf.daemon(*resource, registry=registry, id="retention", cancellation_backoff=1.0, cancellation_timeout=5.0)
+    async def purge(
+        body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
+    ) -> None:
+        await retention.Retention(memo.runtime, body, logger).run(stopped)

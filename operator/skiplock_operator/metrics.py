@@ -11,6 +11,7 @@ from skiplock import QueueStats
 
 RESULTS = ("success", "invalid", "retry", "error")
 STATES = ("ready", "delayed", "processing", "stalled", "failed")
+PURGED = ("done", "failed", "cancelled")
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
@@ -77,6 +78,24 @@ class OperatorMetrics:
             ["namespace", "jobqueue", "queue"],
             registry=registry,
         )
+        self.queue_paused = Gauge(
+            "skiplock_queue_paused",
+            "1 while a queue is paused in the database (spec.paused or skiplock pause), from the operator's poll.",
+            ["namespace", "jobqueue", "queue"],
+            registry=registry,
+        )
+        self.jobs_purged = Counter(
+            "skiplock_operator_jobs_purged",
+            "Old jobs deleted by the operator's scheduled retention of a JobQueue's schema, by status.",
+            ["namespace", "jobqueue", "status"],
+            registry=registry,
+        )
+        self.purge_errors = Counter(
+            "skiplock_operator_purge_errors",
+            "Failed rounds of the operator's scheduled retention of a JobQueue's schema (the reason is in its Events).",
+            ["namespace", "jobqueue"],
+            registry=registry,
+        )
         self.database_up = Gauge(
             "skiplock_operator_database_up",
             "1 when the operator's last poll of a JobQueue's database succeeded, else 0.",
@@ -86,6 +105,7 @@ class OperatorMetrics:
         for result in RESULTS:
             self.reconciles.labels(result)
         self._queues: dict[tuple[str, str], set[str]] = {}
+        self._retention: dict[tuple[str, str], bool] = {}
 
     def observe_queues(self, namespace: str, jobqueue: str, stats: Mapping[str, QueueStats]) -> None:
         """Set the queue gauges of one JobQueue; queues it no longer serves lose their series."""
@@ -96,6 +116,7 @@ class OperatorMetrics:
             for state in STATES:
                 self.queue_jobs.labels(namespace, jobqueue, queue, state).set(getattr(row, state))
             self.queue_oldest_ready_age.labels(namespace, jobqueue, queue).set(row.oldest_ready_age_seconds)
+            self.queue_paused.labels(namespace, jobqueue, queue).set(1 if row.paused else 0)
         self._queues[key] = set(stats)
         self.database_up.labels(namespace, jobqueue).set(1)
 
@@ -103,8 +124,9 @@ class OperatorMetrics:
         for state in STATES:
             with contextlib.suppress(KeyError):
                 self.queue_jobs.remove(namespace, jobqueue, queue, state)
-        with contextlib.suppress(KeyError):
-            self.queue_oldest_ready_age.remove(namespace, jobqueue, queue)
+        for gauge in (self.queue_oldest_ready_age, self.queue_paused):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, jobqueue, queue)
 
     def forget(self, namespace: str, jobqueue: str) -> None:
         """A JobQueue is gone: every series that names it goes too."""
@@ -113,3 +135,16 @@ class OperatorMetrics:
                 gauge.remove(namespace, jobqueue)
         for queue in self._queues.pop((namespace, jobqueue), set()):
             self._remove_queue(namespace, jobqueue, queue)
+        if self._retention.pop((namespace, jobqueue), False):
+            for status in PURGED:
+                with contextlib.suppress(KeyError):
+                    self.jobs_purged.remove(namespace, jobqueue, status)
+            with contextlib.suppress(KeyError):
+                self.purge_errors.remove(namespace, jobqueue)
+
+    def watch_retention(self, namespace: str, jobqueue: str) -> None:
+        """The retention series of a JobQueue start at 0 (a first purge or failure then shows in rate/increase)."""
+        self._retention[(namespace, jobqueue)] = True
+        for status in PURGED:
+            self.jobs_purged.labels(namespace, jobqueue, status)
+        self.purge_errors.labels(namespace, jobqueue)

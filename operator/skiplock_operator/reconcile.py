@@ -31,6 +31,8 @@ from skiplock_operator.wakeup import Wakeups
 
 Key = tuple[str, str]
 Condition = tuple[str, bool, str, str]
+Pause = tuple[dict[str, Any], Condition | None]
+"""What the pause sync adds to a status write: fields (paused, pausedQueues) and the QueuesActive condition."""
 log = logging.getLogger(__name__)
 DUE_MARGIN_SECONDS = 0.05
 """Poll this long after a delayed job's visible_at, so the job is ready when the poll looks."""
@@ -332,7 +334,22 @@ async def finalize(rt: Runtime, body: Mapping[str, Any]) -> None:
     actual = await rt.kube.get_deployment(namespace, dname)
     if actual is not None and controller_uid(actual) == str(body["metadata"].get("uid")):
         await rt.kube.delete_deployment(namespace, dname, uid=str(actual["metadata"].get("uid")))
+    if (body.get("status") or {}).get("paused"):
+        await resume_on_delete(rt, body)
     await rt.forget((namespace, name))
+
+
+async def resume_on_delete(rt: Runtime, body: Mapping[str, Any]) -> None:
+    """A JobQueue deleted while spec.paused held its queues: resume them (best effort, never blocks the delete),
+    so a JobQueue created again for them does not find them paused by one that is gone."""
+    key = key_of(body)
+    try:
+        spec = parse_spec(body.get("spec"))
+        dsn = await read_dsn(rt, key, spec)
+        await rt.databases.set_paused(key, dsn, spec.schema, spec.served_queues, False)
+    except (InvalidSpecError, SecretProblem, DatabaseProblem) as exc:
+        reason = getattr(exc, "reason", type(exc).__name__)
+        log.warning(f"the queues of deleted JobQueue {key[0]}/{key[1]} stay paused ({reason}): skiplock resume QUEUE")
 
 
 # ---------------------------------------------------------------------------------------------- autoscaler
@@ -407,6 +424,7 @@ class Autoscaler:
         except DatabaseProblem as exc:
             return await self.unreachable(exc, interval)
         rt.metrics.poll_duration.observe(time.monotonic() - started)
+        stats, pause = await self.sync_pause(spec, dsn, stats)
         rt.metrics.observe_queues(namespace, name, stats)
         self.failures = 0
         deployment = await ensure_deployment(rt, self.body, spec, budget=budget)  # creates it, or undoes drift
@@ -422,7 +440,7 @@ class Autoscaler:
         if spec.paused or spec.manual or not spec.scaling.enabled:
             await rt.wakeups.unsubscribe(self.key)
             if spec.paused:
-                why = (status.PAUSED, "spec.paused is true: replicas are left alone")
+                why = (status.PAUSED, "spec.paused is true: replicas are left alone while the queues are paused")
             elif spec.manual:
                 why = (
                     status.MANUAL_REPLICAS,
@@ -435,6 +453,7 @@ class Autoscaler:
                 total,
                 current,
                 desired=spec.replicas if spec.manual else current,
+                pause=pause,
                 conditions=((status.SCALING_ACTIVE, False, *why),),
             )
             return interval
@@ -470,9 +489,49 @@ class Autoscaler:
             decision.replicas,
             desired=decision.replicas,
             scaled_at=scaled_at,
+            pause=pause,
             conditions=(scaling_condition,),
         )
         return wake_in
+
+    async def sync_pause(
+        self, spec: JobQueueSpec, dsn: str, stats: dict[str, QueueStats]
+    ) -> tuple[dict[str, QueueStats], Pause]:
+        """Bring the queues table in line with ``spec.paused``: pause every served queue while it is true, resume
+        them once when it turns false (``status.paused`` remembers what the operator applied, so a queue paused
+        by ``skiplock pause`` is never resumed behind the user's back). Idempotent: only queues whose row
+        disagrees are written. Returns the stats as they now stand, the status fields and the condition."""
+        queues = spec.served_queues
+        held = [q for q in queues if stats[q].paused]
+        applied = bool((self.body.get("status") or {}).get("paused"))
+        todo = [q for q in queues if q not in held] if spec.paused else held if applied else []
+        if todo:
+            try:
+                await self.rt.databases.set_paused(self.key, dsn, spec.schema, todo, spec.paused)
+            except DatabaseProblem as exc:
+                self.rt.metrics.errors.labels("database").inc()
+                self.logger.warning(f"spec.paused={spec.paused} not applied to the database ({exc.reason})")
+                why = f"spec.paused={str(spec.paused).lower()} is not applied yet: {exc}"
+                return stats, ({}, (status.QUEUES_ACTIVE, False, exc.reason, why))
+            await write_status(self.rt, self.key, fields={"paused": spec.paused})  # remembered before anything else
+            verb = "paused" if spec.paused else "resumed"
+            self.logger.info(f"queue(s) {', '.join(todo)} {verb} in the database (spec.paused={spec.paused})")
+            held = list(queues) if spec.paused else []
+            stats = {q: dataclasses.replace(row, paused=q in held) for q, row in stats.items()}
+        fields = {"paused": spec.paused, "pausedQueues": held}
+        listed = ", ".join(held)
+        if spec.paused:
+            message = (
+                f"spec.paused is true: {listed} paused in the database; running jobs finish, nothing new is claimed"
+            )
+            return stats, (fields, (status.QUEUES_ACTIVE, False, status.PAUSED, message))
+        if held:
+            message = (
+                f"{listed} paused in the database by `skiplock pause`: spec.paused is false, so the operator leaves "
+                "them paused (`skiplock resume QUEUE`)"
+            )
+            return stats, (fields, (status.QUEUES_ACTIVE, False, status.PAUSED_BY_COMMAND, message))
+        return stats, (fields, (status.QUEUES_ACTIVE, True, status.CLAIMING, "workers claim from every served queue"))
 
     async def unreachable(self, exc: DatabaseProblem, interval: float) -> float:
         """Keep the replicas as they are (no scale to zero on errors), say so, and poll again after one
@@ -500,9 +559,11 @@ class Autoscaler:
         *,
         desired: int | None = None,
         scaled_at: str | None = None,
+        pause: Pause = ({}, None),
         conditions: tuple[Condition, ...] = (),
     ) -> None:
         namespace, name = self.key
+        pause_fields, pause_condition = pause
         dep_status = deployment.get("status") or {}
         fields: dict[str, Any] = {
             "replicas": int(dep_status.get("replicas") or 0),
@@ -516,11 +577,13 @@ class Autoscaler:
                 "failed": stats.failed,
             },
             "oldestReadyAgeSeconds": round(stats.oldest_ready_age_seconds, 3),
+            **pause_fields,
         }
         self.rt.metrics.ready_backlog.labels(namespace, name).set(stats.ready)
         conditions = (
             (status.DATABASE_REACHABLE, True, status.CONNECTED, "the operator reached the database"),
             (status.READY, True, status.RECONCILED, ready_message(self.key)),
+            *((pause_condition,) if pause_condition else ()),  # before ScalingActive: its Event is the one posted
             *conditions,
         )
         if scaled_at:

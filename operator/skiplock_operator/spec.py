@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skiplock.errors import ConfigError
+from skiplock.knobs import knob
 from skiplock.settings import Settings
 from skiplock_operator.config import Policy
 from skiplock_operator.scaling import WORKER_CONNECTION_OVERHEAD, ScalingSpec
@@ -22,6 +23,8 @@ PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 LOG_FORMATS = ("plain", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SELECTOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
+MAX_RETENTION_SECONDS = 10 * 365 * 86400
+MAX_PURGE_INTERVAL_SECONDS = 7 * 86400
 
 
 class InvalidSpecError(ValueError):
@@ -60,6 +63,11 @@ class JobQueueSpec:
     log_level: str = "INFO"
     replicas: int | None = None
     paused: bool = False
+    retain_done_seconds: float = knob("retain_done_seconds").default
+    retain_failed_seconds: float = knob("retain_failed_seconds").default
+    retain_cancelled_seconds: float = knob("retain_cancelled_seconds").default
+    purge_interval_seconds: float = knob("purge_interval_seconds").default
+    """How often the operator runs the scheduled purge of the schema (0: never); its workers never do."""
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
     resources: Mapping[str, Any] = field(default_factory=dict)
     env: tuple[Mapping[str, Any], ...] = ()
@@ -109,6 +117,10 @@ class JobQueueSpec:
                 backoff_jitter=self.backoff_jitter,
                 max_attempts=self.max_attempts,
                 shutdown_grace_seconds=self.shutdown_grace_seconds,
+                retain_done_seconds=self.retain_done_seconds,
+                retain_failed_seconds=self.retain_failed_seconds,
+                retain_cancelled_seconds=self.retain_cancelled_seconds,
+                purge_interval_seconds=0.0,  # the operator purges (at zero replicas too, with the owner role)
                 metrics_port=METRICS_PORT,
                 listen=self.listen,
                 log_format=self.log_format,  # type: ignore[arg-type]
@@ -120,6 +132,11 @@ class JobQueueSpec:
 
     def worker_env(self) -> dict[str, str]:
         return self.worker_settings().to_env()
+
+
+def _plain(x: float) -> str:
+    """A bound as written in the CRD: 315360000, not 3.1536e+08."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 class _Reader:
@@ -167,7 +184,7 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidSpecError(f"{self.path}.{key} must be a number")
         if not low <= value <= high:
-            raise InvalidSpecError(f"{self.path}.{key} must be within {low:g}..{high:g} (got {value})")
+            raise InvalidSpecError(f"{self.path}.{key} must be within {_plain(low)}..{_plain(high)} (got {value})")
         return float(value)
 
     def optional_number(self, key: str, low: float, high: float) -> float | None:
@@ -233,6 +250,7 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
     secret = r.child("dsnSecretRef")
     operator_secret = r.child("operatorDsnSecretRef")
     backoff = r.child("backoff")
+    retention = r.child("retention")
     queues = r.names("queues")
     handler, app = r.text("handler"), r.text("app")
     if not handler and not app:
@@ -269,6 +287,14 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
         log_level=r.text("logLevel", d.log_level, choices=LOG_LEVELS),
         replicas=r.integer("replicas", None, 0, 1000),
         paused=r.flag("paused", d.paused),
+        retain_done_seconds=retention.number("doneSeconds", d.retain_done_seconds, 60, MAX_RETENTION_SECONDS),
+        retain_failed_seconds=retention.number("failedSeconds", d.retain_failed_seconds, 60, MAX_RETENTION_SECONDS),
+        retain_cancelled_seconds=retention.number(
+            "cancelledSeconds", d.retain_cancelled_seconds, 60, MAX_RETENTION_SECONDS
+        ),
+        purge_interval_seconds=retention.number(
+            "purgeIntervalSeconds", d.purge_interval_seconds, 0, MAX_PURGE_INTERVAL_SECONDS
+        ),
         scaling=parse_scaling(r.child("scaling")),
         resources=r.mapping("resources"),
         env=r.objects("env"),

@@ -13,7 +13,9 @@ READY = "Ready"
 DATABASE_REACHABLE = "DatabaseReachable"
 SCHEMA_READY = "SchemaReady"
 SCALING_ACTIVE = "ScalingActive"
-CONDITION_TYPES = (READY, DATABASE_REACHABLE, SCHEMA_READY, SCALING_ACTIVE)
+QUEUES_ACTIVE = "QueuesActive"
+"""True while no served queue is paused in the database (spec.paused, or `skiplock pause` by hand)."""
+CONDITION_TYPES = (READY, DATABASE_REACHABLE, SCHEMA_READY, SCALING_ACTIVE, QUEUES_ACTIVE)
 
 # Reasons (CamelCase constants).
 RECONCILED = "Reconciled"
@@ -27,6 +29,8 @@ BACKLOG_POLLED = "BacklogPolled"
 CONNECTION_BUDGET_LIMITED = "ConnectionBudgetLimited"
 AUTOSCALING_DISABLED = "AutoscalingDisabled"
 PAUSED = "Paused"
+CLAIMING = "Claiming"
+PAUSED_BY_COMMAND = "PausedByCommand"
 DEPLOYMENT_MISSING = "DeploymentMissing"
 DEPLOYMENT_CONFLICT = "DeploymentConflict"
 SECRET_NOT_OPTED_IN = "SecretNotOptedIn"

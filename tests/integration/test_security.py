@@ -8,7 +8,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -22,7 +21,8 @@ from skiplock.grant import ENQUEUE_COLUMNS, LEASE_COLUMNS, PRODUCER_READ_COLUMNS
 from skiplock.migrate import migrate
 from skiplock.settings import mask_dsn, redact
 from support.chaos import Fleet, read_executions, setup_schema, terminate_worker_backends
-from support.pg import drop_schema, wait_for
+from support.pg import wait_for
+from support.roles import Roles, login_roles
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -68,34 +68,10 @@ def test_grant_sql_will_not_hand_the_public_schema_to_the_operator():
 
 
 # ---------------------------------------------------------------------------------------------- roles in a database
-@dataclass
-class Roles:
-    producer: str
-    worker: str
-    operator: str
-    password: str
-
-    def dsn(self, base: str, role: str) -> str:
-        return make_conninfo(base, user=role, password=self.password)
-
-
 @pytest.fixture
 def roles(pg_dsn: str, schema: str) -> Iterator[Roles]:
-    tag = uuid.uuid4().hex[:8]
-    made = Roles(f"sk_prod_{tag}", f"sk_work_{tag}", f"sk_op_{tag}", f"Pw-{tag}-s3cr3t%x")
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for role in (made.producer, made.worker, made.operator):
-            conn.execute(
-                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(made.password))
-            )
-    try:
+    with login_roles(pg_dsn, schema) as made:
         yield made
-    finally:
-        drop_schema(pg_dsn, schema)
-        with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            for role in (made.producer, made.worker, made.operator):
-                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def _grant(pg_dsn: str, schema: str, roles: Roles) -> list[str]:

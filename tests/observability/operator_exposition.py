@@ -88,5 +88,7 @@ def operator_registry(settings: Settings, *, namespace: str, jobqueue: str, queu
         idle = {name: QueueStats(name, 0, 0, 0, 0, 0, 0.0) for name in names}
         observe(namespace, jobqueue, {name: found.get(name, idle[name]) for name in names})
 
+    if hasattr(metrics, "watch_retention"):
+        metrics.watch_retention(namespace, jobqueue)  # as the operator's retention daemon does at its start
     registry.refresh = refresh
     return registry

@@ -56,7 +56,7 @@ def test_panels_fit_the_grid_without_overlapping() -> None:
         assert apart, f"{a!r} overlaps {b!r}"
 
 
-def test_dashboard_covers_the_issue() -> None:
+def test_dashboard_covers_the_issue_and_the_lifecycle() -> None:
     titles = {p["title"] for p in panels(load_dashboard())}
     for wanted in (
         "Backlog by state",
@@ -68,6 +68,11 @@ def test_dashboard_covers_the_issue() -> None:
         "In flight and capacity",
         "Listener connected",
         "Database reachable",
+        "Paused queues",
+        "Cancelled and snoozed attempts",
+        "Timed out and stuck slots",
+        "Jobs purged by retention",
+        "Retention errors",
     ):
         assert wanted in titles
 

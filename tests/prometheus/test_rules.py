@@ -69,6 +69,38 @@ def test_alert_unit_tests_pass() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+PAUSED_FILTER = re.compile(
+    r"\n *unless on \(namespace, jobqueue, queue\)\n *max by \(namespace, jobqueue, queue\) "
+    r"\(skiplock_queue_paused\{jobqueue!=\"\"\}\) > 0"
+)
+SNOOZED_FILTER = '{outcome!="snoozed"}'
+
+
+@pytest.mark.parametrize(
+    ("mutate", "breaks"),
+    [
+        (lambda text: PAUSED_FILTER.subn("", text), "a paused queue with a backlog"),
+        (lambda text: (text.replace(SNOOZED_FILTER, ""), text.count(SNOOZED_FILTER)), "snoozed attempts do not dilute"),
+    ],
+    ids=["paused-filter-dropped", "snoozed-filter-dropped"],
+)
+def test_the_unit_tests_catch_a_rule_that_drops_its_lifecycle_filter(tmp_path: Path, mutate: Any, breaks: str) -> None:
+    """Mutation check: without the paused filter (backlog, age, no-worker alerts) or the snoozed one (failure
+    ratio), the unit tests that show them must fail; so those tests are what guard the filters."""
+    mutant, replaced = mutate(ALERTS.read_text(encoding="utf-8"))
+    assert replaced >= 2, "the filter is not in the rules any more"
+    rules = tmp_path / "alerts.yaml"
+    rules.write_text(mutant, encoding="utf-8")
+    for path in UNIT_TESTS:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc["rule_files"] = [str(rules)]
+        (tmp_path / path.name).write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    out = promtool("test", "rules", *(str(tmp_path / p.name) for p in UNIT_TESTS))
+    assert out.returncode != 0, "the unit tests pass without the filter: nothing guards it"
+    failed_cases = re.findall(r"(?m)^\s+name: (.+?),\s*$", out.stdout + out.stderr)
+    assert failed_cases and all(breaks in name for name in failed_cases), out.stdout + out.stderr
+
+
 def test_every_alert_is_tested_firing_and_quiet() -> None:
     firing: set[str] = set()
     quiet: set[str] = set()

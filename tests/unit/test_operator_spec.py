@@ -43,6 +43,10 @@ def test_minimal_spec_gets_the_defaults() -> None:
         ({"schema": "Bad-Schema"}, "schema"),
         ({"imagePullPolicy": "Sometimes"}, "must be one of"),
         ({"scaling": {"pollingIntervalSeconds": 0}}, "pollingIntervalSeconds must be within"),
+        ({"retention": {"doneSeconds": 30}}, "spec.retention.doneSeconds must be within 60..315360000"),
+        ({"retention": {"failedSeconds": "30d"}}, "spec.retention.failedSeconds must be a number"),
+        ({"retention": {"purgeIntervalSeconds": -1}}, "spec.retention.purgeIntervalSeconds must be within 0..604800"),
+        ({"retention": "7d"}, "spec.retention must be an object"),
     ],
 )
 def test_invalid_specs_name_the_field(change: dict[str, Any], message: str) -> None:
@@ -79,3 +83,18 @@ def test_operator_dsn_and_manual_mode() -> None:
     split = parse_spec({**MINIMAL, "operatorDsnSecretRef": {"name": "owner", "key": "url"}, "replicas": 3})
     assert split.operator_secret == ("owner", "url") and split.manual and split.replicas == 3
     assert split.dsn_secret_name == "db", "workers keep dsnSecretRef"
+
+
+def test_retention_reaches_the_worker_env_but_the_operator_does_the_purging() -> None:
+    spec = parse_spec(
+        {**MINIMAL, "retention": {"doneSeconds": 3600, "cancelledSeconds": 120, "purgeIntervalSeconds": 60}}
+    )
+    assert (spec.retain_done_seconds, spec.retain_failed_seconds, spec.retain_cancelled_seconds) == (
+        3600.0,
+        30 * 86400.0,
+        120.0,
+    )
+    assert spec.purge_interval_seconds == 60.0
+    env = spec.worker_env()
+    assert float(env["SKIPLOCK_RETAIN_DONE_SECONDS"]) == 3600 and float(env["SKIPLOCK_RETAIN_CANCELLED_SECONDS"]) == 120
+    assert float(env["SKIPLOCK_PURGE_INTERVAL_SECONDS"]) == 0, "workers of a JobQueue never purge"

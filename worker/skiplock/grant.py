@@ -19,7 +19,8 @@ also how a role loses a right.
   a job cannot be changed. Within its schema a worker role may claim any queue: the schema is the isolation
   boundary (one schema per tenant, one worker role per schema).
 - operator: owns the schema and its tables, so it can migrate (forward migrations alter the jobs table, which
-  only its owner may do), read stats, retry, cancel and purge. It needs no ``CREATE`` on the database: migrate
+  only its owner may do), read stats, retry, cancel, purge (the JobQueue's scheduled retention) and pause or
+  resume queues (the ``queues`` table, from ``JobQueue.spec.paused``). It needs no ``CREATE`` on the database: migrate
   creates the schema only when it is missing. Changing an owner needs a superuser, or a role that is a member
   of both the current owner and the operator role.
 """

@@ -134,16 +134,18 @@ KNOBS: tuple[Knob, ...] = (
          crd="maxAttempts", min=1, max=1000),
     Knob("shutdown_grace_seconds", float, 30.0, "On SIGTERM, how long in-flight jobs may run before they are "
          "handed back.", flag="--grace", crd="shutdownGraceSeconds", min=0),
-    Knob("retain_done_seconds", float, 7 * 86400.0, "How long done jobs are kept before the workers' scheduled "
-         "purge deletes them (the flag takes 7d, 12h, ...).", flag="--retain-done", min=0, min_exclusive=True,
-         duration=True),
+    Knob("retain_done_seconds", float, 7 * 86400.0, "How long done jobs are kept before the scheduled purge "
+         "deletes them (the flag takes 7d, 12h, ...).", flag="--retain-done", crd="retention.doneSeconds", min=0,
+         min_exclusive=True, duration=True),
     Knob("retain_failed_seconds", float, 30 * 86400.0, "How long failed jobs are kept (long enough to inspect and "
-         "retry them).", flag="--retain-failed", min=0, min_exclusive=True, duration=True),
+         "retry them).", flag="--retain-failed", crd="retention.failedSeconds", min=0, min_exclusive=True,
+         duration=True),
     Knob("retain_cancelled_seconds", float, 7 * 86400.0, "How long cancelled jobs are kept.",
-         flag="--retain-cancelled", min=0, min_exclusive=True, duration=True),
+         flag="--retain-cancelled", crd="retention.cancelledSeconds", min=0, min_exclusive=True, duration=True),
     Knob("purge_interval_seconds", float, 3600.0, "How often a worker runs the scheduled purge (one worker of the "
-         "fleet at a time, under an advisory lock); 0 turns it off (`skiplock purge` still works).",
-         flag="--purge-interval", min=0, duration=True),
+         "fleet at a time, under an advisory lock); 0 turns it off (`skiplock purge` still works). In a JobQueue "
+         "the operator runs the purge at this interval and its workers never do.",
+         flag="--purge-interval", crd="retention.purgeIntervalSeconds", min=0, duration=True),
     Knob("metrics_port", int, 0, "Port of /metrics, /healthz and /readyz (0 = off; the operator sets 9464).",
          flag="--metrics-port", min=0, max=65535),
     Knob("metrics_host", str, "0.0.0.0", "Address the metrics server binds (all interfaces, as a pod needs).",

@@ -69,10 +69,12 @@ class EnqueueManyOptions(_Visibility, total=False):
 
 class TaskEnqueueOptions(_Visibility, total=False):
     """Options of ``task.enqueue``: those of one enqueue with the queue (the task is the task itself).
-    The task's defaults (queue, priority, max_attempts) fill what is not given; explicit options win."""
+    The task's defaults (queue, priority, max_attempts) fill what is not given; explicit options win
+    (``timeout_seconds`` is this job's own timeout, over the task's ``timeout_seconds``)."""
 
     queue: str
     idempotency_key: str | None
+    timeout_seconds: float | None
 
 
 class TaskEnqueueManyOptions(_Visibility, total=False):

@@ -86,6 +86,7 @@ class Queries:
     job_purge_batch: LiteralString
     job_purge_expired: LiteralString
     retention_try_lock: LiteralString
+    retention_try_xact_lock: LiteralString
     retention_unlock: LiteralString
     queue_stats: LiteralString
     queue_set_paused: LiteralString

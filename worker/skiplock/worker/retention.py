@@ -1,4 +1,5 @@
-"""Retention: the scheduled purge of old done, failed and cancelled jobs, run by the workers themselves.
+"""Retention: the scheduled purge of old done, failed and cancelled jobs, run by the workers themselves (the
+operator runs the same purge, batch by batch under the same lock key, for the schemas of its JobQueues).
 
 One worker of the fleet purges at a time: it takes a session-level advisory lock of the schema on a connection of
 its own (closing it releases the lock whatever happened), then deletes in batches, each statement its own
@@ -32,6 +33,16 @@ def retention_lock_key(schema: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+def purge_params(settings: Settings, batch: int) -> dict[str, Any]:
+    """The parameters of ``job_purge_expired``: each status's retention and the batch size."""
+    return {
+        "done_seconds": float(settings.retain_done_seconds),
+        "failed_seconds": float(settings.retain_failed_seconds),
+        "cancelled_seconds": float(settings.retain_cancelled_seconds),
+        "limit": batch,
+    }
+
+
 class Retention:
     def __init__(self, settings: Settings, metrics: WorkerMetrics, batch: int = PURGE_BATCH) -> None:
         self._settings = settings
@@ -41,15 +52,6 @@ class Retention:
         self._batch = batch
         self.rounds = 0  # purges this worker ran (it held the lock)
         self.refused = False  # the role may not delete: no further rounds
-
-    def _params(self) -> dict[str, Any]:
-        s = self._settings
-        return {
-            "done_seconds": float(s.retain_done_seconds),
-            "failed_seconds": float(s.retain_failed_seconds),
-            "cancelled_seconds": float(s.retain_cancelled_seconds),
-            "limit": self._batch,
-        }
 
     async def run(self) -> None:
         """Purge now, then every ``purge_interval_seconds`` (0: never)."""
@@ -73,11 +75,13 @@ class Retention:
                 self.rounds += 1
                 return await self._batches(conn)
         except psycopg.errors.InsufficientPrivilege:
-            # A least-privilege worker role has no DELETE: retention is then the operator role's job.
+            # A least-privilege worker role has no DELETE: retention is then the operator role's job (the
+            # operator of a JobQueue runs it; elsewhere, `skiplock purge` as the owner role).
             self.refused = True
             log.info(
                 "scheduled purge off: this worker's database role may not delete jobs (a least-privilege worker "
-                "role); run `skiplock purge` as the operator role, or set purge_interval_seconds=0",
+                "role); the skiplock operator purges a JobQueue's schema with its owner role, elsewhere run "
+                "`skiplock purge` as the owner role, or set purge_interval_seconds=0",
                 extra={"action": "purge_disabled"},
             )
             return None
@@ -93,7 +97,7 @@ class Retention:
 
     async def _batches(self, conn: psycopg.AsyncConnection[Any]) -> Counter[str]:
         total: Counter[str] = Counter()
-        params = self._params()
+        params = purge_params(self._settings, self._batch)
         while True:
             inner = asyncio.ensure_future(self._batch_once(conn, params))
             try:

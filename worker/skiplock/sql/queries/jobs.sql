@@ -361,6 +361,10 @@ RETURNING j.status;
 -- Take the fleet-wide retention lock of this schema if free (session level: held by one worker's connection).
 SELECT pg_try_advisory_lock(%(key)s::bigint) AS locked;
 
+-- name: retention_try_xact_lock
+-- Take the retention lock of this schema for the current transaction if free (the operator's batches; a worker's purge holds the same key at session level).
+SELECT pg_try_advisory_xact_lock(%(key)s::bigint) AS locked;
+
 -- name: retention_unlock
 -- Release the retention lock.
 SELECT pg_advisory_unlock(%(key)s::bigint) AS unlocked;
