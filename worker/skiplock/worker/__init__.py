@@ -147,6 +147,7 @@ class Worker:
         self._async: AsyncExecutor | None = None
         self._threads: ThreadExecutor | None = None
         self.retention: Retention | None = None
+        self._purge: asyncio.Task[None] | None = None  # the retention loop: ends at the first stop request
 
     # ------------------------------------------------------------------------------------------ public
     async def run(self, *, until_idle: bool = False) -> int:
@@ -308,7 +309,8 @@ class Worker:
             ]
             if not until_idle:
                 self.retention = Retention(s, self.metrics)
-                tasks.append(asyncio.create_task(self.retention.run(), name="retention"))
+                self._purge = asyncio.create_task(self.retention.run(), name="retention")
+                tasks.append(self._purge)
             self.metrics.listener_enabled.set(1 if s.listen else 0)
             if s.listen and not until_idle:
                 self.listener = Listener(
@@ -381,6 +383,8 @@ class Worker:
             return
         log.info("stop requested: draining", extra={"action": "drain_started", "in_flight": self.in_flight})
         self._stopping.set()
+        if self._purge is not None:  # housekeeping never holds up a stop: the batch in flight commits or not at all
+            self._purge.cancel()
         if self._claimer is not None:
             self._claimer.wake()
         if self._slots is not None:
