@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -175,10 +174,12 @@ class Job:
 
     def with_conn(self, conn: Any, cancel: Any = None) -> Job:
         """A copy for the handler: ``conn`` as ``job.conn`` and, from a worker, the event ``job.cancelled`` reads."""
-        job = copy.copy(self)  # a shallow copy: several times cheaper than dataclasses.replace, once per job
-        object.__setattr__(job, "_conn", conn)
+        job: Job = _new_job(type(self))  # a shallow copy of the fields (copy.copy costs 4x as much), once per job
+        fields = job.__dict__
+        fields.update(self.__dict__)
+        fields["_conn"] = conn
         if cancel is not None:
-            object.__setattr__(job, "_cancel", cancel)
+            fields["_cancel"] = cancel
         return job
 
 
@@ -229,6 +230,48 @@ def job_from_row(row: dict[str, Any]) -> Job:
     job = Job(**values)
     if error is not None:
         object.__setattr__(job, "_decode_error", error)
+    return job
+
+
+CLAIM_ROW = (
+    "id",
+    "queue",
+    "task",
+    "payload",
+    "attempts",
+    "max_attempts",
+    "priority",
+    "created_at",
+    "visible_at",
+    "idempotency_key",
+    "timeout_seconds",
+)
+"""The columns a claim returns, in order (after its ``completed`` flag): see ``job_complete_and_claim``."""
+_new_job = object.__new__
+
+
+def job_from_claim(row: tuple[Any, ...]) -> Job:
+    """The Job of a claim's row (``completed``, then ``CLAIM_ROW``), built without the frozen ``__init__`` (which
+    sets each field through ``object.__setattr__``): this runs for every claimed job."""
+    _, id_, queue, task, text, attempts, max_attempts, priority, created_at, visible_at, key, timeout = row
+    payload, error = decode_payload(text)
+    job: Job = _new_job(Job)
+    job.__dict__.update(
+        id=id_,
+        queue=queue,
+        payload=payload,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        priority=priority,
+        created_at=created_at,
+        visible_at=visible_at,
+        idempotency_key=key,
+        task=task,
+        timeout_seconds=timeout,
+        _conn=None,
+        _decode_error=error,
+        _cancel=None,
+    )
     return job
 
 

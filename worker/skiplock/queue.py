@@ -17,13 +17,21 @@ from types import TracebackType
 from typing import Any, Generic, Self, TypedDict, TypeVar, Unpack
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from skiplock import migrate as migrations
 from skiplock.backoff import backoff_seconds
 from skiplock.errors import ConfigError, DatabaseUnavailableError, EnqueueError, NonRetryableError, PayloadError
-from skiplock.job import MAX_PAYLOAD_DEPTH, EnqueueResult, Job, QueueStats, job_from_row, payload_depth_exceeded
+from skiplock.job import (
+    CLAIM_ROW,
+    MAX_PAYLOAD_DEPTH,
+    EnqueueResult,
+    Job,
+    QueueStats,
+    job_from_claim,
+    payload_depth_exceeded,
+)
 from skiplock.settings import QUEUE_NAME, Settings, redact
 from skiplock.sql import Queries, queries_for
 
@@ -300,15 +308,27 @@ def recover_params(
     return {"queues": names, "lease_seconds": lease_seconds, "limit": limit, "now": now}
 
 
-def completed_and_claimed(rows: list[dict[str, Any]]) -> tuple[set[int], list[Job]]:
+def completed_and_claimed(rows: list[tuple[Any, ...]]) -> tuple[set[int], list[Job]]:
     """The ids completed and the jobs claimed (in claim order: priority, then due time, then id), from the rows
-    of ``job_complete_and_claim`` (an UPDATE returns its rows in no particular order)."""
-    claimed = sorted((r for r in rows if not r["completed"]), key=_claim_order)
-    return {r["id"] for r in rows if r["completed"]}, [job_from_row(r) for r in claimed]
+    of ``job_complete_and_claim`` as tuples (``completed``, then ``CLAIM_ROW``; an UPDATE returns its rows in no
+    particular order). Tuples, not dicts: this runs for every claimed job."""
+    completed: set[int] = set()
+    claimed: list[tuple[Any, ...]] = []
+    for r in rows:
+        if r[0]:
+            completed.add(r[1])
+        else:
+            claimed.append(r)
+    claimed.sort(key=_claim_order)
+    return completed, [job_from_claim(r) for r in claimed]
 
 
-def _claim_order(row: dict[str, Any]) -> tuple[int, Any, int]:
-    return (-row["priority"], row["visible_at"], row["id"])
+def _claim_order(row: tuple[Any, ...]) -> tuple[int, Any, int]:
+    return (-row[_PRIORITY], row[_VISIBLE_AT], row[1])
+
+
+_PRIORITY = 1 + CLAIM_ROW.index("priority")
+_VISIBLE_AT = 1 + CLAIM_ROW.index("visible_at")
 
 
 @dataclass(frozen=True)
@@ -394,9 +414,9 @@ def selection_params(ids: Sequence[int] | None, queue: str | None, now: datetime
 # ---------------------------------------------------------------------------------------------- statements
 @dataclass(frozen=True)
 class Result:
-    """What a statement returned: its rows (as dicts) and its row count."""
+    """What a statement returned: its rows (dicts, or tuples for a ``Call`` with ``tuples``) and its row count."""
 
-    rows: list[dict[str, Any]]
+    rows: list[Any]
     rowcount: int
 
 
@@ -407,6 +427,7 @@ class Call(Generic[T]):
     query: Any
     params: dict[str, Any] | None
     read: Callable[[Result], T]
+    tuples: bool = False  # rows as tuples (the hot claim), not dicts
 
 
 def _ids(r: Result) -> list[int]:
@@ -459,7 +480,7 @@ class Statements:
             done, queues, limit, worker, now, lease_seconds=lease, leases=leases, rotate=rotate
         )
         query = self.q.job_complete_and_claim_one if len(params["queues"]) == 1 else self.q.job_complete_and_claim
-        return Call(query, params, lambda r: completed_and_claimed(r.rows))
+        return Call(query, params, lambda r: completed_and_claimed(r.rows), tuples=True)
 
     def confirm_done(self, jobs: Sequence[Job], worker: str) -> Call[set[int]]:
         return Call(self.q.job_confirm_done, fence_params(jobs, worker, None), _id_set)
@@ -579,13 +600,13 @@ class Statements:
 
 
 def _execute(conn: psycopg.Connection[Any], call: Call[T]) -> T:
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.cursor(row_factory=tuple_row if call.tuples else dict_row) as cur:
         cur.execute(call.query, call.params)
         return call.read(Result(cur.fetchall() if cur.description else [], cur.rowcount))
 
 
 async def _aexecute(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
-    async with conn.cursor(row_factory=dict_row) as cur:
+    async with conn.cursor(row_factory=tuple_row if call.tuples else dict_row) as cur:
         await cur.execute(call.query, call.params)
         return call.read(Result(await cur.fetchall() if cur.description else [], cur.rowcount))
 
