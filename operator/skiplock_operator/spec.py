@@ -48,7 +48,7 @@ class JobQueueSpec:
     schema: str = "skiplock"
     concurrency: int = 10
     batch: int = 100
-    prefetch: int = 100
+    prefetch: int = 200
     lease_seconds: float = 60.0
     heartbeat_seconds: float | None = None
     poll_seconds: float = 2.0

@@ -301,7 +301,7 @@ async def test_short_sync_handlers_go_to_threads_in_chunks_and_a_slow_one_never_
 
     executor = ThreadExecutor(2, None, None, "me", results.extend)  # type: ignore[arg-type]
     try:
-        executor.pace = 0.0  # handlers known to be short: chunks of CHUNK per thread wake-up
+        executor.short = 1.0  # handlers known to be short: chunks of CHUNK per thread wake-up
         slots = Slots(3 * CHUNK)
         target = Target(handler, False)
         jobs = [job(i) for i in range(1, 3 * CHUNK + 1)]

@@ -113,7 +113,7 @@ KNOBS: tuple[Knob, ...] = (
          "connections.", flag="--concurrency", crd="concurrency", min=1),
     Knob("batch", int, 100, "Most jobs claimed by one statement (never more than the free slots plus the "
          "prefetch buffer's room).", flag="--batch", crd="batch", min=1),
-    Knob("prefetch", int, 100, "Most claimed jobs one worker holds waiting for a slot (0: claim only for free "
+    Knob("prefetch", int, 200, "Most claimed jobs one worker holds waiting for a slot (0: claim only for free "
          "slots); it also holds no more than it starts in 1/20 of a lease, so slow jobs are barely prefetched.",
          flag="--prefetch", crd="prefetch", min=0),
     Knob("lease_seconds", float, 60.0, "How long a claim stays valid without a heartbeat; expired jobs are "

@@ -44,7 +44,7 @@ class Settings:
     handler: str | None = None
     concurrency: int = 10
     batch: int = 100
-    prefetch: int = 100
+    prefetch: int = 200
     lease_seconds: float = 60.0
     heartbeat_seconds: float | None = None
     poll_seconds: float = 2.0

@@ -29,9 +29,11 @@ from skiplock.worker.executor import Slots
 from skiplock.worker.leases import Leases
 
 log = logging.getLogger(__name__)
-# With jobs in flight and work waiting, wait up to this long for a whole batch of slots to free before claiming,
-# so one claim statement carries several jobs instead of one per finished job.
+# With jobs in flight and work waiting, wait up to this long for room for a whole batch before claiming, so one
+# claim statement carries many jobs instead of one per finished job. A prefetch buffer that runs low (half its
+# allowed size, at least one job per slot) ends the wait at once: the next claim must land before the slots run dry.
 CLAIM_GATHER_SECONDS = 0.005
+CLAIM_GATHER_BUFFERED_SECONDS = 0.05
 # After EMPTY_STREAK claims in a row found nothing, wake-ups are folded for EMPTY_CLAIM_QUIET_SECONDS: a flood of
 # notifications (anyone may NOTIFY the channel) costs at most ten empty claims a second. A worker that loses a
 # race now and then (several idle workers wake on each NOTIFY) stays eager, so pick-up latency is unchanged: a
@@ -44,6 +46,8 @@ BUSY_RETURN_SECONDS = 1.0
 PREFETCH_WAIT_FRACTION = 0.05
 # The pace (jobs started per second) that sizes the buffer is measured over windows this long.
 RATE_WINDOW_SECONDS = 0.25
+# With no pace known yet, a first one is taken this early once three slots' worth of jobs started.
+RATE_FIRST_SECONDS = 0.01
 
 
 class Claimer:
@@ -137,6 +141,10 @@ class Claimer:
         if elapsed >= RATE_WINDOW_SECONDS:  # the past window weighs as one window, however long this one was
             self._rate = (self._rate * RATE_WINDOW_SECONDS + self._window_count) / (RATE_WINDOW_SECONDS + elapsed)
             self._window_start, self._window_count = now, 0
+        elif not self._rate and elapsed >= RATE_FIRST_SECONDS and self._window_count >= 3 * self._slots.capacity:
+            # Fast jobs: a first estimate before the window closes (a drain's first quarter second is not spent
+            # claiming for free slots only), leaving out the slots' first fill (a burst slow jobs also start with).
+            self._rate = (self._window_count - self._slots.capacity) / elapsed
 
     def _room(self) -> int:
         """Jobs the next claim may take: the free slots plus the buffer's free room."""
@@ -184,9 +192,9 @@ class Claimer:
                 if free <= 0:
                     await self._wait_for_slot()
                     continue
-                # Wait a few milliseconds for room for a whole batch (half the room, with a buffer), so one claim
-                # carries many jobs instead of one per finished job.
-                gather = max(1, min(s.batch, s.concurrency), min(s.batch, s.concurrency + self.allowed()) // 2)
+                # Wait a few milliseconds for room for a whole batch (all the room, with a buffer: while it holds
+                # more jobs than there are slots, the slots keep busy meanwhile), so one claim carries many jobs.
+                gather = max(1, min(s.batch, s.concurrency + self.allowed()))
                 if more and (len(self._slots) or self._buffer) and free < gather:
                     free = await self._gather_slots(gather)
                 if not more:
@@ -285,10 +293,16 @@ class Claimer:
             await self._slots.freed.wait()
 
     async def _gather_slots(self, wanted: int) -> int:
-        """Wait a few milliseconds for ``wanted`` free slots (fewer if time runs out); returns the free slots."""
+        """Wait a few milliseconds for room for ``wanted`` jobs (fewer if time runs out, or once the buffer runs
+        low); returns the room."""
+        low = max(self._slots.capacity, self.allowed() // 2)  # what covers the slots while the claim is in flight
+        buffered = len(self._buffer) > low
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(CLAIM_GATHER_SECONDS):  # one timer, no task per wake-up
+            # one timer, no task per wake-up
+            async with asyncio.timeout(CLAIM_GATHER_BUFFERED_SECONDS if buffered else CLAIM_GATHER_SECONDS):
                 while self._room() < wanted and not self._stopping.is_set():
+                    if buffered and len(self._buffer) <= low:
+                        break
                     self._slots.freed.clear()
                     await self._slots.freed.wait()
         return self._room()

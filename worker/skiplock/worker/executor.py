@@ -34,8 +34,9 @@ from skiplock.sql import Queries
 
 log = logging.getLogger(__name__)
 
-# While handlers return within this long on average, a thread wake-up carries up to CHUNK jobs.
+# While most recent handlers (SHORT_SHARE of them) return within this long, a thread wake-up carries up to CHUNK jobs.
 SHORT_HANDLER_SECONDS = 0.00005
+SHORT_SHARE = 0.8
 CHUNK = 16
 # What a chunk has not run this long after dispatch goes to the threads one job at a time (a slow job in a chunk
 # never keeps the others from an idle thread for longer).
@@ -360,7 +361,9 @@ class ThreadExecutor:
         self._staged: list[Item] = []
         self._chunks: list[deque[Item]] = []  # dispatched chunks, until the rebalance after REBALANCE_SECONDS
         self._rebalancing = False
-        self.pace = 1.0  # recent handler run time (s), an average the threads keep; starts as "slow"
+        # The recent share of handlers that returned within SHORT_HANDLER_SECONDS (an average the threads keep; a
+        # share, not a mean time, so a thread that waited once for the GIL does not switch chunking off). Starts slow.
+        self.short = 0.0
         self._outbox: deque[Result] = deque()
         self._scheduled = False
         self.skip: Callable[[Job], bool] = lambda job: False  # a job handed back before its thread got to it
@@ -386,7 +389,7 @@ class ThreadExecutor:
         run in turn by one thread: waking a thread costs more than such a handler. A job that turns out slow holds
         the rest of its chunk for at most ``REBALANCE_SECONDS``; then they go to other threads one by one."""
         staged, self._staged = self._staged, []
-        if self.pace < SHORT_HANDLER_SECONDS and len(staged) > 1:
+        if self.short > SHORT_SHARE and len(staged) > 1:
             for i in range(0, len(staged), CHUNK):
                 chunk = deque(staged[i : i + CHUNK])
                 self._chunks.append(chunk)
@@ -400,8 +403,9 @@ class ThreadExecutor:
 
     def _rebalance(self) -> None:
         """Jobs still waiting in a chunk a moment after dispatch (one of its jobs is slow after all) go to the
-        threads one by one, so an idle thread takes them."""
+        threads one by one, so an idle thread takes them; results a chunk posted so far are collected."""
         self._rebalancing = False
+        self.collect()
         chunks, self._chunks = self._chunks, []
         for chunk in chunks:
             while True:
@@ -415,9 +419,10 @@ class ThreadExecutor:
         self._report([Result(job, "timed_out", timed_out_error(timeout), time.monotonic(), target.task, True)])
 
     def _thread(self) -> None:
-        clock = time.perf_counter
+        clock = time.monotonic
         while (item := self._inbox.get()) is not None:
-            chunk: deque[Item] = item if isinstance(item, deque) else deque((item,))
+            chunked = isinstance(item, deque)
+            chunk: deque[Item] = item if chunked else deque((item,))
             while True:
                 try:
                     job, target, cancel = chunk.popleft()
@@ -428,17 +433,25 @@ class ThreadExecutor:
                 t0 = clock()
                 try:
                     outcome = self._unit(job, target, cancel)
-                    result = Result(job, outcome, None, time.monotonic(), target.task)
+                    result = Result(job, outcome, None, clock(), target.task)
                 except Snooze as exc:
-                    result = Result(job, "snoozed", exc, time.monotonic(), target.task)
+                    result = Result(job, "snoozed", exc, clock(), target.task)
                 except BaseException as exc:
-                    result = Result(job, "failed", exc, time.monotonic(), target.task)
-                self.pace += (clock() - t0 - self.pace) * 0.1  # a benign race between threads: an estimate
+                    result = Result(job, "failed", exc, clock(), target.task)
+                short = result.finished - t0 < SHORT_HANDLER_SECONDS
+                self.short += (short - self.short) * 0.05  # a benign race between threads: an estimate
                 self._outbox.append(result)
-                if not self._scheduled:  # one loop wake-up carries every result posted until it runs
-                    self._scheduled = True
-                    with contextlib.suppress(RuntimeError):  # the loop is closed: the worker has exited
-                        self._loop.call_soon_threadsafe(self.collect)
+                if not chunked or not short:  # a chunk posts once at its end (or at the rebalance), unless slow
+                    self._post()
+            if chunked:
+                self._post()
+
+    def _post(self) -> None:
+        """Have the loop collect the posted results (one loop wake-up carries every result posted until it runs)."""
+        if not self._scheduled:
+            self._scheduled = True
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the worker has exited
+                self._loop.call_soon_threadsafe(self.collect)
 
     def collect(self) -> None:
         """On the loop: hand every posted result to the worker."""
