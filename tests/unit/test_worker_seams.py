@@ -324,3 +324,23 @@ async def test_short_sync_handlers_go_to_threads_in_chunks_and_a_slow_one_never_
     finally:
         gate.set()
         executor.close(join=False)
+
+
+def test_observing_a_batch_gives_the_histogram_of_observing_each_amount():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from skiplock.metrics import observe_many
+
+    amounts = [0.0, 0.0004, 0.005, 0.005, 0.7, 3.0, 1e9, 0.02]
+    one, many = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("t_seconds", "t", ["queue"], registry=one).labels("q")
+    h2 = Histogram("t_seconds", "t", ["queue"], registry=many).labels("q")
+    for a in amounts:
+        h1.observe(a)
+    observe_many(h2, amounts)
+    observe_many(h2, [])
+
+    def lines(r: CollectorRegistry) -> list[str]:
+        return [x for x in generate_latest(r).decode().splitlines() if not x.startswith("t_seconds_created")]
+
+    assert lines(one) == lines(many) and 't_seconds_count{queue="q"} 8.0' in lines(many)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
@@ -155,6 +157,26 @@ class WorkerMetrics:
             self.concurrency.labels(queue).set(concurrency)
             bound[queue] = BoundMetrics(self, queue)
         return bound
+
+
+def observe_many(histogram: Histogram, amounts: Sequence[float]) -> None:
+    """``histogram.observe(a)`` for each amount, with one lock round per bucket hit instead of two per amount (the
+    worker observes every job's wait and run time in batches). Falls back to ``observe`` if prometheus_client's
+    histogram child ever stops keeping ``_upper_bounds``, ``_buckets`` and ``_sum``."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    counts: dict[int, int] = {}
+    for amount in amounts:
+        i = bisect_left(bounds, amount)  # the first bucket whose bound is >= amount, as observe() picks it
+        counts[i] = counts.get(i, 0) + 1
+    total.inc(math.fsum(amounts))
+    for i, n in counts.items():
+        buckets[i].inc(n)
 
 
 class BoundMetrics:

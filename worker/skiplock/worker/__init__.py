@@ -33,7 +33,7 @@ from skiplock.errors import ConfigError, Snooze
 from skiplock.handlers import Handler
 from skiplock.job import Job
 from skiplock.listener import Listener
-from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetrics, serve
+from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetrics, observe_many, serve
 from skiplock.queue import Failure, check_connect
 from skiplock.settings import Settings
 from skiplock.worker.claimer import Claimer
@@ -139,6 +139,7 @@ class Worker:
         self._task: asyncio.Task[int] | None = None
         self._last_tick = time.monotonic()
         self._to_release: list[Job] = []
+        self._durations: dict[str, list[float]] | None = None  # run times of a batch of results, by queue
         self._slots: Slots | None = None
         self._control: Control | None = None
         self._claimer: Claimer | None = None
@@ -427,11 +428,11 @@ class Worker:
         started = time.monotonic()
         self._callback(self.on_claimed, len(jobs))
         by_queue: dict[str, int] = {}
+        waits: dict[str, list[float]] = {}  # observed once per batch and queue
         for job in jobs:
-            m = self._bound[job.queue]
             by_queue[job.queue] = by_queue.get(job.queue, 0) + 1
             if job.visible_at is not None:
-                m.wait.observe(max(0.0, (now - job.visible_at).total_seconds()))
+                waits.setdefault(job.queue, []).append(max(0.0, (now - job.visible_at).total_seconds()))
             if job.decode_error is not None:  # a payload no handler can receive: fail it, never retry
                 self._completer.fail(Failure(job, job.decode_error, 0.0, False))
                 continue
@@ -444,6 +445,8 @@ class Worker:
             self._threads.dispatch()
         for queue, n in by_queue.items():
             self._bound[queue].claimed.inc(n)
+        for queue, values in waits.items():
+            observe_many(self._bound[queue].wait, values)
         self._publish_in_flight()
 
     def _submit(self, job: Job, target: Target, started: float) -> None:
@@ -454,8 +457,14 @@ class Worker:
         executor.submit(job, target, entry)
 
     def _on_results(self, results: list[Result]) -> None:
-        for r in results:
-            self._finish(r)
+        durations = self._durations = {}  # observed once per batch and queue
+        try:
+            for r in results:
+                self._finish(r)
+        finally:
+            self._durations = None
+            for queue, values in durations.items():
+                observe_many(self._bound[queue].duration, values)
         self._refill()
 
     def _on_result(self, r: Result) -> None:
@@ -484,7 +493,10 @@ class Worker:
         if entry is None:  # handed back meanwhile (drain): the late result is dropped
             return
         m = self._bound[job.queue]
-        m.duration.observe(r.finished - entry.started)
+        if self._durations is not None:
+            self._durations.setdefault(job.queue, []).append(r.finished - entry.started)
+        else:
+            m.duration.observe(r.finished - entry.started)
         if entry.stuck:  # the thread of a timed-out job returned: its slot is free again
             m.stuck.dec()
             if r.outcome == "done":  # it committed before the timeout was recorded (that write was refused)

@@ -421,8 +421,11 @@ class ThreadExecutor:
     def _thread(self) -> None:
         clock = time.monotonic
         while (item := self._inbox.get()) is not None:
-            chunked = isinstance(item, deque)
-            chunk: deque[Item] = item if chunked else deque((item,))
+            chunk: deque[Item]
+            if isinstance(item, deque):
+                chunked, chunk = True, item
+            else:
+                chunked, chunk = False, deque((item,))
             while True:
                 try:
                     job, target, cancel = chunk.popleft()
