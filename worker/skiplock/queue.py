@@ -532,15 +532,17 @@ class Statements:
         committed after this statement's snapshot)."""
         params = enqueue_params(self.settings, queue, payload, options)
         if params.get("unique_key") is not None:
-            return Call(self.q.job_enqueue_unique, params, _enqueued), Call(
-                self.q.job_find_by_unique_key, params, _found
-            )
+            insert = self.q.job_enqueue_unique_replace if params["replace"] else self.q.job_enqueue_unique
+            return Call(insert, params, _enqueued), Call(self.q.job_find_by_unique_key, params, _found)
         return Call(self.q.job_enqueue, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
 
     def enqueue_many(self, queue: str, payloads: Iterable[Any], options: Mapping[str, Any]) -> ManyEnqueue:
         params = enqueue_many_params(self.settings, queue, payloads, options)
         unique = "unique_states" in params
-        insert = Call(self.q.job_enqueue_many_unique if unique else self.q.job_enqueue_many, params, _rows)
+        query = self.q.job_enqueue_many
+        if unique:
+            query = self.q.job_enqueue_many_unique_replace if params["replace"] else self.q.job_enqueue_many_unique
+        insert = Call(query, params, _rows)
         find = self.q.job_find_by_unique_keys if unique else self.q.job_find_by_keys
         return ManyEnqueue(insert, params["payload_keys"], find, params)
 
