@@ -19,8 +19,8 @@ also how a role loses a right.
   (:data:`LEASE_COLUMNS`: claim, heartbeat, complete, fail, release, lease recovery), ``SELECT`` on
   ``schema_migrations``, and ``SELECT, INSERT, UPDATE`` on ``schedules`` (it registers its app's periodic
   tasks). No ``INSERT`` of jobs (so it fires no ticks: the operator does), no ``DELETE``, no DDL, and the payload,
-  task, queue, priority and key of a job cannot be changed. Within its schema a worker role may claim any queue: the schema is the isolation
-  boundary (one schema per tenant, one worker role per schema).
+  task, queue, priority and key of a job cannot be changed. Within its schema a worker role may claim any
+  queue: the schema is the isolation boundary (one schema per tenant, one worker role per schema).
 - operator: owns the schema and its tables, so it can migrate (forward migrations alter the jobs table, which
   only its owner may do), read stats, retry, cancel and purge. It needs no ``CREATE`` on the database: migrate
   creates the schema only when it is missing. Changing an owner needs a superuser, or a role that is a member
