@@ -248,9 +248,15 @@ class EnqueueManyResult(list[int]):
     before), and ``results``: for each payload given, in order, its job and whether it was a duplicate (the job
     already holding its key, or an earlier payload of the same batch with the same key)."""
 
-    def __init__(self, ids: list[int], results: list[EnqueueResult]) -> None:
+    def __init__(self, ids: list[int], results: list[EnqueueResult] | None = None) -> None:
         super().__init__(ids)
-        self.results = results
+        self._results = results
+
+    @property
+    def results(self) -> list[EnqueueResult]:
+        if self._results is None:  # no keys: every payload inserted its job (built on first use only)
+            self._results = [EnqueueResult(i) for i in self]
+        return self._results
 
     @property
     def duplicates(self) -> list[int]:

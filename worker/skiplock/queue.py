@@ -487,6 +487,8 @@ class ManyEnqueue:
 
     def missing(self, rows: list[dict[str, Any]]) -> list[str]:
         """The keys of the payloads that inserted nothing (held by another job)."""
+        if self.params["keys"] is None or len(rows) == len(self.keys):
+            return []  # no keys, or every payload inserted its job
         got = {r["key"] for r in rows}
         return sorted({k for k in self.keys if k is not None and k not in got})
 
@@ -496,6 +498,8 @@ class ManyEnqueue:
 
     def result(self, rows: list[dict[str, Any]], found: dict[str, int]) -> EnqueueManyResult:
         """Per payload, its job: the new one (in payload order, ids ascending), or the one holding its key."""
+        if self.params["keys"] is None:
+            return EnqueueManyResult([r["id"] for r in rows])  # no keys: one new job per payload
         new = [r["id"] for r in rows if not r.get("duplicate")]
         by_key = {r["key"]: r for r in rows if r["key"] is not None}
         keyless = iter(r["id"] for r in rows if r["key"] is None)
