@@ -166,3 +166,16 @@ def test_retry_of_a_failed_unique_job_skips_a_taken_key(app: App, queue: Queue, 
     with psycopg.connect(settings.dsn or "") as conn:
         n = conn.execute(f'SELECT count(*) FROM "{settings.schema}".jobs WHERE status = %s', ("pending",)).fetchone()
     assert n == (1,)
+
+
+def test_replace_in_a_batch_updates_the_pending_holders_only(app: App, queue: Queue) -> None:
+    @app.task(name="batch.replace", unique_by=["k"], unique_conflict="replace")
+    def batch(job: object) -> None: ...
+
+    first = batch.enqueue_many([{"k": 1, "v": "a"}, {"k": 2, "v": "a"}])
+    [running] = queue.claim("default", limit=1, worker="w1")  # k=1 runs: left alone
+    again = batch.enqueue_many([{"k": 1, "v": "b"}, {"k": 2, "v": "b"}, {"k": 3, "v": "b"}, {"k": 2, "v": "c"}])
+    assert [r.duplicate for r in again.results] == [True, True, False, True]
+    assert again.results[0].id == running.id and again.results[1].id == first[1] == again.results[3].id
+    payloads = {p["k"]: (status, p["v"]) for _, status, p in statuses(queue, "batch.replace")}
+    assert payloads == {1: ("processing", "a"), 2: ("pending", "b"), 3: ("pending", "b")}  # a repeat: its first

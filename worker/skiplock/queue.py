@@ -264,7 +264,7 @@ def enqueue_many_params(
         firsts = sorted({k: i for i, k in reversed(list(enumerate(unique)))}.values())  # a repeated key: its first
         encoded = [encoded[i] for i in firsts]
         params["keys"] = [unique[i] for i in firsts]
-        return params | {"payloads": "[" + ",".join(encoded) + "]", "payload_keys": list(unique)}
+        return params | {"payloads": "[" + ",".join(encoded) + "]", "payload_keys": list(unique), "encoded": encoded}
     # One JSON array of already-encoded payloads: no per-element array escaping (2x faster than jsonb[]).
     keyed = keys if given is not None else None
     return params | {"payloads": "[" + ",".join(encoded) + "]", "keys": keyed, "payload_keys": keys}
@@ -466,6 +466,11 @@ def _enqueued(r: Result) -> EnqueueResult | None:
     return EnqueueResult(r.rows[0]["id"], duplicate=r.rows[0]["duplicate"]) if r.rows else None
 
 
+def replace_call(query: Any, params: dict[str, Any], keys: list[str], encoded: list[str]) -> Call[list[int]]:
+    """``job_replace_unique`` for ``keys`` with these payloads (already encoded), the enqueue's other options."""
+    return Call(query, params | {"keys": keys, "payloads": "[" + ",".join(encoded) + "]"}, _ids)
+
+
 def _rows(r: Result) -> list[dict[str, Any]]:
     return r.rows
 
@@ -484,6 +489,7 @@ class ManyEnqueue:
     """The key of each payload given (None: no key), in order."""
     find_query: Any
     params: dict[str, Any]
+    replace_query: Any = None
 
     def missing(self, rows: list[dict[str, Any]]) -> list[str]:
         """The keys of the payloads that inserted nothing (held by another job)."""
@@ -491,6 +497,13 @@ class ManyEnqueue:
             return []  # no keys, or every payload inserted its job
         got = {r["key"] for r in rows}
         return sorted({k for k in self.keys if k is not None and k not in got})
+
+    def replace(self, keys: list[str]) -> Call[list[int]] | None:
+        """With ``unique_conflict="replace"``: the update of the pending jobs holding ``keys`` (else None)."""
+        if not self.params.get("replace"):
+            return None
+        by_key = dict(zip(self.params["keys"], self.params["encoded"], strict=True))
+        return replace_call(self.replace_query, self.params, keys, [by_key[k] for k in keys])
 
     def find(self, keys: list[str]) -> Call[dict[str, int]]:
         params = {"queue": self.params["queue"], "keys": keys}
@@ -536,19 +549,24 @@ class Statements:
         committed after this statement's snapshot)."""
         params = enqueue_params(self.settings, queue, payload, options)
         if params.get("unique_key") is not None:
-            insert = self.q.job_enqueue_unique_replace if params["replace"] else self.q.job_enqueue_unique
-            return Call(insert, params, _enqueued), Call(self.q.job_find_by_unique_key, params, _found)
+            return Call(self.q.job_enqueue_unique, params, _enqueued), Call(
+                self.q.job_find_by_unique_key, params, _found
+            )
         return Call(self.q.job_enqueue, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
 
     def enqueue_many(self, queue: str, payloads: Iterable[Any], options: Mapping[str, Any]) -> ManyEnqueue:
         params = enqueue_many_params(self.settings, queue, payloads, options)
         unique = "unique_states" in params
-        query = self.q.job_enqueue_many
-        if unique:
-            query = self.q.job_enqueue_many_unique_replace if params["replace"] else self.q.job_enqueue_many_unique
-        insert = Call(query, params, _rows)
+        insert = Call(self.q.job_enqueue_many_unique if unique else self.q.job_enqueue_many, params, _rows)
         find = self.q.job_find_by_unique_keys if unique else self.q.job_find_by_keys
-        return ManyEnqueue(insert, params["payload_keys"], find, params)
+        return ManyEnqueue(insert, params["payload_keys"], find, params, self.q.job_replace_unique)
+
+    def replace_unique(self, params: dict[str, Any]) -> Call[list[int]] | None:
+        """After a unique enqueue found its key taken: with ``unique_conflict="replace"``, the update of the
+        pending holder (else None)."""
+        if not params.get("replace"):
+            return None
+        return replace_call(self.q.job_replace_unique, params, [params["unique_key"]], [params["payload"]])
 
     def complete_and_claim(
         self,
@@ -849,7 +867,10 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         :class:`EnqueueError`."""
         insert, find = self._s.enqueue(queue, payload, options)
         inserted = self._call(insert, conn)
-        return inserted if inserted is not None else self._call(find, conn)
+        result = inserted if inserted is not None else self._call(find, conn)
+        if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
+            self._call(replace, conn)
+        return result
 
     def enqueue_many(
         self,
@@ -864,6 +885,8 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         many = self._s.enqueue_many(queue, payloads, options)
         rows = self._call(many.insert, conn)
         missing = many.missing(rows)
+        if missing and (replace := many.replace(missing)) is not None:
+            self._call(replace, conn)
         return many.result(rows, self._call(many.find(missing), conn) if missing else {})
 
     # worker primitives
@@ -1136,7 +1159,10 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
         """Add one job (see :meth:`Queue.enqueue`)."""
         insert, find = self._s.enqueue(queue, payload, options)
         inserted = await self._call(insert, conn)
-        return inserted if inserted is not None else await self._call(find, conn)
+        result = inserted if inserted is not None else await self._call(find, conn)
+        if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
+            await self._call(replace, conn)
+        return result
 
     async def enqueue_many(
         self,
@@ -1150,6 +1176,8 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
         many = self._s.enqueue_many(queue, payloads, options)
         rows = await self._call(many.insert, conn)
         missing = many.missing(rows)
+        if missing and (replace := many.replace(missing)) is not None:
+            await self._call(replace, conn)
         return many.result(rows, await self._call(many.find(missing), conn) if missing else {})
 
     async def claim(

@@ -66,10 +66,9 @@ class Queries:
     job_enqueue_many: LiteralString
     job_find_by_keys: LiteralString
     job_enqueue_unique: LiteralString
-    job_enqueue_unique_replace: LiteralString
     job_find_by_unique_key: LiteralString
     job_enqueue_many_unique: LiteralString
-    job_enqueue_many_unique_replace: LiteralString
+    job_replace_unique: LiteralString
     job_find_by_unique_keys: LiteralString
     job_notify: LiteralString
     job_complete_and_claim: LiteralString
