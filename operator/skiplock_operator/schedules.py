@@ -44,6 +44,10 @@ class ScheduleFirer:
             )
         except (InvalidSpecError, SecretProblem, DatabaseProblem):
             return ERROR_WAIT_SECONDS  # the reconcile handler and the autoscaler report these
+        except Exception as exc:  # never end the loop (CancelledError still passes)
+            self.rt.metrics.errors.labels("unexpected").inc()
+            self.logger.error(f"schedules round failed unexpectedly: {type(exc).__name__}")
+            return ERROR_WAIT_SECONDS
         for f in fired:
             if f.job_id is not None:
                 self.rt.metrics.schedule_ticks.labels("enqueued").inc()

@@ -173,3 +173,21 @@ def test_enqueue_command_unique_flags(pg_dsn: str, schema: str, queue: Any, caps
     )
     [stats] = queue.stats()
     assert stats.ready == 1
+
+
+async def test_a_row_that_cannot_be_fired_does_not_block_the_others(
+    settings: Settings, pg_dsn: str, schema: str, queue: Any
+) -> None:
+    app = periodic_app(schema, every=3600)
+    q = queries_for(schema)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        register_sync(conn, q, app.schedules)
+        conn.execute(
+            f'INSERT INTO "{schema}".schedules (name, app, queue, task, cron, timezone, next_run_at, period_seconds) '
+            "VALUES ('broken', 'periodic', 'ticks', 'broken', '* * * * *', 'Not/AZone', now(), 60)"
+        )
+        conn.execute(f"UPDATE \"{schema}\".schedules SET next_run_at = now() - interval '1 second'")
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as aconn:
+        fired, _ = await fire_due(aconn, q, settings.channel)
+    assert [f.name for f in fired] == ["periodic.tick"]
+    assert len(tick_jobs(pg_dsn, schema)) == 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from psycopg.rows import dict_row
 from skiplock.sql import Queries
 from skiplock.unique import UNIQUE_STATES
 
+log = logging.getLogger(__name__)
 STALE_SECONDS = 7 * 86400.0
 """A schedule not registered for max(this, 3 periods) is stale: not fired, shown as stale."""
 REGISTER_EVERY_SECONDS = 3600.0
@@ -245,7 +247,11 @@ async def fire_due(
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(q.schedule_due, scope)
         for row in await cur.fetchall():
-            params, missed = fire_params(row, channel)
+            try:
+                params, missed = fire_params(row, channel)
+            except (ValueError, StopIteration) as exc:  # a row written by hand, or a cron that never fires again
+                log.warning("schedule %s cannot be fired: %s", row["name"], exc, extra={"action": "schedule_invalid"})
+                continue
             await cur.execute(q.schedule_fire, params)
             out = await cur.fetchone()
             job_id = out["id"] if out else None

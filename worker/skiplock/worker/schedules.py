@@ -46,8 +46,9 @@ class Scheduler:
         while True:
             try:
                 wait = await self.round()
-            except (psycopg.Error, OSError, PoolTimeout) as exc:
-                self._metrics.db_errors.labels("schedule").inc()
+            except Exception as exc:  # never end the loop: a database error, or a bug, is logged and retried
+                if isinstance(exc, psycopg.Error | OSError | PoolTimeout):
+                    self._metrics.db_errors.labels("schedule").inc()
                 log.warning(
                     "schedules round failed (%s); next in %.0fs",
                     redact(str(exc).strip(), self._settings.dsn),
