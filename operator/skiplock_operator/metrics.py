@@ -48,6 +48,13 @@ class OperatorMetrics:
             ["namespace", "jobqueue"],
             registry=registry,
         )
+        self.schedule_ticks = Counter(
+            "skiplock_operator_schedule_ticks",
+            "Ticks of periodic tasks by result: enqueued by this operator, or skipped (missed while nobody fired "
+            "them: only the last missed tick runs).",
+            ["result"],
+            registry=registry,
+        )
         self.errors = Counter(
             "skiplock_operator_errors",
             "Errors by kind (database, kubernetes, secret, policy, conflict, unexpected).",

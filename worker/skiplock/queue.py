@@ -23,9 +23,18 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 from skiplock import migrate as migrations
 from skiplock.backoff import backoff_seconds
 from skiplock.errors import ConfigError, DatabaseUnavailableError, EnqueueError, NonRetryableError, PayloadError
-from skiplock.job import MAX_PAYLOAD_DEPTH, EnqueueResult, Job, QueueStats, job_from_row, payload_depth_exceeded
+from skiplock.job import (
+    MAX_PAYLOAD_DEPTH,
+    EnqueueManyResult,
+    EnqueueResult,
+    Job,
+    QueueStats,
+    job_from_row,
+    payload_depth_exceeded,
+)
 from skiplock.settings import QUEUE_NAME, Settings, redact
 from skiplock.sql import Queries, queries_for
+from skiplock.unique import UNIQUE_KEY_MAX, states_for, unique_problem
 
 MAX_ERROR_CHARS = 4000
 HISTORY_ERROR_CHARS = 1000
@@ -58,13 +67,19 @@ class EnqueueOptions(_Visibility, total=False):
     task: str | None
     idempotency_key: str | None
     timeout_seconds: float | None
+    unique_key: str | None
+    unique_states: Sequence[str] | None
+    unique_conflict: str | None
 
 
 class EnqueueManyOptions(_Visibility, total=False):
-    """Options of ``enqueue_many``: those of one enqueue, with one idempotency key per payload."""
+    """Options of ``enqueue_many``: those of one enqueue, with one idempotency key (or unique key) per payload."""
 
     task: str | None
     idempotency_keys: Sequence[str | None] | None
+    unique_keys: Sequence[str] | None
+    unique_states: Sequence[str] | None
+    unique_conflict: str | None
 
 
 class TaskEnqueueOptions(_Visibility, total=False):
@@ -203,10 +218,32 @@ def _common_params(settings: Settings, queue: str, options: Mapping[str, Any], k
 
 
 def enqueue_params(settings: Settings, queue: str, payload: Any, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Parameters of ``job_enqueue``, or :class:`EnqueueError` (nothing is written)."""
+    """Parameters of ``job_enqueue`` (``job_enqueue_unique`` with a unique key), or :class:`EnqueueError`."""
     params = _common_params(settings, queue, options, ENQUEUE_OPTIONS)
     key = check_idempotency_key(options.get("idempotency_key"))
-    return params | {"payload": encode_payload(payload, settings.max_payload_bytes), "idempotency_key": key}
+    params |= {"payload": encode_payload(payload, settings.max_payload_bytes), "idempotency_key": key}
+    unique = options.get("unique_key")
+    if unique is not None or options.get("unique_states") is not None or options.get("unique_conflict") is not None:
+        params |= unique_params(options, [unique], idempotency=key is not None)
+    return params
+
+
+def unique_params(options: Mapping[str, Any], keys: Sequence[Any], *, idempotency: bool) -> dict[str, Any]:
+    """The unique part of an enqueue's parameters (``unique_key`` / ``keys``, ``unique_states``, ``replace``)."""
+    if idempotency:
+        raise EnqueueError("a unique job takes no idempotency key: its unique key plays that part")
+    states, conflict = options.get("unique_states"), options.get("unique_conflict")
+    if problem := unique_problem(None, None, states, conflict, explicit_key=True):
+        raise EnqueueError(problem)
+    for key in keys:
+        if not isinstance(key, str) or not 1 <= len(key) <= UNIQUE_KEY_MAX:
+            raise EnqueueError(f"unique key must be a string of 1..{UNIQUE_KEY_MAX} characters (got {_shown(key)})")
+    return {
+        "unique_key": keys[0] if len(keys) == 1 else None,
+        "keys": list(keys),
+        "unique_states": states_for(None, states),
+        "replace": conflict == "replace",
+    }
 
 
 def enqueue_many_params(
@@ -221,8 +258,18 @@ def enqueue_many_params(
         raise EnqueueError(f"{len(keys)} idempotency keys for {len(encoded)} payloads")
     for key in keys:
         check_idempotency_key(key)
+    unique = options.get("unique_keys")
+    if unique is not None or options.get("unique_states") is not None or options.get("unique_conflict") is not None:
+        if unique is None or len(unique) != len(encoded):
+            raise EnqueueError(f"unique_keys must give one key for each of the {len(encoded)} payloads")
+        params |= unique_params(options, unique, idempotency=given is not None and any(k is not None for k in keys))
+        firsts = sorted({k: i for i, k in reversed(list(enumerate(unique)))}.values())  # a repeated key: its first
+        encoded = [encoded[i] for i in firsts]
+        params["keys"] = [unique[i] for i in firsts]
+        return params | {"payloads": "[" + ",".join(encoded) + "]", "payload_keys": list(unique), "encoded": encoded}
     # One JSON array of already-encoded payloads: no per-element array escaping (2x faster than jsonb[]).
-    return params | {"payloads": "[" + ",".join(encoded) + "]", "keys": keys if given is not None else None}
+    keyed = keys if given is not None else None
+    return params | {"payloads": "[" + ",".join(encoded) + "]", "keys": keyed, "payload_keys": keys}
 
 
 def _names(queues: str | Sequence[str]) -> list[str]:
@@ -421,8 +468,73 @@ def _enqueued(r: Result) -> EnqueueResult | None:
     return EnqueueResult(r.rows[0]["id"], duplicate=r.rows[0]["duplicate"]) if r.rows else None
 
 
+def replace_call(query: Any, params: dict[str, Any], keys: list[str], encoded: list[str]) -> Call[list[int]]:
+    """``job_replace_unique`` for ``keys`` with these payloads (already encoded), the enqueue's other options."""
+    return Call(query, params | {"keys": keys, "payloads": "[" + ",".join(encoded) + "]"}, _ids)
+
+
+def _rows(r: Result) -> list[dict[str, Any]]:
+    return r.rows
+
+
 def _found(r: Result) -> EnqueueResult:
     return EnqueueResult(r.rows[0]["id"], duplicate=True)
+
+
+@dataclass(frozen=True)
+class ManyEnqueue:
+    """One ``enqueue_many``: the insert, then (only when some payload was a duplicate) the look-up of the jobs
+    holding their keys, and the per-payload result."""
+
+    insert: Call[list[dict[str, Any]]]
+    keys: list[str | None]
+    """The key of each payload given (None: no key), in order."""
+    find_query: Any
+    params: dict[str, Any]
+    replace_query: Any = None
+
+    def missing(self, rows: list[dict[str, Any]]) -> list[str]:
+        """The keys of the payloads that inserted nothing (held by another job)."""
+        if self.params["keys"] is None or len(rows) == len(self.keys):
+            return []  # no keys, or every payload inserted its job
+        got = {r["key"] for r in rows}
+        return sorted({k for k in self.keys if k is not None and k not in got})
+
+    def replace(self, keys: list[str]) -> Call[list[int]] | None:
+        """With ``unique_conflict="replace"``: the update of the pending jobs holding ``keys`` (else None)."""
+        if not self.params.get("replace"):
+            return None
+        by_key = dict(zip(self.params["keys"], self.params["encoded"], strict=True))
+        return replace_call(self.replace_query, self.params, keys, [by_key[k] for k in keys])
+
+    def find(self, keys: list[str]) -> Call[dict[str, int]]:
+        params = {"queue": self.params["queue"], "keys": keys}
+        return Call(self.find_query, params, lambda r: {x["key"]: x["id"] for x in r.rows})
+
+    def result(self, rows: list[dict[str, Any]], found: dict[str, int]) -> EnqueueManyResult:
+        """Per payload, its job: the new one (in payload order, ids ascending), or the one holding its key."""
+        if self.params["keys"] is None:
+            return EnqueueManyResult([r["id"] for r in rows])  # no keys: one new job per payload
+        new = [r["id"] for r in rows if not r.get("duplicate")]
+        by_key = {r["key"]: r for r in rows if r["key"] is not None}
+        keyless = iter(r["id"] for r in rows if r["key"] is None)
+        seen: set[str] = set()
+        out: list[EnqueueResult] = []
+        for key in self.keys:
+            if key is None:
+                out.append(EnqueueResult(next(keyless)))
+                continue
+            row = by_key.get(key)
+            if row is not None and key not in seen:
+                out.append(EnqueueResult(row["id"], duplicate=bool(row.get("duplicate"))))
+            elif row is not None:
+                out.append(EnqueueResult(row["id"], duplicate=True))
+            elif key in found:
+                out.append(EnqueueResult(found[key], duplicate=True))
+            else:
+                raise EnqueueError(f"the job holding key {_shown(key)} vanished meanwhile (purged): enqueue it again")
+            seen.add(key)
+        return EnqueueManyResult(new, out)
 
 
 class Statements:
@@ -438,10 +550,25 @@ class Statements:
         """The insert, and the look-up to run when it returns nothing (a concurrent insert with the same key
         committed after this statement's snapshot)."""
         params = enqueue_params(self.settings, queue, payload, options)
+        if params.get("unique_key") is not None:
+            return Call(self.q.job_enqueue_unique, params, _enqueued), Call(
+                self.q.job_find_by_unique_key, params, _found
+            )
         return Call(self.q.job_enqueue, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
 
-    def enqueue_many(self, queue: str, payloads: Iterable[Any], options: Mapping[str, Any]) -> Call[list[int]]:
-        return Call(self.q.job_enqueue_many, enqueue_many_params(self.settings, queue, payloads, options), _ids)
+    def enqueue_many(self, queue: str, payloads: Iterable[Any], options: Mapping[str, Any]) -> ManyEnqueue:
+        params = enqueue_many_params(self.settings, queue, payloads, options)
+        unique = "unique_states" in params
+        insert = Call(self.q.job_enqueue_many_unique if unique else self.q.job_enqueue_many, params, _rows)
+        find = self.q.job_find_by_unique_keys if unique else self.q.job_find_by_keys
+        return ManyEnqueue(insert, params["payload_keys"], find, params, self.q.job_replace_unique)
+
+    def replace_unique(self, params: dict[str, Any]) -> Call[list[int]] | None:
+        """After a unique enqueue found its key taken: with ``unique_conflict="replace"``, the update of the
+        pending holder (else None)."""
+        if not params.get("replace"):
+            return None
+        return replace_call(self.q.job_replace_unique, params, [params["unique_key"]], [params["payload"]])
 
     def complete_and_claim(
         self,
@@ -742,7 +869,10 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         :class:`EnqueueError`."""
         insert, find = self._s.enqueue(queue, payload, options)
         inserted = self._call(insert, conn)
-        return inserted if inserted is not None else self._call(find, conn)
+        result = inserted if inserted is not None else self._call(find, conn)
+        if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
+            self._call(replace, conn)
+        return result
 
     def enqueue_many(
         self,
@@ -751,9 +881,15 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         *,
         conn: psycopg.Connection[Any] | None = None,
         **options: Unpack[EnqueueManyOptions],
-    ) -> list[int]:
-        """Add many jobs of one queue in one statement; jobs whose idempotency key is taken are skipped."""
-        return self._call(self._s.enqueue_many(queue, payloads, options), conn)
+    ) -> EnqueueManyResult:
+        """Add many jobs of one queue in one statement; payloads whose key is taken insert nothing. Returns the new
+        ids (a list, as before) whose ``results`` give each payload its job and whether it was a duplicate."""
+        many = self._s.enqueue_many(queue, payloads, options)
+        rows = self._call(many.insert, conn)
+        missing = many.missing(rows)
+        if missing and (replace := many.replace(missing)) is not None:
+            self._call(replace, conn)
+        return many.result(rows, self._call(many.find(missing), conn) if missing else {})
 
     # worker primitives
     def claim(
@@ -1025,7 +1161,10 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
         """Add one job (see :meth:`Queue.enqueue`)."""
         insert, find = self._s.enqueue(queue, payload, options)
         inserted = await self._call(insert, conn)
-        return inserted if inserted is not None else await self._call(find, conn)
+        result = inserted if inserted is not None else await self._call(find, conn)
+        if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
+            await self._call(replace, conn)
+        return result
 
     async def enqueue_many(
         self,
@@ -1034,8 +1173,14 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
         *,
         conn: psycopg.AsyncConnection[Any] | None = None,
         **options: Unpack[EnqueueManyOptions],
-    ) -> list[int]:
-        return await self._call(self._s.enqueue_many(queue, payloads, options), conn)
+    ) -> EnqueueManyResult:
+        """See :meth:`Queue.enqueue_many`."""
+        many = self._s.enqueue_many(queue, payloads, options)
+        rows = await self._call(many.insert, conn)
+        missing = many.missing(rows)
+        if missing and (replace := many.replace(missing)) is not None:
+            await self._call(replace, conn)
+        return many.result(rows, await self._call(many.find(missing), conn) if missing else {})
 
     async def claim(
         self,

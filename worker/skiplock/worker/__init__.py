@@ -52,6 +52,7 @@ from skiplock.worker.executor import (
 from skiplock.worker.leases import Leases
 from skiplock.worker.pools import APPLICATION_NAME, async_pool, sync_pool
 from skiplock.worker.retention import Retention
+from skiplock.worker.schedules import Scheduler
 
 __all__ = ["APPLICATION_NAME", "Outcome", "Worker", "serve_queues"]
 log = logging.getLogger(__name__)
@@ -308,6 +309,8 @@ class Worker:
             if not until_idle:
                 self.retention = Retention(s, self.metrics)
                 tasks.append(asyncio.create_task(self.retention.run(), name="retention"))
+                if self.app is not None and self.app.schedules:  # periodic tasks: register and fire their ticks
+                    tasks.append(asyncio.create_task(Scheduler(s, self.app, self.metrics, control.pool).run()))
             self.metrics.listener_enabled.set(1 if s.listen else 0)
             if s.listen and not until_idle:
                 self.listener = Listener(

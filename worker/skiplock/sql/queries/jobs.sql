@@ -32,12 +32,84 @@ WITH ins AS (
     LEFT JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, n) USING (n)
     ORDER BY p.n
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL AND status <> 'failed' DO NOTHING
-    RETURNING id, visible_at
+    RETURNING id, visible_at, idempotency_key
 ), woke AS (
     SELECT pg_notify(%(channel)s, %(queue)s)
     WHERE EXISTS (SELECT 1 FROM ins WHERE ins.visible_at <= now())
 )
-SELECT ins.id, (SELECT count(*) FROM woke) AS notified FROM ins ORDER BY ins.id;
+SELECT ins.id, ins.idempotency_key AS key, (SELECT count(*) FROM woke) AS notified FROM ins ORDER BY ins.id;
+
+-- name: job_find_by_keys
+-- The job holding each of these idempotency keys of a queue (the live one, else the newest): what the duplicates of enqueue_many are.
+SELECT DISTINCT ON (idempotency_key) idempotency_key AS key, id FROM {schema}.jobs
+WHERE queue = %(queue)s AND idempotency_key = ANY(%(keys)s::text[])
+ORDER BY idempotency_key, (status <> 'failed') DESC, id DESC;
+
+-- name: job_enqueue_unique
+-- Insert one unique job, or find the job holding its unique key (job_replace_unique may follow); wake workers when it is visible now.
+WITH ins AS (
+    INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, timeout_seconds,
+                               unique_key, unique_states)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
+            coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), %(timeout_seconds)s,
+            %(unique_key)s, %(unique_states)s::text[])
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status = ANY (unique_states)
+    DO NOTHING
+    RETURNING id, visible_at
+), woke AS (
+    SELECT pg_notify(%(channel)s, %(queue)s) FROM ins WHERE ins.visible_at <= now()
+)
+SELECT ins.id, false AS duplicate, (SELECT count(*) FROM woke) AS notified FROM ins
+UNION ALL
+SELECT j.id, true AS duplicate, 0 AS notified FROM {schema}.jobs AS j
+WHERE NOT EXISTS (SELECT 1 FROM ins) AND j.unique_key = %(unique_key)s AND j.status = ANY (j.unique_states);
+
+-- name: job_find_by_unique_key
+-- The job holding a unique key (used when a concurrent insert won the race): the one holding it now, else the newest with it.
+SELECT id, true AS duplicate FROM {schema}.jobs WHERE unique_key = %(unique_key)s
+ORDER BY (status = ANY (unique_states)) DESC, id DESC
+LIMIT 1;
+
+-- name: job_enqueue_many_unique
+-- Insert many unique jobs of one queue in one statement (distinct keys; a taken key is skipped: job_replace_unique may follow); wake once.
+WITH ins AS (
+    INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, unique_key,
+                               unique_states)
+    SELECT %(queue)s, %(task)s, p.payload, %(priority)s, %(max_attempts)s,
+           coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), k.key,
+           %(unique_states)s::text[]
+    FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, n)
+    JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, n) USING (n)
+    ORDER BY p.n
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status = ANY (unique_states)
+    DO NOTHING
+    RETURNING id, visible_at, unique_key
+), woke AS (
+    SELECT pg_notify(%(channel)s, %(queue)s)
+    WHERE EXISTS (SELECT 1 FROM ins WHERE ins.visible_at <= now())
+)
+SELECT ins.id, ins.unique_key AS key, (SELECT count(*) FROM woke) AS notified FROM ins ORDER BY ins.id;
+
+-- name: job_replace_unique
+-- Give the pending jobs holding these unique keys the new payload, priority and run time (unique_conflict "replace", after the insert found them); running or finished ones are left as they are; wake workers when one is visible now.
+WITH upd AS (
+    UPDATE {schema}.jobs AS j
+    SET payload = p.payload, priority = %(priority)s,
+        visible_at = coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), updated_at = now()
+    FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, n)
+    JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, n) USING (n)
+    WHERE j.unique_key = k.key AND j.status = 'pending' AND j.status = ANY (j.unique_states)
+    RETURNING j.id, j.visible_at
+), woke AS (
+    SELECT pg_notify(%(channel)s, %(queue)s) WHERE EXISTS (SELECT 1 FROM upd WHERE upd.visible_at <= now())
+)
+SELECT upd.id, (SELECT count(*) FROM woke) AS notified FROM upd;
+
+-- name: job_find_by_unique_keys
+-- The job holding each of these unique keys (what the skipped payloads of a unique enqueue_many are): the one holding it now, else the newest.
+SELECT DISTINCT ON (unique_key) unique_key AS key, id FROM {schema}.jobs
+WHERE unique_key = ANY(%(keys)s::text[])
+ORDER BY unique_key, (status = ANY (unique_states)) DESC, id DESC;
 
 -- name: job_notify
 -- Wake the workers of one queue (delivered at commit; repeated notifications in one transaction fold into one).
@@ -275,6 +347,9 @@ WHERE j.status = ANY(%(statuses)s::text[])
         SELECT 1 FROM {schema}.jobs AS o
         WHERE o.queue = j.queue AND o.idempotency_key = j.idempotency_key AND o.status <> 'failed'
           AND o.id <> j.id))
+  AND (j.unique_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {schema}.jobs AS o
+        WHERE o.unique_key = j.unique_key AND o.status = ANY (o.unique_states) AND o.id <> j.id))
 RETURNING j.id, j.queue;
 
 -- name: job_cancel
