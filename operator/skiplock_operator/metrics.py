@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from skiplock import QueueStats
+from skiplock.queue import WAITING_REASONS
 
 RESULTS = ("success", "invalid", "retry", "error")
 STATES = ("ready", "delayed", "processing", "stalled", "failed")
@@ -77,6 +78,12 @@ class OperatorMetrics:
             ["namespace", "jobqueue", "queue"],
             registry=registry,
         )
+        self.queue_waiting = Gauge(
+            "skiplock_queue_jobs_waiting",
+            "Due jobs of a queue held back by flow control, by reason (serial_key, concurrency, rate).",
+            ["namespace", "jobqueue", "queue", "reason"],
+            registry=registry,
+        )
         self.database_up = Gauge(
             "skiplock_operator_database_up",
             "1 when the operator's last poll of a JobQueue's database succeeded, else 0.",
@@ -96,6 +103,8 @@ class OperatorMetrics:
             for state in STATES:
                 self.queue_jobs.labels(namespace, jobqueue, queue, state).set(getattr(row, state))
             self.queue_oldest_ready_age.labels(namespace, jobqueue, queue).set(row.oldest_ready_age_seconds)
+            for reason in WAITING_REASONS:
+                self.queue_waiting.labels(namespace, jobqueue, queue, reason).set(getattr(row, f"waiting_{reason}"))
         self._queues[key] = set(stats)
         self.database_up.labels(namespace, jobqueue).set(1)
 
@@ -105,6 +114,9 @@ class OperatorMetrics:
                 self.queue_jobs.remove(namespace, jobqueue, queue, state)
         with contextlib.suppress(KeyError):
             self.queue_oldest_ready_age.remove(namespace, jobqueue, queue)
+        for reason in WAITING_REASONS:
+            with contextlib.suppress(KeyError):
+                self.queue_waiting.remove(namespace, jobqueue, queue, reason)
 
     def forget(self, namespace: str, jobqueue: str) -> None:
         """A JobQueue is gone: every series that names it goes too."""

@@ -117,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--idempotency-key", help="a second enqueue with the same key returns the first job")
     e.add_argument("--timeout", type=float, dest="timeout_seconds", help="seconds one attempt may run (default none)")
+    e.add_argument("--serial-key", help="jobs sharing this key run one at a time, in enqueue order (e.g. user:42)")
+    e.add_argument(
+        "--serial-skip-on-retry",
+        action="store_true",
+        default=None,
+        help="while this job waits for a retry, later jobs of its serial key may run",
+    )
+
+    lim = sub.add_parser("limits", parents=[common], help="registered task limits and jobs held back by flow control")
+    lim.add_argument("--json", action="store_true")
 
     st = sub.add_parser("stats", parents=[common], help="health of each queue")
     st.add_argument("--queue")
@@ -295,9 +305,34 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             max_attempts=args.max_attempts,
             idempotency_key=args.idempotency_key,
             timeout_seconds=args.timeout_seconds,
+            serial_key=args.serial_key,
+            serial_skip_on_retry=args.serial_skip_on_retry,
         )
     note = " (duplicate: a live job with this idempotency key exists)" if result.duplicate else ""
     print(f"{result.id}{note}")
+    return EXIT_OK
+
+
+def cmd_limits(args: argparse.Namespace, settings: Settings) -> int:
+    with _queue(settings) as q:
+        _guard_schema(q, settings)
+        limits, waiting = q.limits(), q.waiting()
+    if args.json:
+        print(json.dumps({"limits": limits, "waiting": waiting}, indent=2, default=str))
+        return EXIT_OK
+    rate = "{}/{:g}s".format
+    body = [
+        (r["task"], r["global_concurrency"] or "-", r["running"],
+         rate(r["rate_limit"], r["rate_period_seconds"]) if r["rate_limit"] else "-", r["recent_starts"],
+         r["registered_by"] or "-")
+        for r in limits
+    ]  # fmt: skip
+    head = ("task", "global_concurrency", "running", "rate_limit", "recent_starts", "registered_by")
+    print(_table(head, body) if body else "no task limits registered (workers register them at start)")
+    held = [(r["queue"], r["serial_key"], r["concurrency"], r["rate"]) for r in waiting]
+    if held:
+        print()
+        print(_table(("queue", "waiting_serial_key", "waiting_concurrency", "waiting_rate"), held))
     return EXIT_OK
 
 
@@ -578,6 +613,7 @@ COMMANDS = {
     "migrate": cmd_migrate,
     "enqueue": cmd_enqueue,
     "stats": cmd_stats,
+    "limits": cmd_limits,
     "failed": cmd_failed,
     "retry": cmd_retry,
     "cancel": cmd_cancel,

@@ -30,7 +30,7 @@ WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 OUTCOMES = ("done", "retried", "failed", "lease_lost", "unknown_task", "cancelled", "snoozed")
 FAILURE_REASONS = ("non_retryable", "exhausted", "unknown_task")
 DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release", "purge")
-WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered")
+WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered", "rate_limit")
 
 
 class WorkerMetrics:

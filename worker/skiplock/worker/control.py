@@ -15,6 +15,7 @@ from psycopg_pool import PoolTimeout
 
 from skiplock.backoff import backoff_seconds
 from skiplock.errors import DatabaseUnavailableError
+from skiplock.limits import TaskLimits
 from skiplock.metrics import WorkerMetrics
 from skiplock.queue import AsyncQueue
 from skiplock.settings import CONTROL_CONNECTIONS, Settings, redact
@@ -39,6 +40,7 @@ class Scope:
     identity: str
     queues: tuple[str, ...]
     lease_overrides: dict[str, float] = field(default_factory=dict)
+    limits: tuple[TaskLimits, ...] = ()  # the limited tasks of its app (flow control), as registered at start
 
 
 class Control:
