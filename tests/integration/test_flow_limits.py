@@ -3,6 +3,10 @@ process: the claim and every path that ends a run, with time moved by ``now``)."
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -102,9 +106,7 @@ def test_concurrent_claims_never_run_two_jobs_of_a_key(queue: Queue, settings) -
 
 def queue_key(queue: Queue, job_id: int) -> str:
     with queue.pool.connection() as conn:
-        row = conn.execute(
-            f'SELECT serial_key FROM "{queue.settings.schema}".jobs WHERE id = %s', (job_id,)
-        ).fetchone()
+        row = conn.execute(f'SELECT serial_key FROM "{queue.settings.schema}".jobs WHERE id = %s', (job_id,)).fetchone()
     assert row is not None
     return str(row[0])
 
@@ -249,3 +251,38 @@ def test_the_unique_running_index_refuses_a_second_running_job_of_a_key(queue: Q
             (b,),
         )
     assert queue.get(a)["status"] == "processing"  # type: ignore[index]
+
+
+# ---------------------------------------------------------------------------------------------- API and CLI
+def test_a_task_default_and_the_cli_set_the_serial_options(queue: Queue, pg_dsn: str, schema: str) -> None:
+    from skiplock import App
+
+    app = App(schema=schema)
+
+    @app.task(name="t", queue="q", serial_skip_on_retry=True, global_concurrency=2, rate_limit="5/s")
+    def t(job: object) -> None: ...
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        first = t.enqueue({}, conn=conn, serial_key="user:42").id
+    out = run_cli("enqueue", "--queue", "q", "--task", "t", "--payload", "{}", "--serial-key", "user:42",
+                  dsn=pg_dsn, schema=schema)  # fmt: skip
+    second = int(out.stdout.strip())
+    with queue.pool.connection() as conn:
+        rows = conn.execute(f'SELECT id, serial_key, serial_skip_on_retry FROM "{schema}".jobs ORDER BY id').fetchall()
+    assert rows == [(first, "user:42", True), (second, "user:42", False)]
+    queue.register_limits([t.limits], worker="w")
+    claim(queue, ["q"], now=datetime.now(UTC))
+    listing = run_cli("limits", dsn=pg_dsn, schema=schema).stdout
+    assert "5/1s" in listing and "waiting_serial_key" in listing
+    data = json.loads(run_cli("limits", "--json", dsn=pg_dsn, schema=schema).stdout)
+    assert data["limits"][0]["global_concurrency"] == 2 and data["waiting"][0]["serial_key"] == 1
+    bad = run_cli("enqueue", "--payload", "{}", "--serial-key", "x" * 300, dsn=pg_dsn, schema=schema)
+    assert bad.returncode != 0 and "serial_key" in bad.stderr
+
+
+def run_cli(*args: str, dsn: str, schema: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_") and k != "DATABASE_URL"}
+    env |= {"SKIPLOCK_DSN": dsn, "SKIPLOCK_SCHEMA": schema}
+    return subprocess.run(  # noqa: PLW1510 - exit codes are asserted
+        [sys.executable, "-m", "skiplock", *args], env=env, capture_output=True, text=True, timeout=60
+    )
