@@ -67,3 +67,21 @@ def test_changed_only_when_another_registration_differs() -> None:
     assert not changed(row)
     assert changed(row | {"was_concurrency": 3})
     assert not changed(row | {"was_present": False, "was_concurrency": None})
+
+
+def test_the_operator_exports_jobs_waiting_by_reason_and_drops_them_with_the_queue() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from skiplock import QueueStats
+    from skiplock_operator.metrics import OperatorMetrics
+
+    registry = CollectorRegistry()
+    metrics = OperatorMetrics(registry)
+    row = QueueStats("a", 9, 0, 1, 0, 0, 1.0, waiting_serial_key=4, waiting_concurrency=2, waiting_rate=3)
+    metrics.observe_queues("ns", "jq", {"a": row})
+    text = generate_latest(registry).decode()
+    for reason, value in (("serial_key", 4), ("concurrency", 2), ("rate", 3)):
+        line = f'skiplock_queue_jobs_waiting{{jobqueue="jq",namespace="ns",queue="a",reason="{reason}"}} {value}.0'
+        assert line in text
+    metrics.forget("ns", "jq")
+    assert "skiplock_queue_jobs_waiting{" not in generate_latest(registry).decode()

@@ -45,7 +45,7 @@ LEASE_COLUMNS = (
     "last_error",
     "errors",
     "updated_at",
-    "holds_slot",
+    "slot",
 )
 """The columns the worker role may update: the lease and outcome of a job, never its content."""
 

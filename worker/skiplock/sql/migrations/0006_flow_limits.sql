@@ -8,8 +8,9 @@ ALTER TABLE {schema}.jobs ADD COLUMN serial_skip_on_retry boolean NOT NULL DEFAU
 ALTER TABLE {schema}.jobs
     ADD CONSTRAINT jobs_serial_key_check CHECK (serial_key IS NULL OR length(serial_key) BETWEEN 1 AND 255) NOT VALID;
 
--- Set by the claim when the run took a concurrency slot of its task: the trigger below frees it when the run ends.
-ALTER TABLE {schema}.jobs ADD COLUMN holds_slot boolean NOT NULL DEFAULT false;
+-- The concurrency slot of its task the current run took (set by the claim, NULL for runs of unlimited tasks): the
+-- trigger below frees it when the run ends.
+ALTER TABLE {schema}.jobs ADD COLUMN slot integer;
 
 -- The head of each key (lowest live id) and whether a job of the key runs: both looked up per keyed candidate.
 CREATE INDEX jobs_serial_idx ON {schema}.jobs (serial_key, id)
@@ -54,25 +55,29 @@ CREATE TABLE {schema}.task_slots (
 CREATE INDEX task_slots_free_idx ON {schema}.task_slots (task, kind, free_at);
 
 -- Every path that ends a run (complete, fail, snooze, release, cancel, lease recovery, a manual UPDATE or DELETE)
--- frees the run's concurrency slot, in its own transaction; slots above a lowered limit are dropped instead.
+-- frees the run's concurrency slot, in its own transaction; a slot above a lowered limit is dropped instead.
 -- Matching on (job_id, attempts) leaves a slot already handed to another run (by the same statement) alone.
 -- SECURITY DEFINER: the roles that end runs need no rights on the slots table.
 CREATE FUNCTION {schema}.jobs_free_slot() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     DELETE FROM {schema}.task_slots AS s
-    WHERE s.task = OLD.task AND s.kind = 'concurrency' AND s.job_id = OLD.id AND s.attempts = OLD.attempts
+    WHERE s.task = OLD.task AND s.kind = 'concurrency' AND s.n = OLD.slot
+      AND s.job_id = OLD.id AND s.attempts = OLD.attempts
       AND s.n > coalesce((SELECT l.global_concurrency FROM {schema}.task_limits AS l WHERE l.task = OLD.task), 0);
-    UPDATE {schema}.task_slots AS s SET job_id = NULL, attempts = NULL, worker = NULL
-    WHERE s.task = OLD.task AND s.kind = 'concurrency' AND s.job_id = OLD.id AND s.attempts = OLD.attempts;
+    IF NOT FOUND THEN
+        UPDATE {schema}.task_slots AS s SET job_id = NULL, attempts = NULL, worker = NULL
+        WHERE s.task = OLD.task AND s.kind = 'concurrency' AND s.n = OLD.slot
+          AND s.job_id = OLD.id AND s.attempts = OLD.attempts;
+    END IF;
     RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER jobs_free_slot AFTER UPDATE OF status ON {schema}.jobs
-    FOR EACH ROW WHEN (OLD.holds_slot AND OLD.status = 'processing' AND NEW.status <> 'processing')
+    FOR EACH ROW WHEN (OLD.slot IS NOT NULL AND OLD.status = 'processing' AND NEW.status <> 'processing')
     EXECUTE FUNCTION {schema}.jobs_free_slot();
 
 CREATE TRIGGER jobs_free_slot_on_delete AFTER DELETE ON {schema}.jobs
-    FOR EACH ROW WHEN (OLD.holds_slot AND OLD.status = 'processing')
+    FOR EACH ROW WHEN (OLD.slot IS NOT NULL AND OLD.status = 'processing')
     EXECUTE FUNCTION {schema}.jobs_free_slot();

@@ -103,7 +103,7 @@ WITH done AS (
     -- flow limits: the picked jobs of limited tasks, numbered per task in claim order, then a slot of each kind
     -- they need (locked FOR UPDATE SKIP LOCKED and rechecked by the slot's own columns); a job without its slots
     -- stays pending. `go` is what the claim takes.
-    SELECT p.id, p.task, l.global_concurrency, l.rate_limit,
+    SELECT p.id, p.task, l.global_concurrency, l.rate_limit, l.rate_period_seconds AS period,
            row_number() OVER (PARTITION BY p.task ORDER BY p.priority DESC, p.visible_at, p.id) AS k
     FROM picked AS p JOIN {schema}.task_limits AS l ON l.task = p.task
 ), wanted AS (
@@ -126,7 +126,7 @@ WITH done AS (
         FOR UPDATE SKIP LOCKED
     ) AS s
 ), go AS (
-    SELECT p.id, c.n AS cslot, r.n AS rslot
+    SELECT p.id, c.n AS cslot, r.n AS rslot, l.period
     FROM picked AS p
     LEFT JOIN limited AS l ON l.id = p.id
     LEFT JOIN cslot AS c ON c.task = l.task AND c.k = l.k
@@ -139,21 +139,24 @@ WITH done AS (
         locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
         lease_expires_at = coalesce(%(now)s::timestamptz, now())
             + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)),
-        holds_slot = go.cslot IS NOT NULL
+        slot = go.cslot
     FROM go, (SELECT count(*) FROM done) AS finished  -- flow limits: completions first (a key passes on)
     WHERE j.id = go.id
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
               j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds
+), taken AS MATERIALIZED (
+    -- flow limits: the slots taken by the runs just claimed (written by primary key below)
+    SELECT c.id, c.attempts, c.task, go.cslot, go.rslot, go.period FROM claimed AS c JOIN go ON go.id = c.id
+    WHERE go.cslot IS NOT NULL OR go.rslot IS NOT NULL
 ), took_cslot AS (
-    -- flow limits: the slots taken by the runs just claimed
-    UPDATE {schema}.task_slots AS s SET job_id = c.id, attempts = c.attempts, worker = %(worker)s
-    FROM claimed AS c JOIN go ON go.id = c.id
-    WHERE s.task = c.task AND s.kind = 'concurrency' AND s.n = go.cslot
+    UPDATE {schema}.task_slots AS s SET job_id = t.id, attempts = t.attempts, worker = %(worker)s
+    FROM taken AS t
+    WHERE s.task = t.task AND s.kind = 'concurrency' AND s.n = t.cslot
 ), took_rslot AS (
     UPDATE {schema}.task_slots AS s
-    SET free_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => l.rate_period_seconds)
-    FROM claimed AS c JOIN go ON go.id = c.id JOIN {schema}.task_limits AS l ON l.task = c.task
-    WHERE s.task = c.task AND s.kind = 'rate' AND s.n = go.rslot
+    SET free_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => t.period)
+    FROM taken AS t
+    WHERE s.task = t.task AND s.kind = 'rate' AND s.n = t.rslot
 )
 SELECT false AS completed, c.* FROM claimed AS c
 UNION ALL
@@ -206,7 +209,7 @@ WITH done AS (
     -- flow limits: the picked jobs of limited tasks, numbered per task in claim order, then a slot of each kind
     -- they need (locked FOR UPDATE SKIP LOCKED and rechecked by the slot's own columns); a job without its slots
     -- stays pending. `go` is what the claim takes.
-    SELECT p.id, p.task, l.global_concurrency, l.rate_limit,
+    SELECT p.id, p.task, l.global_concurrency, l.rate_limit, l.rate_period_seconds AS period,
            row_number() OVER (PARTITION BY p.task ORDER BY p.priority DESC, p.visible_at, p.id) AS k
     FROM picked AS p JOIN {schema}.task_limits AS l ON l.task = p.task
 ), wanted AS (
@@ -229,7 +232,7 @@ WITH done AS (
         FOR UPDATE SKIP LOCKED
     ) AS s
 ), go AS (
-    SELECT p.id, c.n AS cslot, r.n AS rslot
+    SELECT p.id, c.n AS cslot, r.n AS rslot, l.period
     FROM picked AS p
     LEFT JOIN limited AS l ON l.id = p.id
     LEFT JOIN cslot AS c ON c.task = l.task AND c.k = l.k
@@ -242,21 +245,24 @@ WITH done AS (
         locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
         lease_expires_at = coalesce(%(now)s::timestamptz, now())
             + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)),
-        holds_slot = go.cslot IS NOT NULL
+        slot = go.cslot
     FROM go, (SELECT count(*) FROM done) AS finished  -- flow limits: completions first (a key passes on)
     WHERE j.id = go.id
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
               j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds
+), taken AS MATERIALIZED (
+    -- flow limits: the slots taken by the runs just claimed (written by primary key below)
+    SELECT c.id, c.attempts, c.task, go.cslot, go.rslot, go.period FROM claimed AS c JOIN go ON go.id = c.id
+    WHERE go.cslot IS NOT NULL OR go.rslot IS NOT NULL
 ), took_cslot AS (
-    -- flow limits: the slots taken by the runs just claimed
-    UPDATE {schema}.task_slots AS s SET job_id = c.id, attempts = c.attempts, worker = %(worker)s
-    FROM claimed AS c JOIN go ON go.id = c.id
-    WHERE s.task = c.task AND s.kind = 'concurrency' AND s.n = go.cslot
+    UPDATE {schema}.task_slots AS s SET job_id = t.id, attempts = t.attempts, worker = %(worker)s
+    FROM taken AS t
+    WHERE s.task = t.task AND s.kind = 'concurrency' AND s.n = t.cslot
 ), took_rslot AS (
     UPDATE {schema}.task_slots AS s
-    SET free_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => l.rate_period_seconds)
-    FROM claimed AS c JOIN go ON go.id = c.id JOIN {schema}.task_limits AS l ON l.task = c.task
-    WHERE s.task = c.task AND s.kind = 'rate' AND s.n = go.rslot
+    SET free_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => t.period)
+    FROM taken AS t
+    WHERE s.task = t.task AND s.kind = 'rate' AND s.n = t.rslot
 )
 SELECT false AS completed, c.* FROM claimed AS c
 UNION ALL
