@@ -55,21 +55,15 @@ CREATE TABLE {schema}.task_slots (
 CREATE INDEX task_slots_free_idx ON {schema}.task_slots (task, kind, free_at);
 
 -- Every path that ends a run (complete, fail, snooze, release, cancel, lease recovery, a manual UPDATE or DELETE)
--- frees the run's concurrency slot, in its own transaction; a slot above a lowered limit is dropped instead.
--- Matching on (job_id, attempts) leaves a slot already handed to another run (by the same statement) alone.
--- SECURITY DEFINER: the roles that end runs need no rights on the slots table.
+-- frees the run's concurrency slot, in its own transaction, by primary key. Matching on (job_id, attempts) leaves
+-- a slot already handed to another run (by the same statement) alone. SECURITY DEFINER: the roles that end runs
+-- need no rights on the slots table.
 CREATE FUNCTION {schema}.jobs_free_slot() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    DELETE FROM {schema}.task_slots AS s
+    UPDATE {schema}.task_slots AS s SET job_id = NULL, attempts = NULL, worker = NULL
     WHERE s.task = OLD.task AND s.kind = 'concurrency' AND s.n = OLD.slot
-      AND s.job_id = OLD.id AND s.attempts = OLD.attempts
-      AND s.n > coalesce((SELECT l.global_concurrency FROM {schema}.task_limits AS l WHERE l.task = OLD.task), 0);
-    IF NOT FOUND THEN
-        UPDATE {schema}.task_slots AS s SET job_id = NULL, attempts = NULL, worker = NULL
-        WHERE s.task = OLD.task AND s.kind = 'concurrency' AND s.n = OLD.slot
-          AND s.job_id = OLD.id AND s.attempts = OLD.attempts;
-    END IF;
+      AND s.job_id = OLD.id AND s.attempts = OLD.attempts;
     RETURN NULL;
 END
 $$;

@@ -519,7 +519,7 @@ SELECT pg_try_advisory_lock(%(key)s::bigint) AS locked;
 SELECT pg_advisory_unlock(%(key)s::bigint) AS unlocked;
 
 -- name: task_limits_register
--- Register the limits of an app's tasks (a worker at start; the latest registration wins): upsert or remove each task's limits and bring its slot rows to the new counts (a held concurrency slot above a lowered limit is dropped when its run ends); returns what each task had before.
+-- Register the limits of an app's tasks (a worker at start; the latest registration wins): upsert or remove each task's limits and bring its slot rows to the new counts (slots above a lowered limit go at once, held or not: their runs go on without one); returns what each task had before.
 WITH given AS (
     SELECT * FROM unnest(%(tasks)s::text[], %(concurrency)s::integer[], %(rate)s::integer[], %(period)s::float8[])
         AS g(task, concurrency, rate, period)
@@ -549,7 +549,7 @@ WITH given AS (
 ), dropped AS (
     DELETE FROM {schema}.task_slots AS s USING given AS g
     WHERE s.task = g.task
-      AND ((s.kind = 'concurrency' AND s.job_id IS NULL AND s.n > coalesce(g.concurrency, 0))
+      AND ((s.kind = 'concurrency' AND s.n > coalesce(g.concurrency, 0))
            OR (s.kind = 'rate' AND s.n > coalesce(g.rate, 0)))
     RETURNING s.task
 )
