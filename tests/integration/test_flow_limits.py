@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from skiplock import Queue
+from skiplock import Job, Queue, Settings
 from skiplock.errors import EnqueueError
 from skiplock.limits import RateLimit, TaskLimits
 from skiplock.queue import Failure
@@ -28,6 +28,25 @@ def ids(jobs: list) -> list[int]:
 
 def claim(queue: Queue, names: list[str], worker: str = "w1", limit: int = 10, now: datetime = T0) -> list:
     return queue.complete_and_claim((), names, limit=limit, worker=worker, now=now)[1]
+
+
+def claim_concurrently(settings: Settings, *, rounds: int, limit: int, threads: int = 8) -> list[Job]:
+    """Claims (none completing) from ``threads`` connections released at once, ``rounds`` each: every job claimed."""
+    barrier = threading.Barrier(threads)
+    claimed: list[Job] = []
+
+    def claimer(n: int) -> None:
+        with Queue(settings=settings, max_size=1) as q:
+            barrier.wait()
+            for _ in range(rounds):
+                claimed.extend(q.complete_and_claim((), ["q"], limit=limit, worker=f"w{n}", now=T0)[1])
+
+    running = [threading.Thread(target=claimer, args=(n,)) for n in range(threads)]
+    for t in running:
+        t.start()
+    for t in running:
+        t.join()
+    return claimed
 
 
 @pytest.mark.parametrize("names", QUEUES)
@@ -84,21 +103,7 @@ def test_enqueue_many_with_a_serial_key_and_bad_keys(queue: Queue) -> None:
 def test_concurrent_claims_never_run_two_jobs_of_a_key(queue: Queue, settings) -> None:
     for k in range(20):
         queue.enqueue_many("q", [{}] * 5, serial_key=f"k{k}", run_at=T0)
-    barrier = threading.Barrier(8)
-    claimed: list[list] = []
-
-    def claimer(n: int) -> None:
-        with Queue(settings=settings, max_size=1) as q:
-            barrier.wait()
-            for _ in range(5):
-                claimed.append(q.complete_and_claim((), ["q"], limit=3, worker=f"w{n}", now=T0)[1])
-
-    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    jobs = [j for batch in claimed for j in batch]
+    jobs = claim_concurrently(settings, rounds=5, limit=3)
     rows = {r["id"]: r for r in (queue.get(j.id) for j in jobs) if r}
     keys = [queue_key(queue, j.id) for j in jobs]
     assert len(jobs) == 20 == len(set(keys)) and len(rows) == 20  # one per key: the head of each, once
@@ -163,20 +168,7 @@ def test_many_concurrent_claims_never_start_more_than_the_limit(queue: Queue, se
     limit(queue, concurrency=3)
     queue.enqueue_many("q", [{}] * 60, task="t", run_at=T0)
     queue.enqueue_many("q", [{}] * 10, task="u", run_at=T0)
-    barrier = threading.Barrier(8)
-    claimed: list = []
-
-    def claimer(n: int) -> None:
-        with Queue(settings=settings, max_size=1) as q:
-            barrier.wait()
-            for _ in range(6):
-                claimed.extend(q.complete_and_claim((), ["q"], limit=4, worker=f"w{n}", now=T0)[1])
-
-    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    claimed = claim_concurrently(settings, rounds=6, limit=4)
     assert sum(1 for j in claimed if j.task == "t") == 3  # none completes, so never a fourth
     assert sum(1 for j in claimed if j.task == "u") == 10
     assert len({j.id for j in claimed}) == len(claimed)

@@ -60,14 +60,20 @@ WITH done AS (
     -- flow limits: the runs this statement completes (their key and concurrency slot pass to the next job)
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS f(id, attempts)
 ), limit_full AS (
+    -- flow limits: the tasks with no free slot of a kind they need (one keyed probe each: LATERAL ... LIMIT 1)
     SELECT l.task FROM {schema}.task_limits AS l
-    WHERE (l.global_concurrency IS NOT NULL AND NOT EXISTS (
-               SELECT 1 FROM {schema}.task_slots AS s
-               WHERE s.task = l.task AND s.kind = 'concurrency'
-                 AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))))
-       OR (l.rate_limit IS NOT NULL AND NOT EXISTS (
-               SELECT 1 FROM {schema}.task_slots AS s
-               WHERE s.task = l.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())))
+    LEFT JOIN LATERAL (
+        SELECT true AS free FROM {schema}.task_slots AS s
+        WHERE s.task = l.task AND s.kind = 'concurrency'
+          AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))
+        LIMIT 1
+    ) AS c ON true
+    LEFT JOIN LATERAL (
+        SELECT true AS free FROM {schema}.task_slots AS s
+        WHERE s.task = l.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
+        LIMIT 1
+    ) AS r ON true
+    WHERE (l.global_concurrency IS NOT NULL AND c.free IS NULL) OR (l.rate_limit IS NOT NULL AND r.free IS NULL)
 ), candidates AS (
     SELECT c.id, q.n, row_number() OVER (PARTITION BY q.n ORDER BY c.priority DESC, c.visible_at, c.id) AS turn,
            c.task, c.priority, c.visible_at  -- flow limits
@@ -175,14 +181,20 @@ WITH done AS (
     -- flow limits: the runs this statement completes (their key and concurrency slot pass to the next job)
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS f(id, attempts)
 ), limit_full AS (
+    -- flow limits: the tasks with no free slot of a kind they need (one keyed probe each: LATERAL ... LIMIT 1)
     SELECT l.task FROM {schema}.task_limits AS l
-    WHERE (l.global_concurrency IS NOT NULL AND NOT EXISTS (
-               SELECT 1 FROM {schema}.task_slots AS s
-               WHERE s.task = l.task AND s.kind = 'concurrency'
-                 AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))))
-       OR (l.rate_limit IS NOT NULL AND NOT EXISTS (
-               SELECT 1 FROM {schema}.task_slots AS s
-               WHERE s.task = l.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())))
+    LEFT JOIN LATERAL (
+        SELECT true AS free FROM {schema}.task_slots AS s
+        WHERE s.task = l.task AND s.kind = 'concurrency'
+          AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))
+        LIMIT 1
+    ) AS c ON true
+    LEFT JOIN LATERAL (
+        SELECT true AS free FROM {schema}.task_slots AS s
+        WHERE s.task = l.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
+        LIMIT 1
+    ) AS r ON true
+    WHERE (l.global_concurrency IS NOT NULL AND c.free IS NULL) OR (l.rate_limit IS NOT NULL AND r.free IS NULL)
 ), picked AS (
     SELECT id, task, priority, visible_at FROM {schema}.jobs
     WHERE queue = (%(queues)s::text[])[1] AND status = 'pending'
