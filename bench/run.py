@@ -75,6 +75,7 @@ DRAIN_COLUMNS = (
     ("vs_seed", "x seed", "{:.1f}x"),
     ("vs_main", "x main", "{:.2f}x"),
     ("vs_tuned", "x tuned", "{:.2f}x"),
+    ("vs_plain", "x plain", "{:.2f}x"),  # flow-control cases: paired with the plain no-op drain
     ("worker_cpu_s_per_1k", "worker CPU s/1k", "{:.2f}"),
     ("pg_cpu_s_per_1k", "PG CPU s/1k", "{:.2f}"),
     ("commits_per_job", "commits/job", "{:.3f}"),
@@ -82,6 +83,9 @@ DRAIN_COLUMNS = (
     ("wal_bytes_per_job", "WAL B/job", "{:,.0f}"),
     ("worker_rss_mb", "worker peak RSS MB", "{:.0f}"),
 )
+
+
+FLOW_CASES = ("drain noop, 10% serial keys", "drain noop, limited task")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -164,6 +168,17 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
         add("drain", TUNED, lambda: scenario.drain(cfg, system="tuned", handler="noop"))
     big_c = a.big_concurrency  # the RSS case: C=32, claiming up to 32 at a time (batch = concurrency)
     add("drain", "drain noop async", lambda: scenario.drain(cfg, system="skiplock", handler="anoop"))
+    # flow control: what 10 % serial-keyed jobs, and a task with (non-binding) limits, cost the plain drain
+    add(
+        "drain",
+        "drain noop, 10% serial keys",
+        lambda: scenario.drain(cfg, system="skiplock", handler="noop", flow="serial"),
+    )
+    add(
+        "drain",
+        "drain noop, limited task",
+        lambda: scenario.drain(cfg, system="skiplock", handler="noop", flow="limited"),
+    )
     add(
         "drain",
         f"drain noop C={a.big_concurrency}",
@@ -228,6 +243,8 @@ def add_ratios(med: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, An
             continue
         m["vs_main"] = paired(runs, name, main_of(name))
         noop = "noop" in name and "big table" not in name
+        if name in FLOW_CASES:
+            m["vs_plain"] = paired(runs, name, "drain noop")
         m["vs_tuned"] = paired(runs, name, TUNED) if noop else None
     if "drain noop, big table" in med:
         med["drain noop, big table"]["vs_empty_table"] = paired(runs, "drain noop, big table", "drain noop")

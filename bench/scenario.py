@@ -304,8 +304,12 @@ def drain(
     batch: int | None = None,
     schema: str | None = None,
     src: str | None = None,
+    flow: str | None = None,
 ) -> dict[str, Any]:
     """Start W idle workers, commit N jobs in one transaction, time the drain and read the counters.
+
+    ``flow``: ``serial`` gives every tenth job a serial key (200 keys), ``limited`` makes every job one of a task
+    with a global concurrency and a rate limit that do not bind (flow_app.py): the cost of flow control.
 
     Throughput runs from the enqueue commit (skiplock wakes by NOTIFY) or from the first claim (the seed polls
     every second; its nap is not charged) to the last completion, both read from the jobs' timestamps.
@@ -320,7 +324,8 @@ def drain(
             conn.execute(SEED_INDEX.format(schema=ident.as_string(conn)))
         conn.execute("CHECKPOINT")  # every run starts with the same full-page-image debt
     if system == "skiplock":
-        procs = start_skiplock(cfg, schema, handler, logdir, concurrency=concurrency, batch=batch, src=src)
+        app = {"SKIPLOCK_APP": "flow_app:app"} if flow == "limited" else {}
+        procs = start_skiplock(cfg, schema, handler, logdir, concurrency=concurrency, batch=batch, src=src, **app)
     else:
         procs = start_seed(cfg, schema, handler, logdir, style=system)
     with running(procs), connect(cfg) as mon:
@@ -332,7 +337,7 @@ def drain(
         with queue_for(cfg, schema) as q, connect(cfg, autocommit=False) as conn:
             first_id: int | None = None
             for start in range(0, n, ENQUEUE_CHUNK):
-                ids = q.enqueue_many(QUEUE, [{"n": i} for i in range(start, min(n, start + ENQUEUE_CHUNK))], conn=conn)
+                ids = enqueue_chunk(q, conn, range(start, min(n, start + ENQUEUE_CHUNK)), flow)
                 first_id = ids[0] if first_id is None else first_id
             # the clock just before COMMIT, on the same connection: read afterwards on another connection it
             # could come after a fast drain on a loaded machine
@@ -383,6 +388,19 @@ def drain(
         "worker_rss_mb": rss,
         "max_attempts_seen": max_attempts,
     }
+
+
+def enqueue_chunk(q: Queue, conn: psycopg.Connection[Any], numbers: range, flow: str | None) -> list[int]:
+    """One chunk of a drain's jobs: plain, 10 % serial-keyed (keys spread over 200 values), or a limited task's."""
+    if flow == "limited":
+        return q.enqueue_many(QUEUE, [{"n": i} for i in numbers], conn=conn, task="bench.limited")
+    if flow != "serial":
+        return q.enqueue_many(QUEUE, [{"n": i} for i in numbers], conn=conn)
+    keyed = [i for i in numbers if i % 10 == 0]
+    ids = q.enqueue_many(QUEUE, [{"n": i} for i in numbers if i % 10], conn=conn)
+    for i in keyed:
+        ids.append(q.enqueue(QUEUE, {"n": i}, conn=conn, serial_key=f"k{i // 10 % 200}").id)
+    return sorted(ids)
 
 
 # ---------------------------------------------------------------------------------------------- latency

@@ -22,7 +22,7 @@ import os
 import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import psycopg
@@ -311,6 +311,14 @@ class Databases:
                     await cur.execute(q.queue_stats, {"queue": name, "lease_seconds": lease_seconds, "now": None})
                     rows = [stats_from_row(r) for r in await cur.fetchall()]
                     out[name] = next((r for r in rows if r.queue == name), QueueStats(name, 0, 0, 0, 0, 0, 0.0))
+                    await cur.execute(q.queue_waiting, {"queue": name, "now": None})  # flow control
+                    held = next((r for r in await cur.fetchall() if r["queue"] == name), {})
+                    out[name] = replace(
+                        out[name],
+                        waiting_serial_key=int(held.get("serial_key", 0)),
+                        waiting_concurrency=int(held.get("concurrency", 0)),
+                        waiting_rate=int(held.get("rate", 0)),
+                    )
             return out
 
         return await self._call(user, (dsn, schema), read)

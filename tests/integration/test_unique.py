@@ -179,3 +179,19 @@ def test_replace_in_a_batch_updates_the_pending_holders_only(app: App, queue: Qu
     assert again.results[0].id == running.id and again.results[1].id == first[1] == again.results[3].id
     payloads = {p["k"]: (status, p["v"]) for _, status, p in statuses(queue, "batch.replace")}
     assert payloads == {1: ("processing", "a"), 2: ("pending", "b"), 3: ("pending", "b")}  # a repeat: its first
+
+
+def test_a_unique_job_keeps_its_serial_key_one_and_many(app: App, queue: Queue) -> None:
+    @app.task(name="sync.account", unique_by=["account"])
+    def sync_account(job: object) -> None: ...
+
+    one = sync_account.enqueue({"account": 1}, serial_key="account:1")
+    many = queue.enqueue_many(
+        "default", [{"n": 1}, {"n": 2}], task="other", unique_keys=["k1", "k2"], serial_key="account:2",
+        serial_skip_on_retry=True,
+    )
+    with queue.pool.connection() as conn:
+        rows = conn.execute(
+            f'SELECT id, serial_key, serial_skip_on_retry FROM "{queue.settings.schema}".jobs ORDER BY id'
+        ).fetchall()
+    assert rows == [(one.id, "account:1", False), (many[0], "account:2", True), (many[1], "account:2", True)]

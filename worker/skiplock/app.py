@@ -24,6 +24,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from skiplock.errors import ConfigError, EnqueueError
 from skiplock.job import EnqueueManyResult, EnqueueResult
 from skiplock.knobs import knob
+from skiplock.limits import TaskLimits, concurrency_problem, parse_rate_limit
 from skiplock.metrics import count_duplicates
 from skiplock.queue import (
     TASK_NAME_MAX,
@@ -70,6 +71,12 @@ class TaskOptions:
     unique_conflict: str | None = None
     """On a duplicate: ``"skip"`` (default: return the existing job) or ``"replace"`` (a pending holder takes the
     new payload, priority and run time)."""
+    global_concurrency: int | None = None
+    """At most this many jobs of the task run at once across every worker (registered in the database)."""
+    rate_limit: str | None = None
+    """At most this many starts per period across every worker, written ``"100/m"`` (also s, h, d; ``"3/10s"``)."""
+    serial_skip_on_retry: bool | None = None
+    """Default of the enqueue option: later jobs of a serial key may run while one of this task waits for a retry."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -77,6 +84,15 @@ class TaskOptions:
             problems.append(problem)
         if problem := unique_problem(self.unique_for, self.unique_by, self.unique_states, self.unique_conflict):
             problems.append(problem)
+        if problem := concurrency_problem(self.global_concurrency):
+            problems.append(problem)
+        if self.rate_limit is not None:
+            try:
+                parse_rate_limit(self.rate_limit)
+            except ConfigError as exc:
+                problems.append(str(exc))
+        if self.serial_skip_on_retry is not None and not isinstance(self.serial_skip_on_retry, bool):
+            problems.append(f"serial_skip_on_retry must be True or False (got {self.serial_skip_on_retry!r})")
         if not isinstance(self.queue, str) or not QUEUE_NAME.match(self.queue):
             problems.append(f"queue {self.queue!r} must match {QUEUE_NAME.pattern}")
         p = self.priority
@@ -132,6 +148,12 @@ class Task:
     @property
     def queue(self) -> str:
         return self.options.queue
+
+    @property
+    def limits(self) -> TaskLimits:
+        """The cluster-wide limits of this task (global concurrency, rate), as workers register them."""
+        rate = self.options.rate_limit
+        return TaskLimits(self.name, self.options.global_concurrency, parse_rate_limit(rate) if rate else None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the task calls the function (so tests and other code can still use it directly)."""
@@ -229,7 +251,11 @@ class Task:
             raise EnqueueError(f"task.enqueue takes no task= option: {self.name!r} is the task")
         explicit: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
         queue: str = explicit.pop("queue", self.options.queue)
-        defaults = {"priority": self.options.priority, "max_attempts": self.options.max_attempts}
+        defaults = {
+            "priority": self.options.priority,
+            "max_attempts": self.options.max_attempts,
+            "serial_skip_on_retry": self.options.serial_skip_on_retry,
+        }
         merged = {k: v for k, v in defaults.items() if v is not None} | explicit
         return queue, merged | {"task": self.name}
 
@@ -272,9 +298,11 @@ class App:
 
         ``name`` defaults to ``module.function``. Defaults: ``queue``, ``priority``, ``max_attempts``,
         ``lease_seconds``, ``backoff_base_seconds``, ``backoff_cap_seconds``, ``backoff_jitter``,
-        ``non_retryable`` (exception types that fail the job at once) and ``timeout_seconds``. Periodic:
-        ``cron`` or ``every`` (and ``timezone``). Unique: ``unique_for``, ``unique_by``, ``unique_states``,
-        ``unique_conflict``. Two tasks under one name is an error.
+        ``non_retryable`` (exception types that fail the job at once), ``timeout_seconds``, and the cluster-wide
+        ``global_concurrency`` (at most N running) and ``rate_limit`` (``"100/m"``: at most N starts per period),
+        plus ``serial_skip_on_retry`` (see the serial key enqueue option). Periodic: ``cron`` or ``every`` (and
+        ``timezone``). Unique: ``unique_for``, ``unique_by``, ``unique_states``, ``unique_conflict``. Two tasks
+        under one name is an error.
         """
         unknown = set(defaults) - OPTION_NAMES
         if unknown:

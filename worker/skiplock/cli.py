@@ -118,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--idempotency-key", help="a second enqueue with the same key returns the first job")
     e.add_argument("--timeout", type=float, dest="timeout_seconds", help="seconds one attempt may run (default none)")
+    e.add_argument("--serial-key", help="jobs sharing this key run one at a time, in enqueue order (e.g. user:42)")
+    e.add_argument(
+        "--serial-skip-on-retry",
+        action="store_true",
+        default=None,
+        help="while this job waits for a retry, later jobs of its serial key may run",
+    )
+
     u = e.add_argument_group("unique jobs (the task's own unique options are not seen: give them here)")
     u.add_argument(
         "--unique-by", help="unique by the whole payload ('payload') or these payload keys (a,b); needs --task"
@@ -131,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="statuses holding the key, comma-separated (default pending,processing; plus done with --unique-for)",
     )
     u.add_argument("--unique-conflict", choices=["skip", "replace"], help="on a duplicate (default skip)")
+
+    lim = sub.add_parser("limits", parents=[common], help="registered task limits and jobs held back by flow control")
+    lim.add_argument("--json", action="store_true")
 
     st = sub.add_parser("stats", parents=[common], help="health of each queue")
     st.add_argument("--queue")
@@ -318,6 +329,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             idempotency_key=args.idempotency_key,
             timeout_seconds=args.timeout_seconds,
             **unique,
+            serial_key=args.serial_key,
+            serial_skip_on_retry=args.serial_skip_on_retry,
         )
     note = " (duplicate: a job with this key exists)" if result.duplicate else ""
     print(f"{result.id}{note}")
@@ -400,6 +413,29 @@ def cmd_schedules(args: argparse.Namespace, settings: Settings) -> int:
         nxt = "stale: not fired" if r["stale"] else r["next_run_at"].astimezone(UTC).isoformat(timespec="seconds")
         last = r["last_run_at"].astimezone(UTC).isoformat(timespec="seconds") if r["last_run_at"] else "-"
         print(f"{r['name']:40} {r['queue']:16} {when:24} {nxt:26} {last}")
+    return EXIT_OK
+
+
+def cmd_limits(args: argparse.Namespace, settings: Settings) -> int:
+    with _queue(settings) as q:
+        _guard_schema(q, settings)
+        limits, waiting = q.limits(), q.waiting()
+    if args.json:
+        print(json.dumps({"limits": limits, "waiting": waiting}, indent=2, default=str))
+        return EXIT_OK
+    rate = "{}/{:g}s".format
+    body = [
+        (r["task"], r["global_concurrency"] or "-", r["running"],
+         rate(r["rate_limit"], r["rate_period_seconds"]) if r["rate_limit"] else "-", r["recent_starts"],
+         r["registered_by"] or "-")
+        for r in limits
+    ]  # fmt: skip
+    head = ("task", "global_concurrency", "running", "rate_limit", "recent_starts", "registered_by")
+    print(_table(head, body) if body else "no task limits registered (workers register them at start)")
+    held = [(r["queue"], r["serial_key"], r["concurrency"], r["rate"]) for r in waiting]
+    if held:
+        print()
+        print(_table(("queue", "waiting_serial_key", "waiting_concurrency", "waiting_rate"), held))
     return EXIT_OK
 
 
@@ -680,6 +716,7 @@ COMMANDS = {
     "migrate": cmd_migrate,
     "enqueue": cmd_enqueue,
     "stats": cmd_stats,
+    "limits": cmd_limits,
     "failed": cmd_failed,
     "retry": cmd_retry,
     "cancel": cmd_cancel,

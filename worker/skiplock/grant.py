@@ -17,10 +17,12 @@ also how a role loses a right.
 - worker: ``USAGE`` on the schema, ``SELECT`` on ``jobs`` and ``queues`` (paused queues) plus ``UPDATE`` of the
   lease and outcome columns only
   (:data:`LEASE_COLUMNS`: claim, heartbeat, complete, fail, release, lease recovery), ``SELECT`` on
-  ``schema_migrations``, and ``SELECT, INSERT, UPDATE`` on ``schedules`` (it registers its app's periodic
-  tasks). No ``INSERT`` of jobs (so it fires no ticks: the operator does), no ``DELETE``, no DDL, and the payload,
-  task, queue, priority and key of a job cannot be changed. Within its schema a worker role may claim any
-  queue: the schema is the isolation boundary (one schema per tenant, one worker role per schema).
+  ``schema_migrations``, ``SELECT, INSERT, UPDATE`` on ``schedules`` (it registers its app's periodic
+  tasks), and all of ``task_limits`` and ``task_slots`` (flow control: a worker registers its tasks' limits at
+  start and takes slots when claiming). No ``INSERT`` of jobs (so it fires no ticks: the operator does), no
+  ``DELETE`` of jobs, no DDL, and the payload, task, queue, priority and key of a job cannot be changed. Within
+  its schema a worker role may claim any queue: the schema is the isolation boundary (one schema per tenant,
+  one worker role per schema).
 - operator: owns the schema and its tables, so it can migrate (forward migrations alter the jobs table, which
   only its owner may do), read stats, retry, cancel, purge (the JobQueue's scheduled retention) and pause or
   resume queues (the ``queues`` table, from ``JobQueue.spec.paused``). It needs no ``CREATE`` on the database: migrate
@@ -48,6 +50,7 @@ LEASE_COLUMNS = (
     "last_error",
     "errors",
     "updated_at",
+    "slot",
 )
 """The columns the worker role may update: the lease and outcome of a job, never its content."""
 
@@ -62,6 +65,8 @@ ENQUEUE_COLUMNS = (
     "timeout_seconds",
     "unique_key",
     "unique_states",
+    "serial_key",
+    "serial_skip_on_retry",
 )
 """The columns the producer role may insert; every other column takes its default (id, status, attempts...)."""
 
@@ -91,6 +96,8 @@ def grant_sql(
     versions = sql.Identifier(schema, "schema_migrations")
     queues = sql.Identifier(schema, "queues")  # per-queue controls (pause): read by workers, written by operators
     schedules = sql.Identifier(schema, "schedules")  # periodic tasks: registered by workers, fired by the operator
+    # Flow control: workers register their tasks' limits (and the slot rows) at start and take slots when claiming.
+    flow = sql.SQL(", ").join(sql.Identifier(schema, t) for t in ("task_limits", "task_slots"))
     out: list[sql.Composed] = []
     if operator is not None:
         op = sql.Identifier(operator)
@@ -101,12 +108,17 @@ def grant_sql(
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(queues, op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(schedules, op),
             sql.SQL("ALTER FUNCTION {}() OWNER TO {}").format(sql.Identifier(schema, "jobs_payload_bound"), op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.Identifier(schema, "task_limits"), op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.Identifier(schema, "task_slots"), op),
+            sql.SQL("ALTER FUNCTION {}() OWNER TO {}").format(sql.Identifier(schema, "jobs_free_slot"), op),
         ]
     out.append(sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM PUBLIC").format(jobs, versions, queues, schedules))
+    out.append(sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(flow))
     members = [sql.Identifier(r) for r in dict.fromkeys(r for r in (producer, worker) if r is not None)]
     for member in members:  # converge: start from nothing, then grant exactly
         out += [
             sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM {}").format(jobs, versions, queues, schedules, member),
+            sql.SQL("REVOKE ALL ON {} FROM {}").format(flow, member),
             sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(s, member),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, member),
             sql.SQL("GRANT SELECT ON {} TO {}").format(versions, member),
@@ -124,6 +136,7 @@ def grant_sql(
             sql.SQL("GRANT SELECT ON {} TO {}").format(queues, w),
             sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(LEASE_COLUMNS), jobs, w),
             sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(schedules, w),  # registers its schedules
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(flow, w),
         ]
     return out
 

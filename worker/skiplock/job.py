@@ -281,6 +281,11 @@ class QueueStats:
     """Paused with ``skiplock pause``: workers claim nothing from it."""
     avg_attempts_done: float | None = None
     """Average attempts of the queue's last 1000 done jobs (None: none kept)."""
+    waiting_serial_key: int = 0
+    """Due jobs held back by flow control (the operator reads them): behind an earlier or running job of their
+    serial key, on a task's global concurrency, on a task's rate limit."""
+    waiting_concurrency: int = 0
+    waiting_rate: int = 0
 
     @property
     def backlog(self) -> int:

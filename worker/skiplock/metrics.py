@@ -30,8 +30,8 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 OUTCOMES = ("done", "retried", "failed", "lease_lost", "unknown_task", "cancelled", "snoozed")
 FAILURE_REASONS = ("non_retryable", "exhausted", "unknown_task")
-DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release", "purge", "schedule")
-WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered")
+DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release", "purge", "schedule", "register_limits")
+WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered", "rate_limit")
 
 
 ENQUEUE_DUPLICATES = Counter(
@@ -129,7 +129,7 @@ class WorkerMetrics:
         )
         self.wakeups = Counter(
             "skiplock_worker_wakeups",
-            "Claim-loop wake-ups by source (notify, poll, busy, recovered).",
+            "Claim-loop wake-ups by source (notify, poll, busy, recovered, rate_limit).",
             ["source"],
             registry=registry,
         )

@@ -32,6 +32,7 @@ from skiplock.job import (
     job_from_row,
     payload_depth_exceeded,
 )
+from skiplock.limits import TaskLimits, register_params
 from skiplock.settings import QUEUE_NAME, Settings, redact
 from skiplock.sql import Queries, queries_for
 from skiplock.unique import UNIQUE_KEY_MAX, states_for, unique_problem
@@ -46,6 +47,11 @@ TASK_NAME_MAX = 200
 """Longest task name (the database checks it too)."""
 IDEMPOTENCY_KEY_MAX = 255
 """Longest idempotency key (the database checks it too)."""
+WAITING_REASONS = ("serial_key", "concurrency", "rate")
+"""Why a due job waits (queue_waiting): an earlier or running job of its serial key, a global concurrency limit,
+a rate limit."""
+SERIAL_KEY_MAX = 255
+"""Longest serial key (the database checks it too)."""
 PRIORITY_RANGE = (-32768, 32767)
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_DELAY_SECONDS = 100 * 365 * 86400
@@ -70,6 +76,8 @@ class EnqueueOptions(_Visibility, total=False):
     unique_key: str | None
     unique_states: Sequence[str] | None
     unique_conflict: str | None
+    serial_key: str | None
+    serial_skip_on_retry: bool | None
 
 
 class EnqueueManyOptions(_Visibility, total=False):
@@ -80,6 +88,8 @@ class EnqueueManyOptions(_Visibility, total=False):
     unique_keys: Sequence[str] | None
     unique_states: Sequence[str] | None
     unique_conflict: str | None
+    serial_key: str | None
+    serial_skip_on_retry: bool | None
 
 
 class TaskEnqueueOptions(_Visibility, total=False):
@@ -90,6 +100,8 @@ class TaskEnqueueOptions(_Visibility, total=False):
     queue: str
     idempotency_key: str | None
     timeout_seconds: float | None
+    serial_key: str | None
+    serial_skip_on_retry: bool | None
 
 
 class TaskEnqueueManyOptions(_Visibility, total=False):
@@ -97,6 +109,8 @@ class TaskEnqueueManyOptions(_Visibility, total=False):
 
     queue: str
     idempotency_keys: Sequence[str | None] | None
+    serial_key: str | None
+    serial_skip_on_retry: bool | None
 
 
 ENQUEUE_OPTIONS = frozenset(EnqueueOptions.__optional_keys__)
@@ -160,6 +174,18 @@ def check_idempotency_key(key: Any) -> str | None:
     return key
 
 
+def serial_params(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``serial_key`` (jobs sharing it run one at a time, in enqueue order) and ``serial_skip_on_retry`` (later jobs
+    of the key may run while this one waits for a retry), validated."""
+    key = options.get("serial_key")
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= SERIAL_KEY_MAX or "\x00" in key):
+        raise EnqueueError(f"serial_key must be None or a string of 1..{SERIAL_KEY_MAX} characters (got {_shown(key)})")
+    skip = options.get("serial_skip_on_retry")
+    if skip is not None and not isinstance(skip, bool):
+        raise EnqueueError(f"serial_skip_on_retry must be True or False (got {_shown(skip)})")
+    return {"serial_key": key, "serial_skip_on_retry": bool(skip)}
+
+
 def format_error(exc: BaseException) -> str:
     """``"<Type>: <message>"``, bounded and storable (no NUL, valid UTF-8)."""
     try:
@@ -214,7 +240,7 @@ def _common_params(settings: Settings, queue: str, options: Mapping[str, Any], k
         "run_at": run_at,
         "channel": settings.channel,
         "timeout_seconds": None if t is None else float(t),
-    }
+    } | serial_params(options)
 
 
 def enqueue_params(settings: Settings, queue: str, payload: Any, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -695,6 +721,19 @@ class Statements:
     def statuses(self, ids: Sequence[int]) -> Call[dict[int, str]]:
         return Call(self.q.job_get_many, {"ids": list(ids)}, lambda r: {x["id"]: x["status"] for x in r.rows})
 
+    def register_limits(self, limits: Iterable[TaskLimits], worker: str) -> Call[list[dict[str, Any]]]:
+        return Call(self.q.task_limits_register, register_params(limits, worker), lambda r: r.rows)
+
+    def limits(self, now: datetime | None) -> Call[list[dict[str, Any]]]:
+        return Call(self.q.task_limits_list, {"now": now}, lambda r: r.rows)
+
+    def next_start(self, tasks: Sequence[str], queues: Sequence[str], now: datetime | None) -> Call[float | None]:
+        params = {"tasks": list(tasks), "queues": list(queues), "now": now}
+        return Call(self.q.task_limits_next_start, params, lambda r: r.rows[0]["due_in_seconds"] if r.rows else None)
+
+    def waiting(self, queue: str | None, now: datetime | None) -> Call[list[dict[str, Any]]]:
+        return Call(self.q.queue_waiting, {"queue": queue, "now": now}, lambda r: r.rows)
+
     def database_now(self) -> Call[datetime]:
         return Call("SELECT now() AS now", None, lambda r: r.rows[0]["now"])
 
@@ -992,6 +1031,24 @@ class Queue(_QueueState[ConnectionPool[Any]]):
     def get(self, job_id: int) -> dict[str, Any] | None:
         return self._call(self._s.get(job_id))
 
+    # flow control (skiplock.limits)
+    def register_limits(self, limits: Iterable[TaskLimits], *, worker: str) -> list[dict[str, Any]]:
+        """Register the tasks' limits for the whole cluster (the latest registration wins; a task without limits
+        drops its registration). Returns, per task, the limits registered and what was there before."""
+        return self._call(self._s.register_limits(limits, worker))
+
+    def limits(self, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        """Every registered task limit with the slots in use (running, recent starts)."""
+        return self._call(self._s.limits(now))
+
+    def next_start(self, tasks: Sequence[str], queues: Sequence[str], *, now: datetime | None = None) -> float | None:
+        """Seconds until a rate limit of ``tasks`` lets a due job of ``queues`` start (None: none waits)."""
+        return self._call(self._s.next_start(tasks, queues, now))
+
+    def waiting(self, queue: str | None = None, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        """Due pending jobs held back per queue: by a serial key, a global concurrency limit or a rate limit."""
+        return self._call(self._s.waiting(queue, now))
+
     def list_failed(self, queue: str | None = None, *, limit: int = 50) -> list[dict[str, Any]]:
         return self._call(self._s.list_failed(queue, limit))
 
@@ -1270,6 +1327,21 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
 
     async def get(self, job_id: int) -> dict[str, Any] | None:
         return await self._call(self._s.get(job_id))
+
+    async def register_limits(self, limits: Iterable[TaskLimits], *, worker: str) -> list[dict[str, Any]]:
+        """See :meth:`Queue.register_limits`."""
+        return await self._call(self._s.register_limits(limits, worker))
+
+    async def limits(self, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        return await self._call(self._s.limits(now))
+
+    async def next_start(
+        self, tasks: Sequence[str], queues: Sequence[str], *, now: datetime | None = None
+    ) -> float | None:
+        return await self._call(self._s.next_start(tasks, queues, now))
+
+    async def waiting(self, queue: str | None = None, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        return await self._call(self._s.waiting(queue, now))
 
     async def list_failed(self, queue: str | None = None, *, limit: int = 50) -> list[dict[str, Any]]:
         return await self._call(self._s.list_failed(queue, limit))

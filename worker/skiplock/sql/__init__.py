@@ -98,6 +98,10 @@ class Queries:
     queue_set_paused: LiteralString
     queue_paused: LiteralString
     queue_next_due: LiteralString
+    queue_waiting: LiteralString
+    task_limits_register: LiteralString
+    task_limits_list: LiteralString
+    task_limits_next_start: LiteralString
     server_connection_limits: LiteralString
     session_statement_timeout: LiteralString
     schema_lock: LiteralString

@@ -36,6 +36,7 @@ from skiplock.listener import Listener
 from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetrics, serve
 from skiplock.queue import Failure, check_connect
 from skiplock.settings import Settings
+from skiplock.worker import flow
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import Completer, failure_for
 from skiplock.worker.control import Control, Scope
@@ -268,7 +269,8 @@ class Worker:
         await control.open()
         kinds = self.router.kinds
         slots = self._slots = Slots(s.concurrency)
-        scope = Scope(control, s, self.identity, self.queues, self.router.lease_overrides())
+        limits = await flow.register_limits(control, self.app, self.identity) if self.app is not None else ()
+        scope = Scope(control, s, self.identity, self.queues, self.router.lease_overrides(), limits)
         completer = self._completer = Completer(scope, self._bound, self._observe)
         leases = self._leases = Leases(
             scope,
