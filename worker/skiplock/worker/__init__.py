@@ -302,17 +302,19 @@ class Worker:
                 asyncio.create_task(leases.heartbeats(halt), name="heartbeat"),
                 asyncio.create_task(leases.recoverer(halt), name="recoverer"),
             ]
-            tasks = [asyncio.create_task(self._ticker(), name="ticker")]
             tasks = [
                 asyncio.create_task(self._ticker(), name="ticker"),
                 asyncio.create_task(leases.cancellations(), name="cancellations"),
                 asyncio.create_task(claimer.watch_paused(self._bound), name="paused"),
             ]
+            upkeep: list[asyncio.Task[None]] = []  # purge and ticks: they stop when the drain starts
             if not until_idle:
                 self.retention = Retention(s, self.metrics)
-                tasks.append(asyncio.create_task(self.retention.run(), name="retention"))
+                upkeep.append(asyncio.create_task(self.retention.run(), name="retention"))
                 if self.app is not None and self.app.schedules:  # periodic tasks: register and fire their ticks
-                    tasks.append(asyncio.create_task(Scheduler(s, self.app, self.metrics, control.pool).run()))
+                    scheduler = Scheduler(s, self.app, self.metrics, control.pool)
+                    upkeep.append(asyncio.create_task(scheduler.run(), name="schedules"))
+                tasks += upkeep
             self.metrics.listener_enabled.set(1 if s.listen else 0)
             if s.listen and not until_idle:
                 self.listener = Listener(
@@ -333,6 +335,8 @@ class Worker:
             self._started.set()
             try:
                 await claimer.run()
+                for t in upkeep:  # a purge batch in flight commits (and is counted) or not at all
+                    t.cancel()
                 await self._drain()
             except asyncio.CancelledError:  # run() cancelled (a lifespan's task.cancel(), Ctrl-C): hand back now
                 stopping.set()
