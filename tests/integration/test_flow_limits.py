@@ -191,6 +191,21 @@ def test_rate_limit_allows_n_starts_per_period_and_keeps_the_rest_pending(queue:
     assert queue.next_start(["t"], names, now=T0 + timedelta(seconds=121)) is None  # nothing waits on the rate
 
 
+def test_next_start_hints_a_slot_freed_just_now_but_not_one_free_for_long(queue: Queue) -> None:
+    """A slot that came free between a claim and the hint means "claim again now" (else the claimer would sleep a
+    whole poll interval); one free for more than a second with a due job left is held back by something else."""
+    limit(queue, concurrency=1, rate=RateLimit(1, 10.0))
+    queue.enqueue_many("q", [{}] * 2, task="t", run_at=T0)
+    [first] = claim(queue, ["q"])
+    hint = queue.next_start(["t"], ["q"], now=T0 + timedelta(seconds=10.5))
+    assert hint is not None and -1.0 < hint <= 0.0
+    # The running job holds the only concurrency slot: the free rate slot cannot be used, so no hint to spin on.
+    assert queue.next_start(["t"], ["q"], now=T0 + timedelta(seconds=12)) is None
+    assert claim(queue, ["q"], now=T0 + timedelta(seconds=12)) == []
+    queue.complete([first], worker="w1")
+    assert len(claim(queue, ["q"], now=T0 + timedelta(seconds=12))) == 1
+
+
 def test_rate_and_concurrency_together(queue: Queue) -> None:
     limit(queue, concurrency=1, rate=RateLimit(5, 60.0))
     queue.enqueue_many("q", [{}] * 3, task="t", run_at=T0)

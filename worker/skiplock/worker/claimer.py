@@ -35,6 +35,9 @@ EMPTY_STREAK = 3
 EMPTY_CLAIM_QUIET_SECONDS = 0.1
 # All slots busy this long: the claim connection goes back to the pool (a slow job may run for hours).
 BUSY_RETURN_SECONDS = 1.0
+# The shortest wait a rate limit's hint asks for: a slot that came free between a claim and the hint is claimed
+# again at once, and a job held back by something else as well is retried at most this often (for a second).
+RATE_RETRY_SECONDS = 0.01
 
 
 class Claimer:
@@ -218,7 +221,7 @@ class Claimer:
         empty claim are folded into one claim at the end of a short quiet period."""
         wait, due_in, self._due_in = self._settings.poll_seconds, self._due_in, None
         if due_in is not None:
-            wait = min(wait, max(due_in, 0.001))
+            wait = min(wait, max(due_in, RATE_RETRY_SECONDS))
         try:
             async with asyncio.timeout(wait):
                 await self._wake.wait()

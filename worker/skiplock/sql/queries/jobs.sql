@@ -663,13 +663,14 @@ GROUP BY l.task
 ORDER BY l.task;
 
 -- name: task_limits_next_start
--- Seconds until the next start a rate limit allows, over the given tasks that have due pending jobs in the given queues and no free rate slot (NULL when none waits: the claimer then waits as usual).
+-- Seconds until the next start a rate limit allows, over the given tasks that have due pending jobs in the given queues (NULL when none waits: the claimer then waits as usual). A slot that came free within the last second counts (zero or less: claim again now; it may have come free between the claim and this query); a task with a slot free for longer is held back by something else (a concurrency limit, a serial key), so it gives no hint and is not spun on.
 SELECT extract(epoch FROM min(s.free_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS due_in_seconds
 FROM {schema}.task_slots AS s
 WHERE s.task = ANY(%(tasks)s::text[]) AND s.kind = 'rate'
-  AND s.free_at > coalesce(%(now)s::timestamptz, now())
+  AND s.free_at > coalesce(%(now)s::timestamptz, now()) - interval '1 second'
   AND NOT EXISTS (SELECT 1 FROM {schema}.task_slots AS f
-                  WHERE f.task = s.task AND f.kind = 'rate' AND f.free_at <= coalesce(%(now)s::timestamptz, now()))
+                  WHERE f.task = s.task AND f.kind = 'rate'
+                    AND f.free_at <= coalesce(%(now)s::timestamptz, now()) - interval '1 second')
   AND EXISTS (SELECT 1 FROM {schema}.jobs AS j
               WHERE j.task = s.task AND j.status = 'pending' AND j.queue = ANY(%(queues)s::text[])
                 AND j.visible_at <= coalesce(%(now)s::timestamptz, now()));
