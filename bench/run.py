@@ -76,12 +76,14 @@ EXPORTED: set[str] = set()  # temp dirs holding a `git archive` of worker/, remo
 CEILING = "drain noop [ceiling]"  # a tuned plain-SQL loop: claim 200, pipelined completion, NOTIFY
 PGQUEUER = "drain noop [pgqueuer]"
 TX_CEILING = "drain write [plain tx]"  # per job: BEGIN, INSERT, UPDATE, COMMIT
+FLOW_CASES = ("drain noop, 10% serial keys", "drain noop, limited task")
 GROUPS = ("enqueue", "drain", "transactional", "tablesize", "latency", "scale")
 DRAIN_COLUMNS = (
     ("jobs_per_s", "jobs/s", "{:,.0f}"),
     ("vs_ceiling", "x ceiling", "{:.2f}x"),
     ("vs_pgqueuer", "x pgqueuer", "{:.2f}x"),
     ("vs_main", "x main", "{:.2f}x"),
+    ("vs_plain", "x plain", "{:.2f}x"),  # flow-control cases: paired with the plain no-op drain
     ("vs_seed", "x seed", "{:.1f}x"),
     ("vs_empty_table", "x empty table", "{:.2f}x"),
     ("worker_cpu_us_per_job", "worker CPU us/job", "{:.0f}"),
@@ -180,6 +182,9 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
     skiplock("drain noop W=4", workers=4)
     if peers:
         add("drain", CEILING + " W=4", lambda: scenario.drain(cfg, system="ceiling", handler="noop", workers=4))
+    # flow control: what 10 % serial-keyed jobs, and a task with (non-binding) limits, cost the plain drain
+    add("drain", FLOW_CASES[0], lambda: scenario.drain(cfg, system="skiplock", handler="noop", flow="serial"))
+    add("drain", FLOW_CASES[1], lambda: scenario.drain(cfg, system="skiplock", handler="noop", flow="limited"))
     big_c = a.big_concurrency  # the RSS case
     add(
         "drain",
@@ -236,7 +241,9 @@ def add_ratios(med: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, An
         peer = any(name.startswith(b) for b in (CEILING, PGQUEUER, TX_CEILING, "drain noop [seed]"))
         if name.endswith("]") and not peer:  # a --compare row against the same case of this tree
             m["vs_main"] = paired(runs, name, main_of(name))
-        if "write" in name:
+        if name in FLOW_CASES:
+            m["vs_plain"] = paired(runs, name, "drain noop")
+        elif "write" in name:
             m["vs_ceiling"] = paired(runs, name, TX_CEILING)
         elif "finished rows" in name or "backlog" in name:
             m["vs_empty_table"] = paired(runs, name, "drain noop")

@@ -322,8 +322,12 @@ def drain(
     src: str | None = None,
     workers: int | None = None,
     env: dict[str, str] | None = None,
+    flow: str | None = None,
 ) -> dict[str, Any]:
     """Start W idle workers, commit N jobs in one transaction, time the drain and read the counters.
+
+    ``flow``: ``serial`` gives every tenth job a serial key (200 keys), ``limited`` makes every job one of a task
+    with a global concurrency and a rate limit that do not bind (flow_app.py): the cost of flow control.
 
     Throughput runs from the enqueue commit (skiplock wakes by NOTIFY) or from the first claim (the seed polls
     every second; its nap is not charged) to the last completion, both read from the jobs' timestamps. The ceiling
@@ -341,8 +345,18 @@ def drain(
             conn.execute(SEED_INDEX.format(schema=ident.as_string(conn)))
         conn.execute("CHECKPOINT")  # every run starts with the same full-page-image debt
     if system == "skiplock":
+        app = {"SKIPLOCK_APP": "flow_app:app"} if flow == "limited" else {}
         procs = start_skiplock(
-            cfg, schema, handler, logdir, concurrency=concurrency, batch=batch, src=src, workers=workers, **(env or {})
+            cfg,
+            schema,
+            handler,
+            logdir,
+            concurrency=concurrency,
+            batch=batch,
+            src=src,
+            workers=workers,
+            **(env or {}),
+            **app,
         )
     else:
         procs = start_seed(cfg, schema, handler, logdir, style=system, workers=workers)
@@ -355,7 +369,7 @@ def drain(
         with queue_for(cfg, schema) as q, connect(cfg, autocommit=False) as conn:
             first_id: int | None = None
             for start in range(0, n, ENQUEUE_CHUNK):
-                ids = q.enqueue_many(QUEUE, [{"n": i} for i in range(start, min(n, start + ENQUEUE_CHUNK))], conn=conn)
+                ids = enqueue_chunk(q, conn, range(start, min(n, start + ENQUEUE_CHUNK)), flow)
                 first_id = ids[0] if first_id is None else first_id
             # the clock just before COMMIT, on the same connection: read afterwards on another connection it
             # could come after a fast drain on a loaded machine
@@ -493,6 +507,19 @@ def drain_pgqueuer(cfg: Config, *, workers: int | None = None) -> dict[str, Any]
     write_tx = after.next_xid - before.next_xid - 1
     seconds = float(row[0]) - t_commit
     return _drain_figures(n, seconds, worker_cpu, pg_cpu0, pg_cpu1, commits, write_tx, after, before, enqueue_wal, rss)
+
+
+def enqueue_chunk(q: Queue, conn: psycopg.Connection[Any], numbers: range, flow: str | None) -> list[int]:
+    """One chunk of a drain's jobs: plain, 10 % serial-keyed (keys spread over 200 values), or a limited task's."""
+    if flow == "limited":
+        return q.enqueue_many(QUEUE, [{"n": i} for i in numbers], conn=conn, task="bench.limited")
+    if flow != "serial":
+        return q.enqueue_many(QUEUE, [{"n": i} for i in numbers], conn=conn)
+    keyed = [i for i in numbers if i % 10 == 0]
+    ids = q.enqueue_many(QUEUE, [{"n": i} for i in numbers if i % 10], conn=conn)
+    for i in keyed:
+        ids.append(q.enqueue(QUEUE, {"n": i}, conn=conn, serial_key=f"k{i // 10 % 200}").id)
+    return sorted(ids)
 
 
 # ---------------------------------------------------------------------------------------------- latency

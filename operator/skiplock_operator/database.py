@@ -22,7 +22,7 @@ import os
 import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import psycopg
@@ -33,6 +33,7 @@ from skiplock import QueueStats
 from skiplock.errors import DatabaseUnavailableError
 from skiplock.migrate import amigrate
 from skiplock.queue import stats_from_row
+from skiplock.schedule import Fired, fire_due
 from skiplock.settings import Settings
 from skiplock.sql import queries_for
 from skiplock.worker.retention import retention_lock_key
@@ -310,6 +311,14 @@ class Databases:
                     await cur.execute(q.queue_stats, {"queue": name, "lease_seconds": lease_seconds, "now": None})
                     rows = [stats_from_row(r) for r in await cur.fetchall()]
                     out[name] = next((r for r in rows if r.queue == name), QueueStats(name, 0, 0, 0, 0, 0, 0.0))
+                    await cur.execute(q.queue_waiting, {"queue": name, "now": None})  # flow control
+                    held = next((r for r in await cur.fetchall() if r["queue"] == name), {})
+                    out[name] = replace(
+                        out[name],
+                        waiting_serial_key=int(held.get("serial_key", 0)),
+                        waiting_concurrency=int(held.get("concurrency", 0)),
+                        waiting_rate=int(held.get("rate", 0)),
+                    )
             return out
 
         return await self._call(user, (dsn, schema), read)
@@ -324,6 +333,18 @@ class Databases:
             return None if row is None or row[0] is None else max(0.0, float(row[0]))
 
         return await self._call(user, (dsn, schema), read)
+
+    async def fire_schedules(
+        self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], channel: str
+    ) -> tuple[list[Fired], float | None]:
+        """Fire the due schedules of ``queues`` (see :mod:`skiplock.schedule`); the seconds until the next one."""
+        q = queries_for(schema)
+
+        async def fire(conn: psycopg.AsyncConnection[Any], _: _Entry) -> tuple[list[Fired], float | None]:
+            async with conn.transaction():
+                return await fire_due(conn, q, channel, queues=queues)
+
+        return await self._call(user, (dsn, schema), fire)
 
     async def default_budget(self, user: Hashable, dsn: str, schema: str) -> int:
         """``DEFAULT_BUDGET_SHARE`` of the server's max_connections minus its reserved connections."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import kopf
 
-from skiplock_operator import reconcile, retention
+from skiplock_operator import reconcile, retention, schedules
 from skiplock_operator.config import GROUP, KIND, PLURAL, VERSION, OperatorConfig
 from skiplock_operator.k8s import DSN_LABEL, Kube
 from skiplock_operator.metrics import OperatorMetrics
@@ -118,6 +118,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
             runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
             if runtime is not None:
                 runtime.secret_changed(body["metadata"]["namespace"], body["metadata"]["name"])
+
+    @kopf.daemon(*resource, registry=registry, id="schedules", cancellation_backoff=1.0, cancellation_timeout=5.0)
+    async def fire_schedules(
+        body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
+    ) -> None:
+        """Periodic tasks of the JobQueue's queues, fired from the database (no application code needed)."""
+        await schedules.ScheduleFirer(memo.runtime, body, logger).run(stopped)
 
     @kopf.daemon(*resource, registry=registry, id="autoscale", cancellation_backoff=1.0, cancellation_timeout=5.0)
     async def autoscale(

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from skiplock import QueueStats
+from skiplock.queue import WAITING_REASONS
 
 RESULTS = ("success", "invalid", "retry", "error")
 STATES = ("ready", "delayed", "processing", "stalled", "failed")
@@ -46,6 +47,13 @@ class OperatorMetrics:
             "skiplock_operator_ready_jobs",
             "Ready (visible pending) jobs the last poll saw.",
             ["namespace", "jobqueue"],
+            registry=registry,
+        )
+        self.schedule_ticks = Counter(
+            "skiplock_operator_schedule_ticks",
+            "Ticks of periodic tasks by result: enqueued by this operator, or skipped (missed while nobody fired "
+            "them: only the last missed tick runs).",
+            ["result"],
             registry=registry,
         )
         self.errors = Counter(
@@ -96,6 +104,12 @@ class OperatorMetrics:
             ["namespace", "jobqueue"],
             registry=registry,
         )
+        self.queue_waiting = Gauge(
+            "skiplock_queue_jobs_waiting",
+            "Due jobs of a queue held back by flow control, by reason (serial_key, concurrency, rate).",
+            ["namespace", "jobqueue", "queue", "reason"],
+            registry=registry,
+        )
         self.database_up = Gauge(
             "skiplock_operator_database_up",
             "1 when the operator's last poll of a JobQueue's database succeeded, else 0.",
@@ -117,6 +131,8 @@ class OperatorMetrics:
                 self.queue_jobs.labels(namespace, jobqueue, queue, state).set(getattr(row, state))
             self.queue_oldest_ready_age.labels(namespace, jobqueue, queue).set(row.oldest_ready_age_seconds)
             self.queue_paused.labels(namespace, jobqueue, queue).set(1 if row.paused else 0)
+            for reason in WAITING_REASONS:
+                self.queue_waiting.labels(namespace, jobqueue, queue, reason).set(getattr(row, f"waiting_{reason}"))
         self._queues[key] = set(stats)
         self.database_up.labels(namespace, jobqueue).set(1)
 
@@ -127,6 +143,9 @@ class OperatorMetrics:
         for gauge in (self.queue_oldest_ready_age, self.queue_paused):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, jobqueue, queue)
+        for reason in WAITING_REASONS:
+            with contextlib.suppress(KeyError):
+                self.queue_waiting.remove(namespace, jobqueue, queue, reason)
 
     def forget(self, namespace: str, jobqueue: str) -> None:
         """A JobQueue is gone: every series that names it goes too."""

@@ -65,6 +65,9 @@ def test_expected_indexes_follow_the_migrations() -> None:
         "jobs_lease_deadline_idx",
         "jobs_cancelled_idx",
         "jobs_done_idx",
+        "jobs_unique_idx",
+        "jobs_serial_idx",
+        "jobs_serial_running_idx",
     )
     later = "CREATE INDEX jobs_x_idx ON {schema}.jobs (queue);\nDROP INDEX {schema}.jobs_failed_idx;"
     assert expected_indexes(["CREATE INDEX jobs_failed_idx ON {schema}.jobs (queue);", later]) == (

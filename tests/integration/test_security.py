@@ -39,7 +39,9 @@ def test_grant_sql_quotes_every_name_and_grants_exactly_the_documented_rights():
     assert f'GRANT SELECT ({reads}) ON "sk"."jobs" TO "p""; DROP ROLE x; --"' in joined
     columns = ", ".join(f'"{c}"' for c in LEASE_COLUMNS)
     assert f'GRANT UPDATE ({columns}) ON "sk"."jobs" TO "Worker Role"' in joined
-    assert "DELETE" not in joined and "CREATE" not in joined and "TRUNCATE" not in joined
+    flow = 'GRANT SELECT, INSERT, UPDATE, DELETE ON "sk"."task_limits", "sk"."task_slots" TO "Worker Role"'
+    assert flow in joined  # workers register their tasks' limits (slot rows) at start
+    assert "DELETE" not in joined.replace(flow, "") and "CREATE" not in joined and "TRUNCATE" not in joined
     assert "GRANT USAGE ON ALL SEQUENCES" not in joined, "an identity column needs no sequence privilege"
     assert '"payload"' not in joined.replace(enqueue, ""), "only the producer's insert names the payload column"
     assert {"id", "status", "attempts", "locked_by", "last_error"}.isdisjoint(ENQUEUE_COLUMNS)
@@ -617,3 +619,36 @@ def test_settings_and_errors_mask_the_password():
     with pytest.raises(DatabaseUnavailableError) as info:
         Queue(dsn=dsn, connect_timeout=2)
     _assert_no_secret(str(info.value) + repr(info.value), SECRET)
+
+
+async def test_unique_jobs_and_schedules_under_least_privilege_roles(pg_dsn, schema, roles):
+    """The producer enqueues unique jobs (skip) but may not replace; a worker role registers its schedules but
+    cannot insert their ticks; the operator role (the owner) fires them."""
+    from skiplock import App
+    from skiplock.schedule import fire_due, register
+    from skiplock.sql import queries_for
+
+    _grant(pg_dsn, schema, roles)
+    settings = Settings.load(env={}, dsn=roles.dsn(pg_dsn, roles.producer), schema=schema)
+    with Queue(settings=settings, max_size=1) as q:
+        first = q.enqueue("q", {"n": 1}, unique_key="u1", unique_states=["pending", "processing"])
+        assert q.enqueue("q", {"n": 2}, unique_key="u1", unique_states=["pending", "processing"]).id == first.id
+        many = q.enqueue_many(
+            "q", [{"n": 3}, {"n": 4}], unique_keys=["u1", "u2"], unique_states=["pending", "processing"]
+        )
+        assert [r.duplicate for r in many.results] == [True, False]
+        with pytest.raises(errors.InsufficientPrivilege):
+            q.enqueue(
+                "q", {"n": 5}, unique_key="u1", unique_states=["pending", "processing"], unique_conflict="replace"
+            )
+    app = App("least", schema=schema)
+    app.task(name="least.tick", queue="q", every=3600)(lambda job: None)
+    q = queries_for(schema)
+    async with await psycopg.AsyncConnection.connect(roles.dsn(pg_dsn, roles.worker), autocommit=True) as conn:
+        await register(conn, q, app.schedules)
+        await conn.execute(sql.SQL("UPDATE {} SET next_run_at = now()").format(sql.Identifier(schema, "schedules")))
+        with pytest.raises(errors.InsufficientPrivilege):
+            await fire_due(conn, q, "skiplock_jobs")
+    async with await psycopg.AsyncConnection.connect(roles.dsn(pg_dsn, roles.operator), autocommit=True) as conn:
+        fired, _ = await fire_due(conn, q, "skiplock_jobs")
+    assert [(f.name, f.job_id is not None) for f in fired] == [("least.tick", True)]

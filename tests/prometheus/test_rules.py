@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from observability.operator_exposition import QUEUE_WIDE, operator_registry
 from observability.promsupport import require_binary
 from skiplock import Queue, Settings
-from skiplock.metrics import TableCollector, TableFetcher, WorkerMetrics
+from skiplock.metrics import ENQUEUE_DUPLICATES, TableCollector, TableFetcher, WorkerMetrics
 from skiplock_operator.metrics import OperatorMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -232,12 +232,16 @@ def test_every_metric_named_by_alerts_and_dashboard_is_exported(scrape: tuple[st
 
 def test_docs_name_and_explain_every_exported_metric(scrape: tuple[str, str]) -> None:
     """The metrics reference matches what the code exports (the worker's metrics and table health, the
-    operator's metrics); the operator's queue-wide series also have rows in docs/alerts.md."""
+    operator's metrics, the producer's metrics in the default registry); the operator's queue-wide series also
+    have rows in docs/alerts.md."""
     registry = CollectorRegistry()
     OperatorMetrics(registry)
+    producer = CollectorRegistry()
+    producer.register(ENQUEUE_DUPLICATES)  # what a producer process exports from the default registry
     docs = DOCS.read_text(encoding="utf-8")
     rows = {line.split("`")[1] for line in docs.splitlines() if line.startswith("| `skiplock_")}
     exported = exported_names(scrape[0]) | exported_names(generate_latest(registry).decode())
+    exported |= exported_names(generate_latest(producer).decode())
     families = {re.sub(r"_(bucket|count|sum)$", "", name) for name in exported}
     assert families - rows - set(QUEUE_WIDE) == set(), "metrics without a row in the docs' metrics reference"
     assert rows - families - set(QUEUE_WIDE) == set(), "documented metrics that nothing exports"

@@ -21,17 +21,18 @@ def make_effects_table(dsn: str, schema: str) -> None:
 
 
 class WorkerProcess:
-    def __init__(self, dsn: str, schema: str, queue: str, handler: str, **settings: Any) -> None:
+    def __init__(self, dsn: str, schema: str, queue: str, handler: str | None, **settings: Any) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
         env.update(
             {
                 "SKIPLOCK_DSN": dsn,
                 "SKIPLOCK_SCHEMA": schema,
                 "SKIPLOCK_QUEUE": queue,
-                "SKIPLOCK_HANDLER": handler,
                 "PYTHONPATH": str(TESTS),
             }
         )
+        if handler is not None:  # else an app (settings app=...) names the tasks
+            env["SKIPLOCK_HANDLER"] = handler
         for key, value in settings.items():
             env[f"SKIPLOCK_{key.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
         self.log = tempfile.NamedTemporaryFile(prefix="skiplock-worker-", suffix=".log", delete=False)  # noqa: SIM115

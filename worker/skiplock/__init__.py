@@ -13,7 +13,7 @@ from skiplock.errors import (
     SkiplockError,
     Snooze,
 )
-from skiplock.job import EnqueueResult, Job, JobStatus, QueueStats
+from skiplock.job import EnqueueManyResult, EnqueueResult, Job, JobStatus, QueueStats
 from skiplock.queue import AsyncQueue, Queue
 from skiplock.settings import Settings
 
@@ -38,6 +38,7 @@ __all__ = [
     "ConfigError",
     "DatabaseUnavailableError",
     "EnqueueError",
+    "EnqueueManyResult",
     "EnqueueResult",
     "Job",
     "JobStatus",

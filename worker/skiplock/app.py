@@ -13,6 +13,7 @@ transaction with ``conn=`` (no binding needed).
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Unpack
@@ -21,8 +22,10 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from skiplock.errors import ConfigError, EnqueueError
-from skiplock.job import EnqueueResult
+from skiplock.job import EnqueueManyResult, EnqueueResult
 from skiplock.knobs import knob
+from skiplock.limits import TaskLimits, concurrency_problem, parse_rate_limit
+from skiplock.metrics import count_duplicates
 from skiplock.queue import (
     TASK_NAME_MAX,
     AsyncQueue,
@@ -31,7 +34,9 @@ from skiplock.queue import (
     TaskEnqueueOptions,
     task_name_problem,
 )
+from skiplock.schedule import Schedule, Timing, timing_problem
 from skiplock.settings import QUEUE_NAME, Settings
+from skiplock.unique import states_for, unique_key, unique_problem
 
 __all__ = ["TASK_NAME_MAX", "App", "Task", "TaskOptions"]
 
@@ -50,9 +55,44 @@ class TaskOptions:
     non_retryable: tuple[type[BaseException], ...] = ()
     timeout_seconds: float | None = None
     """Longest run of one attempt: an async handler is cancelled, a sync one abandoned, the job retried."""
+    cron: str | None = None
+    """Run periodically: a cron expression (5 fields, or 6 with seconds first), in ``timezone``."""
+    every: float | None = None
+    """Run periodically every this many seconds (ticks at multiples of it since the Unix epoch)."""
+    timezone: str | None = None
+    """The time zone of ``cron`` (an IANA name; default UTC)."""
+    unique_for: float | None = None
+    """Unique within periods of this many seconds (aligned to the Unix epoch)."""
+    unique_by: str | tuple[str, ...] | None = None
+    """Unique by the whole payload (``"payload"``) or by some payload keys; None: by the task alone."""
+    unique_states: tuple[str, ...] | None = None
+    """The statuses in which a job holds its unique key (default pending and processing, plus done with
+    ``unique_for``)."""
+    unique_conflict: str | None = None
+    """On a duplicate: ``"skip"`` (default: return the existing job) or ``"replace"`` (a pending holder takes the
+    new payload, priority and run time)."""
+    global_concurrency: int | None = None
+    """At most this many jobs of the task run at once across every worker (registered in the database)."""
+    rate_limit: str | None = None
+    """At most this many starts per period across every worker, written ``"100/m"`` (also s, h, d; ``"3/10s"``)."""
+    serial_skip_on_retry: bool | None = None
+    """Default of the enqueue option: later jobs of a serial key may run while one of this task waits for a retry."""
 
     def __post_init__(self) -> None:
         problems = []
+        if problem := self.periodic_problem():
+            problems.append(problem)
+        if problem := unique_problem(self.unique_for, self.unique_by, self.unique_states, self.unique_conflict):
+            problems.append(problem)
+        if problem := concurrency_problem(self.global_concurrency):
+            problems.append(problem)
+        if self.rate_limit is not None:
+            try:
+                parse_rate_limit(self.rate_limit)
+            except ConfigError as exc:
+                problems.append(str(exc))
+        if self.serial_skip_on_retry is not None and not isinstance(self.serial_skip_on_retry, bool):
+            problems.append(f"serial_skip_on_retry must be True or False (got {self.serial_skip_on_retry!r})")
         if not isinstance(self.queue, str) or not QUEUE_NAME.match(self.queue):
             problems.append(f"queue {self.queue!r} must match {QUEUE_NAME.pattern}")
         p = self.priority
@@ -75,6 +115,22 @@ class TaskOptions:
         if problems:
             raise ConfigError("invalid task options: " + "; ".join(problems))
 
+    def periodic_problem(self) -> str | None:
+        if self.cron is None and self.every is None:
+            return "timezone needs cron" if self.timezone is not None else None
+        return timing_problem(self.cron, self.every, self.timezone or "UTC")
+
+    @property
+    def timing(self) -> Timing | None:
+        """When the task runs by itself (None: only when enqueued)."""
+        if self.cron is None and self.every is None:
+            return None
+        return Timing(self.cron, self.every, self.timezone or "UTC")
+
+    @property
+    def unique(self) -> bool:
+        return self.unique_for is not None or self.unique_by is not None
+
 
 OPTION_NAMES = frozenset(f.name for f in fields(TaskOptions))
 
@@ -93,6 +149,12 @@ class Task:
     def queue(self) -> str:
         return self.options.queue
 
+    @property
+    def limits(self) -> TaskLimits:
+        """The cluster-wide limits of this task (global concurrency, rate), as workers register them."""
+        rate = self.options.rate_limit
+        return TaskLimits(self.name, self.options.global_concurrency, parse_rate_limit(rate) if rate else None)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the task calls the function (so tests and other code can still use it directly)."""
         return self.func(*args, **kwargs)
@@ -104,7 +166,10 @@ class Task:
         """Enqueue one job of this task: its defaults (queue, priority, max_attempts) apply, explicit options win.
         With ``conn=`` the job is inserted in your transaction (it exists only if you commit)."""
         queue, merged = self.enqueue_options(options)
-        return self._app().queue_for(conn).enqueue(queue, payload, conn=conn, **merged)
+        result = (
+            self._app().queue_for(conn).enqueue(queue, payload, conn=conn, **merged, **self.unique_options([payload]))
+        )
+        return count_duplicates(self.name, result)
 
     async def aenqueue(
         self,
@@ -115,7 +180,10 @@ class Task:
     ) -> EnqueueResult:
         """The async twin of :meth:`enqueue` (``conn`` is a ``psycopg.AsyncConnection``)."""
         queue, merged = self.enqueue_options(options)
-        return await self._app().aqueue_for(conn).enqueue(queue, payload, conn=conn, **merged)
+        unique = self.unique_options([payload])
+        return count_duplicates(
+            self.name, await self._app().aqueue_for(conn).enqueue(queue, payload, conn=conn, **merged, **unique)
+        )
 
     def enqueue_many(
         self,
@@ -123,10 +191,13 @@ class Task:
         *,
         conn: psycopg.Connection[Any] | None = None,
         **options: Unpack[TaskEnqueueManyOptions],
-    ) -> list[int]:
+    ) -> EnqueueManyResult:
         """Enqueue many jobs of this task in one statement (see :meth:`Queue.enqueue_many`)."""
         queue, merged = self.enqueue_options(options)
-        return self._app().queue_for(conn).enqueue_many(queue, payloads, conn=conn, **merged)
+        payloads, unique = self.unique_many(payloads)
+        return count_duplicates(
+            self.name, self._app().queue_for(conn).enqueue_many(queue, payloads, conn=conn, **merged, **unique)
+        )
 
     async def aenqueue_many(
         self,
@@ -134,9 +205,45 @@ class Task:
         *,
         conn: psycopg.AsyncConnection[Any] | None = None,
         **options: Unpack[TaskEnqueueManyOptions],
-    ) -> list[int]:
+    ) -> EnqueueManyResult:
         queue, merged = self.enqueue_options(options)
-        return await self._app().aqueue_for(conn).enqueue_many(queue, payloads, conn=conn, **merged)
+        payloads, unique = self.unique_many(payloads)
+        return count_duplicates(
+            self.name, await self._app().aqueue_for(conn).enqueue_many(queue, payloads, conn=conn, **merged, **unique)
+        )
+
+    def unique_options(self, payloads: list[Any]) -> dict[str, Any]:
+        """The unique options of enqueueing ``payloads`` (none for a task that is not unique)."""
+        o = self.options
+        if not o.unique:
+            return {}
+        now = time.time()
+        try:
+            keys = [unique_key(self.name, p, unique_by=o.unique_by, unique_for=o.unique_for, now=now) for p in payloads]
+        except (ValueError, TypeError) as exc:
+            raise EnqueueError(f"task {self.name!r}: {exc}") from None
+        out: dict[str, Any] = {"unique_states": states_for(o.unique_for, o.unique_states)}
+        out |= {"unique_key": keys[0]} if len(payloads) == 1 else {"unique_keys": keys}
+        return out | ({"unique_conflict": o.unique_conflict} if o.unique_conflict else {})
+
+    def unique_many(self, payloads: Iterable[Any]) -> tuple[Iterable[Any], dict[str, Any]]:
+        if not self.options.unique:
+            return payloads, {}
+        given = list(payloads)
+        unique = self.unique_options(given)
+        if "unique_key" in unique:
+            unique["unique_keys"] = [unique.pop("unique_key")]
+        return given, unique
+
+    @property
+    def schedule(self) -> Schedule | None:
+        """The task's schedule as stored in the database (None: not periodic)."""
+        timing = self.options.timing
+        if timing is None:
+            return None
+        app = self._app()
+        priority, attempts = self.options.priority, self.options.max_attempts
+        return Schedule(self.name, app.name, self.queue, timing, 0 if priority is None else priority, attempts or 5)
 
     def enqueue_options(self, options: Mapping[str, Any]) -> tuple[str, Any]:
         """The queue and the options of one enqueue of this task: defaults first, explicit options (not None) win."""
@@ -144,7 +251,11 @@ class Task:
             raise EnqueueError(f"task.enqueue takes no task= option: {self.name!r} is the task")
         explicit: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
         queue: str = explicit.pop("queue", self.options.queue)
-        defaults = {"priority": self.options.priority, "max_attempts": self.options.max_attempts}
+        defaults = {
+            "priority": self.options.priority,
+            "max_attempts": self.options.max_attempts,
+            "serial_skip_on_retry": self.options.serial_skip_on_retry,
+        }
         merged = {k: v for k, v in defaults.items() if v is not None} | explicit
         return queue, merged | {"task": self.name}
 
@@ -187,8 +298,11 @@ class App:
 
         ``name`` defaults to ``module.function``. Defaults: ``queue``, ``priority``, ``max_attempts``,
         ``lease_seconds``, ``backoff_base_seconds``, ``backoff_cap_seconds``, ``backoff_jitter``,
-        ``non_retryable`` (exception types that fail the job at once) and ``timeout_seconds``. Two tasks under
-        one name is an error.
+        ``non_retryable`` (exception types that fail the job at once), ``timeout_seconds``, and the cluster-wide
+        ``global_concurrency`` (at most N running) and ``rate_limit`` (``"100/m"``: at most N starts per period),
+        plus ``serial_skip_on_retry`` (see the serial key enqueue option). Periodic: ``cron`` or ``every`` (and
+        ``timezone``). Unique: ``unique_for``, ``unique_by``, ``unique_states``, ``unique_conflict``. Two tasks
+        under one name is an error.
         """
         unknown = set(defaults) - OPTION_NAMES
         if unknown:
@@ -196,6 +310,10 @@ class App:
         if "non_retryable" in defaults:
             value = defaults["non_retryable"]
             defaults["non_retryable"] = (value,) if isinstance(value, type) else tuple(value)
+        for name_ in ("unique_by", "unique_states"):  # lists become tuples (the options are frozen)
+            value = defaults.get(name_)
+            if isinstance(value, list):
+                defaults[name_] = tuple(value)
         options = TaskOptions(**defaults)
 
         def register(f: Callable[..., Any]) -> Task:
@@ -220,6 +338,11 @@ class App:
     @property
     def tasks(self) -> dict[str, Task]:
         return dict(self._tasks)
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        """The schedules of this app's periodic tasks (``cron=`` or ``every=``)."""
+        return [s for s in (t.schedule for t in self._tasks.values()) if s is not None]
 
     @property
     def queues(self) -> tuple[str, ...]:

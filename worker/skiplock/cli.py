@@ -15,6 +15,7 @@ import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC
 from typing import Any
 
 from skiplock import __version__
@@ -117,6 +118,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--idempotency-key", help="a second enqueue with the same key returns the first job")
     e.add_argument("--timeout", type=float, dest="timeout_seconds", help="seconds one attempt may run (default none)")
+    e.add_argument("--serial-key", help="jobs sharing this key run one at a time, in enqueue order (e.g. user:42)")
+    e.add_argument(
+        "--serial-skip-on-retry",
+        action="store_true",
+        default=None,
+        help="while this job waits for a retry, later jobs of its serial key may run",
+    )
+
+    u = e.add_argument_group("unique jobs (the task's own unique options are not seen: give them here)")
+    u.add_argument(
+        "--unique-by", help="unique by the whole payload ('payload') or these payload keys (a,b); needs --task"
+    )
+    u.add_argument(
+        "--unique-for", type=parse_duration, help="unique within periods of this long (e.g. 1h); needs --task"
+    )
+    u.add_argument("--unique-key", help="unique by this key, as given (instead of --unique-by/--unique-for)")
+    u.add_argument(
+        "--unique-states",
+        help="statuses holding the key, comma-separated (default pending,processing; plus done with --unique-for)",
+    )
+    u.add_argument("--unique-conflict", choices=["skip", "replace"], help="on a duplicate (default skip)")
+
+    lim = sub.add_parser("limits", parents=[common], help="registered task limits and jobs held back by flow control")
+    lim.add_argument("--json", action="store_true")
 
     st = sub.add_parser("stats", parents=[common], help="health of each queue")
     st.add_argument("--queue")
@@ -183,6 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--worker", help="role that claims and finishes jobs (UPDATE of the lease columns only)")
     gr.add_argument("--operator", help="role that migrates, reads stats and purges (becomes the schema's owner)")
     gr.add_argument("--dry-run", action="store_true", help="print the statements, change nothing")
+
+    sc = sub.add_parser("schedules", parents=[common], help="periodic tasks: list them with their next run, or sync")
+    sc.add_argument("action", nargs="?", choices=["list", "sync", "remove"], default="list")
+    sc.add_argument("names", nargs="*", help="remove: the schedules (task names) to remove")
+    sc.add_argument("--app", dest="schedules_app", help="sync: the app whose schedules to register (module:attr)")
+    sc.add_argument("--prune", action="store_true", help="sync: also remove the app's schedules it no longer defines")
+    sc.add_argument("--json", action="store_true")
 
     op = sub.add_parser("operator", parents=[common], help="run the Kubernetes operator (needs skiplock[operator])")
     op.add_argument("--namespace", action="append", default=[], help="watch this namespace (repeatable)")
@@ -284,6 +316,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         raise PayloadError(f"--payload is not valid JSON: {exc}") from None
     except RecursionError:
         raise PayloadError("--payload nests too deeply") from None
+    unique = _unique_options(args, payload)
     with _queue(settings) as q:
         _guard_schema(q, settings)
         result = q.enqueue(
@@ -295,9 +328,114 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             max_attempts=args.max_attempts,
             idempotency_key=args.idempotency_key,
             timeout_seconds=args.timeout_seconds,
+            **unique,
+            serial_key=args.serial_key,
+            serial_skip_on_retry=args.serial_skip_on_retry,
         )
-    note = " (duplicate: a live job with this idempotency key exists)" if result.duplicate else ""
+    note = " (duplicate: a job with this key exists)" if result.duplicate else ""
     print(f"{result.id}{note}")
+    return EXIT_OK
+
+
+def _unique_options(args: argparse.Namespace, payload: Any) -> dict[str, Any]:
+    """The unique options of ``skiplock enqueue`` (none unless a --unique-* flag is given)."""
+    import time
+
+    from skiplock.unique import states_for, unique_key, unique_problem
+
+    by = None if args.unique_by is None else "payload" if args.unique_by == "payload" else args.unique_by.split(",")
+    states = None if args.unique_states is None else [x.strip() for x in args.unique_states.split(",")]
+    explicit = args.unique_key is not None
+    if not explicit and by is None and args.unique_for is None:
+        if states is not None or args.unique_conflict is not None:
+            raise ConfigError("--unique-states and --unique-conflict need --unique-by, --unique-for or --unique-key")
+        return {}
+    if explicit and (by is not None or args.unique_for is not None):
+        raise ConfigError("give --unique-key, or --unique-by/--unique-for, not both")
+    if problem := unique_problem(args.unique_for, by, states, args.unique_conflict, explicit_key=explicit):
+        raise ConfigError(problem)
+    if not explicit and not args.task:
+        raise ConfigError("--unique-by and --unique-for need --task (the key starts with the task name)")
+    try:
+        key = args.unique_key or unique_key(
+            args.task, payload, unique_by=by, unique_for=args.unique_for, now=time.time()
+        )
+    except ValueError as exc:
+        raise PayloadError(str(exc)) from None
+    out = {"unique_key": key, "unique_states": states_for(args.unique_for, states)}
+    return out | ({"unique_conflict": args.unique_conflict} if args.unique_conflict else {})
+
+
+def cmd_schedules(args: argparse.Namespace, settings: Settings) -> int:
+    import psycopg
+
+    from skiplock import schedule
+    from skiplock.handlers import load_app
+    from skiplock.queue import check_connect
+    from skiplock.sql import queries_for
+
+    q = queries_for(settings.schema)
+    if args.action == "sync" and not args.schedules_app:
+        raise ConfigError("schedules sync: give --app module:attr (the app whose periodic tasks to register)")
+    if args.action == "remove" and not args.names:
+        raise ConfigError("schedules remove: name the schedules (task names) to remove")
+    app = load_app(args.schedules_app) if args.action == "sync" else None
+    with _queue(settings) as queue:
+        _guard_schema(queue, settings)
+    dsn = settings.require_dsn()
+    check_connect(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if app is not None:
+            schedule.register_sync(conn, q, app.schedules)
+            print(f"registered {len(app.schedules)} schedule(s) of app {app.name!r}")
+            if args.prune:
+                names = [s.name for s in app.schedules]
+                gone = conn.execute(q.schedule_prune, {"app": app.name, "names": names}).fetchall()
+                print(f"removed {len(gone)} schedule(s) no longer defined" + "".join(f"\n  {r[0]}" for r in gone))
+            return EXIT_OK
+        if args.action == "remove":
+            removed = {r[0] for r in conn.execute(q.schedule_delete, {"names": args.names}).fetchall()}
+            for name in args.names:
+                print(f"{name}: {'removed' if name in removed else 'no such schedule'}")
+            return EXIT_OK if removed == set(args.names) else EXIT_PROBLEMS
+        rows = schedule.list_schedules(conn, q)
+    if args.json:
+        print(json.dumps(rows, default=str, indent=2))
+        return EXIT_OK
+    if not rows:
+        print("no schedules (workers register their app's periodic tasks at start; or: skiplock schedules sync)")
+        return EXIT_OK
+    print(f"{'NAME':40} {'QUEUE':16} {'WHEN':24} {'NEXT RUN (UTC)':26} LAST RUN (UTC)")
+    for r in rows:
+        when = r["cron"] or f"every {r['every_seconds']:g}s"
+        if r["cron"] and r["timezone"] != "UTC":
+            when += f" ({r['timezone']})"
+        nxt = "stale: not fired" if r["stale"] else r["next_run_at"].astimezone(UTC).isoformat(timespec="seconds")
+        last = r["last_run_at"].astimezone(UTC).isoformat(timespec="seconds") if r["last_run_at"] else "-"
+        print(f"{r['name']:40} {r['queue']:16} {when:24} {nxt:26} {last}")
+    return EXIT_OK
+
+
+def cmd_limits(args: argparse.Namespace, settings: Settings) -> int:
+    with _queue(settings) as q:
+        _guard_schema(q, settings)
+        limits, waiting = q.limits(), q.waiting()
+    if args.json:
+        print(json.dumps({"limits": limits, "waiting": waiting}, indent=2, default=str))
+        return EXIT_OK
+    rate = "{}/{:g}s".format
+    body = [
+        (r["task"], r["global_concurrency"] or "-", r["running"],
+         rate(r["rate_limit"], r["rate_period_seconds"]) if r["rate_limit"] else "-", r["recent_starts"],
+         r["registered_by"] or "-")
+        for r in limits
+    ]  # fmt: skip
+    head = ("task", "global_concurrency", "running", "rate_limit", "recent_starts", "registered_by")
+    print(_table(head, body) if body else "no task limits registered (workers register them at start)")
+    held = [(r["queue"], r["serial_key"], r["concurrency"], r["rate"]) for r in waiting]
+    if held:
+        print()
+        print(_table(("queue", "waiting_serial_key", "waiting_concurrency", "waiting_rate"), held))
     return EXIT_OK
 
 
@@ -578,6 +716,7 @@ COMMANDS = {
     "migrate": cmd_migrate,
     "enqueue": cmd_enqueue,
     "stats": cmd_stats,
+    "limits": cmd_limits,
     "failed": cmd_failed,
     "retry": cmd_retry,
     "cancel": cmd_cancel,
@@ -591,4 +730,5 @@ COMMANDS = {
     "doctor": cmd_doctor,
     "grant": cmd_grant,
     "operator": cmd_operator,
+    "schedules": cmd_schedules,
 }

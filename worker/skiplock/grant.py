@@ -11,13 +11,18 @@ also how a role loses a right.
   the live job found by queue, idempotency key and status), ``SELECT`` on ``schema_migrations`` (the version
   check). It cannot set ``id`` (with ``OVERRIDING SYSTEM VALUE`` or otherwise), ``status``, ``attempts``,
   ``locked_by``, ``last_error`` or the timestamps, cannot read payloads or errors, and has no ``UPDATE``: it
-  cannot claim, finish or cancel. The identity column needs no sequence privilege, so none is granted.
+  cannot claim, finish or cancel (nor replace a unique job: ``unique_conflict="replace"`` needs a role with
+  ``UPDATE`` of payload, priority, visible_at and updated_at, which grant does not give). The identity column
+  needs no sequence privilege, so none is granted.
 - worker: ``USAGE`` on the schema, ``SELECT`` on ``jobs`` and ``queues`` (paused queues) plus ``UPDATE`` of the
   lease and outcome columns only
   (:data:`LEASE_COLUMNS`: claim, heartbeat, complete, fail, release, lease recovery), ``SELECT`` on
-  ``schema_migrations``. No ``INSERT``, no ``DELETE``, no DDL, and the payload, task, queue, priority and key of
-  a job cannot be changed. Within its schema a worker role may claim any queue: the schema is the isolation
-  boundary (one schema per tenant, one worker role per schema).
+  ``schema_migrations``, ``SELECT, INSERT, UPDATE`` on ``schedules`` (it registers its app's periodic
+  tasks), and all of ``task_limits`` and ``task_slots`` (flow control: a worker registers its tasks' limits at
+  start and takes slots when claiming). No ``INSERT`` of jobs (so it fires no ticks: the operator does), no
+  ``DELETE`` of jobs, no DDL, and the payload, task, queue, priority and key of a job cannot be changed. Within
+  its schema a worker role may claim any queue: the schema is the isolation boundary (one schema per tenant,
+  one worker role per schema).
 - operator: owns the schema and its tables, so it can migrate (forward migrations alter the jobs table, which
   only its owner may do), read stats, retry, cancel, purge (the JobQueue's scheduled retention) and pause or
   resume queues (the ``queues`` table, from ``JobQueue.spec.paused``). It needs no ``CREATE`` on the database: migrate
@@ -45,6 +50,7 @@ LEASE_COLUMNS = (
     "last_error",
     "errors",
     "updated_at",
+    "slot",
 )
 """The columns the worker role may update: the lease and outcome of a job, never its content."""
 
@@ -57,10 +63,14 @@ ENQUEUE_COLUMNS = (
     "idempotency_key",
     "task",
     "timeout_seconds",
+    "unique_key",
+    "unique_states",
+    "serial_key",
+    "serial_skip_on_retry",
 )
 """The columns the producer role may insert; every other column takes its default (id, status, attempts...)."""
 
-PRODUCER_READ_COLUMNS = ("id", "queue", "status", "visible_at", "idempotency_key")
+PRODUCER_READ_COLUMNS = ("id", "queue", "status", "visible_at", "idempotency_key", "unique_key", "unique_states")
 """The columns the producer role may read: what enqueue returns and what finds the live job of a key."""
 
 
@@ -85,6 +95,9 @@ def grant_sql(
     jobs = sql.Identifier(schema, "jobs")
     versions = sql.Identifier(schema, "schema_migrations")
     queues = sql.Identifier(schema, "queues")  # per-queue controls (pause): read by workers, written by operators
+    schedules = sql.Identifier(schema, "schedules")  # periodic tasks: registered by workers, fired by the operator
+    # Flow control: workers register their tasks' limits (and the slot rows) at start and take slots when claiming.
+    flow = sql.SQL(", ").join(sql.Identifier(schema, t) for t in ("task_limits", "task_slots"))
     out: list[sql.Composed] = []
     if operator is not None:
         op = sql.Identifier(operator)
@@ -93,13 +106,19 @@ def grant_sql(
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(jobs, op),  # its identity sequence follows
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(versions, op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(queues, op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(schedules, op),
             sql.SQL("ALTER FUNCTION {}() OWNER TO {}").format(sql.Identifier(schema, "jobs_payload_bound"), op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.Identifier(schema, "task_limits"), op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.Identifier(schema, "task_slots"), op),
+            sql.SQL("ALTER FUNCTION {}() OWNER TO {}").format(sql.Identifier(schema, "jobs_free_slot"), op),
         ]
-    out.append(sql.SQL("REVOKE ALL ON {}, {}, {} FROM PUBLIC").format(jobs, versions, queues))
+    out.append(sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM PUBLIC").format(jobs, versions, queues, schedules))
+    out.append(sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(flow))
     members = [sql.Identifier(r) for r in dict.fromkeys(r for r in (producer, worker) if r is not None)]
     for member in members:  # converge: start from nothing, then grant exactly
         out += [
-            sql.SQL("REVOKE ALL ON {}, {}, {} FROM {}").format(jobs, versions, queues, member),
+            sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM {}").format(jobs, versions, queues, schedules, member),
+            sql.SQL("REVOKE ALL ON {} FROM {}").format(flow, member),
             sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(s, member),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, member),
             sql.SQL("GRANT SELECT ON {} TO {}").format(versions, member),
@@ -116,6 +135,8 @@ def grant_sql(
             sql.SQL("GRANT SELECT ON {} TO {}").format(jobs, w),
             sql.SQL("GRANT SELECT ON {} TO {}").format(queues, w),
             sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(LEASE_COLUMNS), jobs, w),
+            sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(schedules, w),  # registers its schedules
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(flow, w),
         ]
     return out
 

@@ -286,6 +286,27 @@ class EnqueueResult:
         return self.id
 
 
+class EnqueueManyResult(list[int]):
+    """What ``enqueue_many`` did: the ids of the jobs it inserted, in payload order (a plain list of ints, as
+    before), and ``results``: for each payload given, in order, its job and whether it was a duplicate (the job
+    already holding its key, or an earlier payload of the same batch with the same key)."""
+
+    def __init__(self, ids: list[int], results: list[EnqueueResult] | None = None) -> None:
+        super().__init__(ids)
+        self._results = results
+
+    @property
+    def results(self) -> list[EnqueueResult]:
+        if self._results is None:  # no keys: every payload inserted its job (built on first use only)
+            self._results = [EnqueueResult(i) for i in self]
+        return self._results
+
+    @property
+    def duplicates(self) -> list[int]:
+        """The positions of the payloads that inserted nothing."""
+        return [i for i, r in enumerate(self.results) if r.duplicate]
+
+
 @dataclass(frozen=True)
 class QueueStats:
     """Health of one queue (the seed's overview): computed from partial indexes only."""
@@ -303,6 +324,11 @@ class QueueStats:
     """Paused with ``skiplock pause``: workers claim nothing from it."""
     avg_attempts_done: float | None = None
     """Average attempts of the queue's last 1000 done jobs (None: none kept)."""
+    waiting_serial_key: int = 0
+    """Due jobs held back by flow control (the operator reads them): behind an earlier or running job of their
+    serial key, on a task's global concurrency, on a task's rate limit."""
+    waiting_concurrency: int = 0
+    waiting_rate: int = 0
 
     @property
     def backlog(self) -> int:

@@ -10,7 +10,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import prometheus_client
@@ -25,14 +25,32 @@ from skiplock.settings import Settings
 from skiplock.sql import queries_for
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 OUTCOMES = ("done", "retried", "failed", "lease_lost", "unknown_task", "cancelled", "snoozed")
 FAILURE_REASONS = ("non_retryable", "exhausted", "unknown_task")
-DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release", "purge")
-WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered")
+DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release", "purge", "schedule", "register_limits")
+WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered", "rate_limit")
+
+
+ENQUEUE_DUPLICATES = Counter(
+    "skiplock_enqueue_duplicates",
+    "Enqueues of a task that found its job already there (unique jobs, idempotency keys), by task: in the "
+    "producer's process (the default registry).",
+    ["task"],
+)
+
+
+def count_duplicates(task: str, result: T) -> T:
+    """Count the duplicates of one enqueue (an :class:`EnqueueResult`) or of a batch (its ``results``)."""
+    results = getattr(result, "results", None)
+    n = sum(1 for r in results if r.duplicate) if results is not None else int(getattr(result, "duplicate", False))
+    if n:
+        ENQUEUE_DUPLICATES.labels(task).inc(n)
+    return result
 
 
 class WorkerMetrics:
@@ -113,7 +131,7 @@ class WorkerMetrics:
         )
         self.wakeups = Counter(
             "skiplock_worker_wakeups",
-            "Claim-loop wake-ups by source (notify, poll, busy, recovered).",
+            "Claim-loop wake-ups by source (notify, poll, busy, recovered, rate_limit).",
             ["source"],
             registry=registry,
         )
@@ -140,6 +158,13 @@ class WorkerMetrics:
             registry=registry,
         )
         self.build_info = Info("skiplock_build", "Version of skiplock.", registry=registry)
+        self.schedule_ticks = Counter(
+            "skiplock_schedule_ticks",
+            "Ticks of periodic tasks by result: enqueued by this worker, or skipped (missed while nobody fired them: "
+            "only the last missed tick runs).",
+            ["task", "result"],
+            registry=registry,
+        )
 
     def describe_worker(self, queues: Sequence[str], concurrency: int, version: str) -> dict[str, BoundMetrics]:
         """Create every series of this worker at zero, and return the children bound to each queue it serves

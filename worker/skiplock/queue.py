@@ -26,14 +26,17 @@ from skiplock.errors import ConfigError, DatabaseUnavailableError, EnqueueError,
 from skiplock.job import (
     CLAIM_ROW,
     MAX_PAYLOAD_DEPTH,
+    EnqueueManyResult,
     EnqueueResult,
     Job,
     QueueStats,
     job_from_claim,
     payload_depth_exceeded,
 )
+from skiplock.limits import TaskLimits, register_params
 from skiplock.settings import QUEUE_NAME, Settings, redact
 from skiplock.sql import Queries, queries_for
+from skiplock.unique import UNIQUE_KEY_MAX, states_for, unique_problem
 
 MAX_ERROR_CHARS = 4000
 HISTORY_ERROR_CHARS = 1000
@@ -45,6 +48,11 @@ TASK_NAME_MAX = 200
 """Longest task name (the database checks it too)."""
 IDEMPOTENCY_KEY_MAX = 255
 """Longest idempotency key (the database checks it too)."""
+WAITING_REASONS = ("serial_key", "concurrency", "rate")
+"""Why a due job waits (queue_waiting): an earlier or running job of its serial key, a global concurrency limit,
+a rate limit."""
+SERIAL_KEY_MAX = 255
+"""Longest serial key (the database checks it too)."""
 PRIORITY_RANGE = (-32768, 32767)
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_DELAY_SECONDS = 100 * 365 * 86400
@@ -66,13 +74,23 @@ class EnqueueOptions(_Visibility, total=False):
     task: str | None
     idempotency_key: str | None
     timeout_seconds: float | None
+    unique_key: str | None
+    unique_states: Sequence[str] | None
+    unique_conflict: str | None
+    serial_key: str | None
+    serial_skip_on_retry: bool | None
 
 
 class EnqueueManyOptions(_Visibility, total=False):
-    """Options of ``enqueue_many``: those of one enqueue, with one idempotency key per payload."""
+    """Options of ``enqueue_many``: those of one enqueue, with one idempotency key (or unique key) per payload."""
 
     task: str | None
     idempotency_keys: Sequence[str | None] | None
+    unique_keys: Sequence[str] | None
+    unique_states: Sequence[str] | None
+    unique_conflict: str | None
+    serial_key: str | None
+    serial_skip_on_retry: bool | None
 
 
 class TaskEnqueueOptions(_Visibility, total=False):
@@ -83,6 +101,8 @@ class TaskEnqueueOptions(_Visibility, total=False):
     queue: str
     idempotency_key: str | None
     timeout_seconds: float | None
+    serial_key: str | None
+    serial_skip_on_retry: bool | None
 
 
 class TaskEnqueueManyOptions(_Visibility, total=False):
@@ -90,6 +110,8 @@ class TaskEnqueueManyOptions(_Visibility, total=False):
 
     queue: str
     idempotency_keys: Sequence[str | None] | None
+    serial_key: str | None
+    serial_skip_on_retry: bool | None
 
 
 ENQUEUE_OPTIONS = frozenset(EnqueueOptions.__optional_keys__)
@@ -153,6 +175,18 @@ def check_idempotency_key(key: Any) -> str | None:
     return key
 
 
+def serial_params(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``serial_key`` (jobs sharing it run one at a time, in enqueue order) and ``serial_skip_on_retry`` (later jobs
+    of the key may run while this one waits for a retry), validated."""
+    key = options.get("serial_key")
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= SERIAL_KEY_MAX or "\x00" in key):
+        raise EnqueueError(f"serial_key must be None or a string of 1..{SERIAL_KEY_MAX} characters (got {_shown(key)})")
+    skip = options.get("serial_skip_on_retry")
+    if skip is not None and not isinstance(skip, bool):
+        raise EnqueueError(f"serial_skip_on_retry must be True or False (got {_shown(skip)})")
+    return {"serial_key": key, "serial_skip_on_retry": bool(skip)}
+
+
 def format_error(exc: BaseException) -> str:
     """``"<Type>: <message>"``, bounded and storable (no NUL, valid UTF-8)."""
     try:
@@ -207,14 +241,36 @@ def _common_params(settings: Settings, queue: str, options: Mapping[str, Any], k
         "run_at": run_at,
         "channel": settings.channel,
         "timeout_seconds": None if t is None else float(t),
-    }
+    } | serial_params(options)
 
 
 def enqueue_params(settings: Settings, queue: str, payload: Any, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Parameters of ``job_enqueue``, or :class:`EnqueueError` (nothing is written)."""
+    """Parameters of ``job_enqueue`` (``job_enqueue_unique`` with a unique key), or :class:`EnqueueError`."""
     params = _common_params(settings, queue, options, ENQUEUE_OPTIONS)
     key = check_idempotency_key(options.get("idempotency_key"))
-    return params | {"payload": encode_payload(payload, settings.max_payload_bytes), "idempotency_key": key}
+    params |= {"payload": encode_payload(payload, settings.max_payload_bytes), "idempotency_key": key}
+    unique = options.get("unique_key")
+    if unique is not None or options.get("unique_states") is not None or options.get("unique_conflict") is not None:
+        params |= unique_params(options, [unique], idempotency=key is not None)
+    return params
+
+
+def unique_params(options: Mapping[str, Any], keys: Sequence[Any], *, idempotency: bool) -> dict[str, Any]:
+    """The unique part of an enqueue's parameters (``unique_key`` / ``keys``, ``unique_states``, ``replace``)."""
+    if idempotency:
+        raise EnqueueError("a unique job takes no idempotency key: its unique key plays that part")
+    states, conflict = options.get("unique_states"), options.get("unique_conflict")
+    if problem := unique_problem(None, None, states, conflict, explicit_key=True):
+        raise EnqueueError(problem)
+    for key in keys:
+        if not isinstance(key, str) or not 1 <= len(key) <= UNIQUE_KEY_MAX:
+            raise EnqueueError(f"unique key must be a string of 1..{UNIQUE_KEY_MAX} characters (got {_shown(key)})")
+    return {
+        "unique_key": keys[0] if len(keys) == 1 else None,
+        "keys": list(keys),
+        "unique_states": states_for(None, states),
+        "replace": conflict == "replace",
+    }
 
 
 def enqueue_many_params(
@@ -229,8 +285,18 @@ def enqueue_many_params(
         raise EnqueueError(f"{len(keys)} idempotency keys for {len(encoded)} payloads")
     for key in keys:
         check_idempotency_key(key)
+    unique = options.get("unique_keys")
+    if unique is not None or options.get("unique_states") is not None or options.get("unique_conflict") is not None:
+        if unique is None or len(unique) != len(encoded):
+            raise EnqueueError(f"unique_keys must give one key for each of the {len(encoded)} payloads")
+        params |= unique_params(options, unique, idempotency=given is not None and any(k is not None for k in keys))
+        firsts = sorted({k: i for i, k in reversed(list(enumerate(unique)))}.values())  # a repeated key: its first
+        encoded = [encoded[i] for i in firsts]
+        params["keys"] = [unique[i] for i in firsts]
+        return params | {"payloads": "[" + ",".join(encoded) + "]", "payload_keys": list(unique), "encoded": encoded}
     # One JSON array of already-encoded payloads: no per-element array escaping (2x faster than jsonb[]).
-    return params | {"payloads": "[" + ",".join(encoded) + "]", "keys": keys if given is not None else None}
+    keyed = keys if given is not None else None
+    return params | {"payloads": "[" + ",".join(encoded) + "]", "keys": keyed, "payload_keys": keys}
 
 
 def _names(queues: str | Sequence[str]) -> list[str]:
@@ -446,8 +512,73 @@ def _enqueued(r: Result) -> EnqueueResult | None:
     return EnqueueResult(r.rows[0]["id"], duplicate=r.rows[0]["duplicate"]) if r.rows else None
 
 
+def replace_call(query: Any, params: dict[str, Any], keys: list[str], encoded: list[str]) -> Call[list[int]]:
+    """``job_replace_unique`` for ``keys`` with these payloads (already encoded), the enqueue's other options."""
+    return Call(query, params | {"keys": keys, "payloads": "[" + ",".join(encoded) + "]"}, _ids)
+
+
+def _rows(r: Result) -> list[dict[str, Any]]:
+    return r.rows
+
+
 def _found(r: Result) -> EnqueueResult:
     return EnqueueResult(r.rows[0]["id"], duplicate=True)
+
+
+@dataclass(frozen=True)
+class ManyEnqueue:
+    """One ``enqueue_many``: the insert, then (only when some payload was a duplicate) the look-up of the jobs
+    holding their keys, and the per-payload result."""
+
+    insert: Call[list[dict[str, Any]]]
+    keys: list[str | None]
+    """The key of each payload given (None: no key), in order."""
+    find_query: Any
+    params: dict[str, Any]
+    replace_query: Any = None
+
+    def missing(self, rows: list[dict[str, Any]]) -> list[str]:
+        """The keys of the payloads that inserted nothing (held by another job)."""
+        if self.params["keys"] is None or len(rows) == len(self.keys):
+            return []  # no keys, or every payload inserted its job
+        got = {r["key"] for r in rows}
+        return sorted({k for k in self.keys if k is not None and k not in got})
+
+    def replace(self, keys: list[str]) -> Call[list[int]] | None:
+        """With ``unique_conflict="replace"``: the update of the pending jobs holding ``keys`` (else None)."""
+        if not self.params.get("replace"):
+            return None
+        by_key = dict(zip(self.params["keys"], self.params["encoded"], strict=True))
+        return replace_call(self.replace_query, self.params, keys, [by_key[k] for k in keys])
+
+    def find(self, keys: list[str]) -> Call[dict[str, int]]:
+        params = {"queue": self.params["queue"], "keys": keys}
+        return Call(self.find_query, params, lambda r: {x["key"]: x["id"] for x in r.rows})
+
+    def result(self, rows: list[dict[str, Any]], found: dict[str, int]) -> EnqueueManyResult:
+        """Per payload, its job: the new one (in payload order, ids ascending), or the one holding its key."""
+        if self.params["keys"] is None:
+            return EnqueueManyResult([r["id"] for r in rows])  # no keys: one new job per payload
+        new = [r["id"] for r in rows if not r.get("duplicate")]
+        by_key = {r["key"]: r for r in rows if r["key"] is not None}
+        keyless = iter(r["id"] for r in rows if r["key"] is None)
+        seen: set[str] = set()
+        out: list[EnqueueResult] = []
+        for key in self.keys:
+            if key is None:
+                out.append(EnqueueResult(next(keyless)))
+                continue
+            row = by_key.get(key)
+            if row is not None and key not in seen:
+                out.append(EnqueueResult(row["id"], duplicate=bool(row.get("duplicate"))))
+            elif row is not None:
+                out.append(EnqueueResult(row["id"], duplicate=True))
+            elif key in found:
+                out.append(EnqueueResult(found[key], duplicate=True))
+            else:
+                raise EnqueueError(f"the job holding key {_shown(key)} vanished meanwhile (purged): enqueue it again")
+            seen.add(key)
+        return EnqueueManyResult(new, out)
 
 
 class Statements:
@@ -463,10 +594,25 @@ class Statements:
         """The insert, and the look-up to run when it returns nothing (a concurrent insert with the same key
         committed after this statement's snapshot)."""
         params = enqueue_params(self.settings, queue, payload, options)
+        if params.get("unique_key") is not None:
+            return Call(self.q.job_enqueue_unique, params, _enqueued), Call(
+                self.q.job_find_by_unique_key, params, _found
+            )
         return Call(self.q.job_enqueue, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
 
-    def enqueue_many(self, queue: str, payloads: Iterable[Any], options: Mapping[str, Any]) -> Call[list[int]]:
-        return Call(self.q.job_enqueue_many, enqueue_many_params(self.settings, queue, payloads, options), _ids)
+    def enqueue_many(self, queue: str, payloads: Iterable[Any], options: Mapping[str, Any]) -> ManyEnqueue:
+        params = enqueue_many_params(self.settings, queue, payloads, options)
+        unique = "unique_states" in params
+        insert = Call(self.q.job_enqueue_many_unique if unique else self.q.job_enqueue_many, params, _rows)
+        find = self.q.job_find_by_unique_keys if unique else self.q.job_find_by_keys
+        return ManyEnqueue(insert, params["payload_keys"], find, params, self.q.job_replace_unique)
+
+    def replace_unique(self, params: dict[str, Any]) -> Call[list[int]] | None:
+        """After a unique enqueue found its key taken: with ``unique_conflict="replace"``, the update of the
+        pending holder (else None)."""
+        if not params.get("replace"):
+            return None
+        return replace_call(self.q.job_replace_unique, params, [params["unique_key"]], [params["payload"]])
 
     def complete_and_claim(
         self,
@@ -592,6 +738,19 @@ class Statements:
 
     def statuses(self, ids: Sequence[int]) -> Call[dict[int, str]]:
         return Call(self.q.job_get_many, {"ids": list(ids)}, lambda r: {x["id"]: x["status"] for x in r.rows})
+
+    def register_limits(self, limits: Iterable[TaskLimits], worker: str) -> Call[list[dict[str, Any]]]:
+        return Call(self.q.task_limits_register, register_params(limits, worker), lambda r: r.rows)
+
+    def limits(self, now: datetime | None) -> Call[list[dict[str, Any]]]:
+        return Call(self.q.task_limits_list, {"now": now}, lambda r: r.rows)
+
+    def next_start(self, tasks: Sequence[str], queues: Sequence[str], now: datetime | None) -> Call[float | None]:
+        params = {"tasks": list(tasks), "queues": list(queues), "now": now}
+        return Call(self.q.task_limits_next_start, params, lambda r: r.rows[0]["due_in_seconds"] if r.rows else None)
+
+    def waiting(self, queue: str | None, now: datetime | None) -> Call[list[dict[str, Any]]]:
+        return Call(self.q.queue_waiting, {"queue": queue, "now": now}, lambda r: r.rows)
 
     def database_now(self) -> Call[datetime]:
         return Call("SELECT now() AS now", None, lambda r: r.rows[0]["now"])
@@ -767,7 +926,10 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         :class:`EnqueueError`."""
         insert, find = self._s.enqueue(queue, payload, options)
         inserted = self._call(insert, conn)
-        return inserted if inserted is not None else self._call(find, conn)
+        result = inserted if inserted is not None else self._call(find, conn)
+        if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
+            self._call(replace, conn)
+        return result
 
     def enqueue_many(
         self,
@@ -776,9 +938,15 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         *,
         conn: psycopg.Connection[Any] | None = None,
         **options: Unpack[EnqueueManyOptions],
-    ) -> list[int]:
-        """Add many jobs of one queue in one statement; jobs whose idempotency key is taken are skipped."""
-        return self._call(self._s.enqueue_many(queue, payloads, options), conn)
+    ) -> EnqueueManyResult:
+        """Add many jobs of one queue in one statement; payloads whose key is taken insert nothing. Returns the new
+        ids (a list, as before) whose ``results`` give each payload its job and whether it was a duplicate."""
+        many = self._s.enqueue_many(queue, payloads, options)
+        rows = self._call(many.insert, conn)
+        missing = many.missing(rows)
+        if missing and (replace := many.replace(missing)) is not None:
+            self._call(replace, conn)
+        return many.result(rows, self._call(many.find(missing), conn) if missing else {})
 
     # worker primitives
     def claim(
@@ -880,6 +1048,24 @@ class Queue(_QueueState[ConnectionPool[Any]]):
 
     def get(self, job_id: int) -> dict[str, Any] | None:
         return self._call(self._s.get(job_id))
+
+    # flow control (skiplock.limits)
+    def register_limits(self, limits: Iterable[TaskLimits], *, worker: str) -> list[dict[str, Any]]:
+        """Register the tasks' limits for the whole cluster (the latest registration wins; a task without limits
+        drops its registration). Returns, per task, the limits registered and what was there before."""
+        return self._call(self._s.register_limits(limits, worker))
+
+    def limits(self, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        """Every registered task limit with the slots in use (running, recent starts)."""
+        return self._call(self._s.limits(now))
+
+    def next_start(self, tasks: Sequence[str], queues: Sequence[str], *, now: datetime | None = None) -> float | None:
+        """Seconds until a rate limit of ``tasks`` lets a due job of ``queues`` start (None: none waits)."""
+        return self._call(self._s.next_start(tasks, queues, now))
+
+    def waiting(self, queue: str | None = None, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        """Due pending jobs held back per queue: by a serial key, a global concurrency limit or a rate limit."""
+        return self._call(self._s.waiting(queue, now))
 
     def list_failed(self, queue: str | None = None, *, limit: int = 50) -> list[dict[str, Any]]:
         return self._call(self._s.list_failed(queue, limit))
@@ -1050,7 +1236,10 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
         """Add one job (see :meth:`Queue.enqueue`)."""
         insert, find = self._s.enqueue(queue, payload, options)
         inserted = await self._call(insert, conn)
-        return inserted if inserted is not None else await self._call(find, conn)
+        result = inserted if inserted is not None else await self._call(find, conn)
+        if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
+            await self._call(replace, conn)
+        return result
 
     async def enqueue_many(
         self,
@@ -1059,8 +1248,14 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
         *,
         conn: psycopg.AsyncConnection[Any] | None = None,
         **options: Unpack[EnqueueManyOptions],
-    ) -> list[int]:
-        return await self._call(self._s.enqueue_many(queue, payloads, options), conn)
+    ) -> EnqueueManyResult:
+        """See :meth:`Queue.enqueue_many`."""
+        many = self._s.enqueue_many(queue, payloads, options)
+        rows = await self._call(many.insert, conn)
+        missing = many.missing(rows)
+        if missing and (replace := many.replace(missing)) is not None:
+            await self._call(replace, conn)
+        return many.result(rows, await self._call(many.find(missing), conn) if missing else {})
 
     async def claim(
         self,
@@ -1150,6 +1345,21 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
 
     async def get(self, job_id: int) -> dict[str, Any] | None:
         return await self._call(self._s.get(job_id))
+
+    async def register_limits(self, limits: Iterable[TaskLimits], *, worker: str) -> list[dict[str, Any]]:
+        """See :meth:`Queue.register_limits`."""
+        return await self._call(self._s.register_limits(limits, worker))
+
+    async def limits(self, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        return await self._call(self._s.limits(now))
+
+    async def next_start(
+        self, tasks: Sequence[str], queues: Sequence[str], *, now: datetime | None = None
+    ) -> float | None:
+        return await self._call(self._s.next_start(tasks, queues, now))
+
+    async def waiting(self, queue: str | None = None, *, now: datetime | None = None) -> list[dict[str, Any]]:
+        return await self._call(self._s.waiting(queue, now))
 
     async def list_failed(self, queue: str | None = None, *, limit: int = 50) -> list[dict[str, Any]]:
         return await self._call(self._s.list_failed(queue, limit))

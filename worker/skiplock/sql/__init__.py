@@ -15,7 +15,7 @@ from typing import Any, LiteralString
 from psycopg import sql
 
 _HEADER = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>.+)\n", re.MULTILINE)
-QUERY_FILES = ("jobs.sql", "stats.sql", "schema.sql", "doctor.sql")
+QUERY_FILES = ("jobs.sql", "stats.sql", "schema.sql", "doctor.sql", "schedules.sql")
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,12 @@ class Queries:
     job_enqueue: LiteralString
     job_find_by_key: LiteralString
     job_enqueue_many: LiteralString
+    job_find_by_keys: LiteralString
+    job_enqueue_unique: LiteralString
+    job_find_by_unique_key: LiteralString
+    job_enqueue_many_unique: LiteralString
+    job_replace_unique: LiteralString
+    job_find_by_unique_keys: LiteralString
     job_notify: LiteralString
     job_complete_and_claim: LiteralString
     job_complete_and_claim_one: LiteralString
@@ -92,6 +98,10 @@ class Queries:
     queue_set_paused: LiteralString
     queue_paused: LiteralString
     queue_next_due: LiteralString
+    queue_waiting: LiteralString
+    task_limits_register: LiteralString
+    task_limits_list: LiteralString
+    task_limits_next_start: LiteralString
     server_connection_limits: LiteralString
     session_statement_timeout: LiteralString
     schema_lock: LiteralString
@@ -107,6 +117,14 @@ class Queries:
     doctor_xmin_holders: LiteralString
     doctor_backend_pid: LiteralString
     doctor_notify: LiteralString
+    schedule_register: LiteralString
+    schedule_due: LiteralString
+    schedule_next_due: LiteralString
+    schedule_fire: LiteralString
+    schedule_list: LiteralString
+    schedule_delete: LiteralString
+    schedule_prune: LiteralString
+    schedule_now: LiteralString
 
     def __init__(self, schema: str) -> None:
         self.schema = schema

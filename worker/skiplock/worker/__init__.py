@@ -36,6 +36,7 @@ from skiplock.listener import Listener
 from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetrics, observe_many, serve
 from skiplock.queue import Failure, check_connect
 from skiplock.settings import Settings
+from skiplock.worker import flow
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import Completer, failure_for
 from skiplock.worker.control import Control, Scope
@@ -52,6 +53,7 @@ from skiplock.worker.executor import (
 from skiplock.worker.leases import Leases
 from skiplock.worker.pools import APPLICATION_NAME, async_pool, sync_pool
 from skiplock.worker.retention import Retention
+from skiplock.worker.schedules import Scheduler
 
 __all__ = ["APPLICATION_NAME", "Outcome", "Worker", "serve_queues"]
 log = logging.getLogger(__name__)
@@ -148,7 +150,6 @@ class Worker:
         self._async: AsyncExecutor | None = None
         self._threads: ThreadExecutor | None = None
         self.retention: Retention | None = None
-        self._purge: asyncio.Task[None] | None = None  # the retention loop: ends at the first stop request
 
     # ------------------------------------------------------------------------------------------ public
     async def run(self, *, until_idle: bool = False) -> int:
@@ -270,7 +271,8 @@ class Worker:
         await control.open()
         kinds = self.router.kinds
         slots = self._slots = Slots(s.concurrency)
-        scope = Scope(control, s, self.identity, self.queues, self.router.lease_overrides())
+        limits = await flow.register_limits(control, self.app, self.identity) if self.app is not None else ()
+        scope = Scope(control, s, self.identity, self.queues, self.router.lease_overrides(), limits)
         completer = self._completer = Completer(scope, self._bound, self._observe)
         leases = self._leases = Leases(
             scope,
@@ -302,16 +304,19 @@ class Worker:
                 asyncio.create_task(leases.heartbeats(halt), name="heartbeat"),
                 asyncio.create_task(leases.recoverer(halt), name="recoverer"),
             ]
-            tasks = [asyncio.create_task(self._ticker(), name="ticker")]
             tasks = [
                 asyncio.create_task(self._ticker(), name="ticker"),
                 asyncio.create_task(leases.cancellations(), name="cancellations"),
                 asyncio.create_task(claimer.watch_paused(self._bound), name="paused"),
             ]
+            upkeep: list[asyncio.Task[None]] = []  # purge and ticks: they stop when the drain starts
             if not until_idle:
                 self.retention = Retention(s, self.metrics)
-                self._purge = asyncio.create_task(self.retention.run(), name="retention")
-                tasks.append(self._purge)
+                upkeep.append(asyncio.create_task(self.retention.run(), name="retention"))
+                if self.app is not None and self.app.schedules:  # periodic tasks: register and fire their ticks
+                    scheduler = Scheduler(s, self.app, self.metrics, control.pool)
+                    upkeep.append(asyncio.create_task(scheduler.run(), name="schedules"))
+                tasks += upkeep
             self.metrics.listener_enabled.set(1 if s.listen else 0)
             if s.listen and not until_idle:
                 self.listener = Listener(
@@ -333,6 +338,8 @@ class Worker:
             try:
                 await claimer.run()
                 await leases.release(claimer.take_buffer())  # never started: handed back at once, no attempt burnt
+                for t in upkeep:  # a purge batch in flight commits (and is counted) or not at all
+                    t.cancel()
                 await self._drain()
             except asyncio.CancelledError:  # run() cancelled (a lifespan's task.cancel(), Ctrl-C): hand back now
                 stopping.set()
@@ -384,8 +391,6 @@ class Worker:
             return
         log.info("stop requested: draining", extra={"action": "drain_started", "in_flight": self.in_flight})
         self._stopping.set()
-        if self._purge is not None:  # housekeeping never holds up a stop: the batch in flight commits or not at all
-            self._purge.cancel()
         if self._claimer is not None:
             self._claimer.wake()
         if self._slots is not None:

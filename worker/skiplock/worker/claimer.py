@@ -23,6 +23,7 @@ import psycopg
 from skiplock.job import Job
 from skiplock.metrics import BoundMetrics, WorkerMetrics
 from skiplock.queue import per_queue_limit
+from skiplock.worker import flow
 from skiplock.worker.completer import Completer
 from skiplock.worker.control import Scope
 from skiplock.worker.executor import Slots
@@ -48,6 +49,9 @@ PREFETCH_WAIT_FRACTION = 0.05
 RATE_WINDOW_SECONDS = 0.25
 # With no pace known yet, a first one is taken this early once three slots' worth of jobs started.
 RATE_FIRST_SECONDS = 0.01
+# The shortest wait a rate limit's hint asks for: a slot that came free between a claim and the hint is claimed
+# again at once, and a job held back by something else as well is retried at most this often (for a second).
+RATE_RETRY_SECONDS = 0.01
 
 
 class Claimer:
@@ -66,6 +70,9 @@ class Claimer:
         self._identity = scope.identity
         self._queues = list(scope.queues)
         self._leases_by_task = scope.lease_overrides or None
+        self._limited = bool(scope.limits)  # a claim may leave a picked job of a limited task for want of a slot
+        self._rate_limited = tuple(x.task for x in scope.limits if x.rate is not None)
+        self._due_in: float | None = None  # seconds until a rate limit allows the next start (flow.next_start)
         self._slots = slots
         self._completer = completer
         self._leases = leases
@@ -244,8 +251,10 @@ class Claimer:
             self._empty_streak += 1
             if self._empty_streak >= EMPTY_STREAK:
                 self._quiet_until = time.monotonic() + EMPTY_CLAIM_QUIET_SECONDS
+        if self._rate_limited and len(jobs) < want:  # due jobs may wait on a rate: wake when the next may start
+            self._due_in = await flow.next_start(self._control, self._rate_limited, tuple(self._queues))
         # Full: the batch was filled, or some queue gave all it may give one claim (more of it is waiting).
-        full = len(jobs) == want or (
+        full = len(jobs) == want or (self._limited and bool(jobs)) or (
             len(self._queues) > 1 and max(Counter(j.queue for j in jobs).values(), default=0) >= self._per_queue(want)
         )
         if full:
@@ -310,11 +319,14 @@ class Claimer:
     async def _wait_for_work(self) -> str:
         """Sleep until a wake-up (NOTIFY, recovered jobs, stop) or the poll interval; wake-ups right after an
         empty claim are folded into one claim at the end of a short quiet period."""
+        wait, due_in, self._due_in = self._settings.poll_seconds, self._due_in, None
+        if due_in is not None:
+            wait = min(wait, max(due_in, RATE_RETRY_SECONDS))
         try:
-            async with asyncio.timeout(self._settings.poll_seconds):
+            async with asyncio.timeout(wait):
                 await self._wake.wait()
         except TimeoutError:
-            return "poll"
+            return "poll" if wait == self._settings.poll_seconds else "rate_limit"
         quiet = self._quiet_until - time.monotonic()
         if quiet > 0 and not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):

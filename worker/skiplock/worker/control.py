@@ -15,6 +15,7 @@ from psycopg_pool import PoolTimeout
 
 from skiplock.backoff import backoff_seconds
 from skiplock.errors import DatabaseUnavailableError
+from skiplock.limits import TaskLimits
 from skiplock.metrics import WorkerMetrics
 from skiplock.queue import AsyncQueue
 from skiplock.settings import CONTROL_CONNECTIONS, Settings, redact
@@ -22,7 +23,16 @@ from skiplock.worker.pools import async_pool
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError, DatabaseUnavailableError)
+TRANSIENT = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    PoolTimeout,
+    OSError,
+    DatabaseUnavailableError,
+    # A claim that would run a second job of one serial key (a rare race: see flow control) fails on the unique
+    # index that forbids it; tried again, it claims around it. Only claims set jobs running, so only they hit it.
+    psycopg.errors.UniqueViolation,
+)
 # Immediate tries of one call before backing off: after a server restart or killed backends every pooled control
 # connection may be dead (each failure discards one), so one more than the pool holds.
 ATTEMPTS = CONTROL_CONNECTIONS + 1
@@ -39,6 +49,7 @@ class Scope:
     identity: str
     queues: tuple[str, ...]
     lease_overrides: dict[str, float] = field(default_factory=dict)
+    limits: tuple[TaskLimits, ...] = ()  # the limited tasks of its app (flow control), as registered at start
 
 
 class Control:

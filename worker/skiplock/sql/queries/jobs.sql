@@ -2,10 +2,12 @@
 -- Insert one job, or find the live job with the same idempotency key; wake workers when it is visible now.
 WITH ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, idempotency_key,
-                               timeout_seconds)
+                               timeout_seconds,
+                               serial_key, serial_skip_on_retry)
     VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
             coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), %(idempotency_key)s,
-            %(timeout_seconds)s)
+            %(timeout_seconds)s,
+            %(serial_key)s, %(serial_skip_on_retry)s)
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL AND status <> 'failed' DO NOTHING
     RETURNING id, visible_at
 ), woke AS (
@@ -25,19 +27,93 @@ WHERE queue = %(queue)s AND idempotency_key = %(idempotency_key)s AND status <> 
 -- name: job_enqueue_many
 -- Insert many jobs of one queue in one statement (payloads as one JSON array; duplicate keys skipped); wake once.
 WITH ins AS (
-    INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, idempotency_key)
+    INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, idempotency_key,
+                               serial_key, serial_skip_on_retry)
     SELECT %(queue)s, %(task)s, p.payload, %(priority)s, %(max_attempts)s,
-           coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), k.key
+           coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), k.key,
+           %(serial_key)s, %(serial_skip_on_retry)s
     FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, n)
     LEFT JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, n) USING (n)
     ORDER BY p.n
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL AND status <> 'failed' DO NOTHING
-    RETURNING id, visible_at
+    RETURNING id, visible_at, idempotency_key
 ), woke AS (
     SELECT pg_notify(%(channel)s, %(queue)s)
     WHERE EXISTS (SELECT 1 FROM ins WHERE ins.visible_at <= now())
 )
-SELECT ins.id, (SELECT count(*) FROM woke) AS notified FROM ins ORDER BY ins.id;
+SELECT ins.id, ins.idempotency_key AS key, (SELECT count(*) FROM woke) AS notified FROM ins ORDER BY ins.id;
+
+-- name: job_find_by_keys
+-- The job holding each of these idempotency keys of a queue (the live one, else the newest): what the duplicates of enqueue_many are.
+SELECT DISTINCT ON (idempotency_key) idempotency_key AS key, id FROM {schema}.jobs
+WHERE queue = %(queue)s AND idempotency_key = ANY(%(keys)s::text[])
+ORDER BY idempotency_key, (status <> 'failed') DESC, id DESC;
+
+-- name: job_enqueue_unique
+-- Insert one unique job, or find the job holding its unique key (job_replace_unique may follow); wake workers when it is visible now.
+WITH ins AS (
+    INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, timeout_seconds,
+                               unique_key, unique_states, serial_key, serial_skip_on_retry)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
+            coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), %(timeout_seconds)s,
+            %(unique_key)s, %(unique_states)s::text[], %(serial_key)s, %(serial_skip_on_retry)s)
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status = ANY (unique_states)
+    DO NOTHING
+    RETURNING id, visible_at
+), woke AS (
+    SELECT pg_notify(%(channel)s, %(queue)s) FROM ins WHERE ins.visible_at <= now()
+)
+SELECT ins.id, false AS duplicate, (SELECT count(*) FROM woke) AS notified FROM ins
+UNION ALL
+SELECT j.id, true AS duplicate, 0 AS notified FROM {schema}.jobs AS j
+WHERE NOT EXISTS (SELECT 1 FROM ins) AND j.unique_key = %(unique_key)s AND j.status = ANY (j.unique_states);
+
+-- name: job_find_by_unique_key
+-- The job holding a unique key (used when a concurrent insert won the race): the one holding it now, else the newest with it.
+SELECT id, true AS duplicate FROM {schema}.jobs WHERE unique_key = %(unique_key)s
+ORDER BY (status = ANY (unique_states)) DESC, id DESC
+LIMIT 1;
+
+-- name: job_enqueue_many_unique
+-- Insert many unique jobs of one queue in one statement (distinct keys; a taken key is skipped: job_replace_unique may follow); wake once.
+WITH ins AS (
+    INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, unique_key,
+                               unique_states, serial_key, serial_skip_on_retry)
+    SELECT %(queue)s, %(task)s, p.payload, %(priority)s, %(max_attempts)s,
+           coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), k.key,
+           %(unique_states)s::text[], %(serial_key)s, %(serial_skip_on_retry)s
+    FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, n)
+    JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, n) USING (n)
+    ORDER BY p.n
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status = ANY (unique_states)
+    DO NOTHING
+    RETURNING id, visible_at, unique_key
+), woke AS (
+    SELECT pg_notify(%(channel)s, %(queue)s)
+    WHERE EXISTS (SELECT 1 FROM ins WHERE ins.visible_at <= now())
+)
+SELECT ins.id, ins.unique_key AS key, (SELECT count(*) FROM woke) AS notified FROM ins ORDER BY ins.id;
+
+-- name: job_replace_unique
+-- Give the pending jobs holding these unique keys the new payload, priority and run time (unique_conflict "replace", after the insert found them); running or finished ones are left as they are; wake workers when one is visible now.
+WITH upd AS (
+    UPDATE {schema}.jobs AS j
+    SET payload = p.payload, priority = %(priority)s,
+        visible_at = coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), updated_at = now()
+    FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, n)
+    JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, n) USING (n)
+    WHERE j.unique_key = k.key AND j.status = 'pending' AND j.status = ANY (j.unique_states)
+    RETURNING j.id, j.visible_at
+), woke AS (
+    SELECT pg_notify(%(channel)s, %(queue)s) WHERE EXISTS (SELECT 1 FROM upd WHERE upd.visible_at <= now())
+)
+SELECT upd.id, (SELECT count(*) FROM woke) AS notified FROM upd;
+
+-- name: job_find_by_unique_keys
+-- The job holding each of these unique keys (what the skipped payloads of a unique enqueue_many are): the one holding it now, else the newest.
+SELECT DISTINCT ON (unique_key) unique_key AS key, id FROM {schema}.jobs
+WHERE unique_key = ANY(%(keys)s::text[])
+ORDER BY unique_key, (status = ANY (unique_states)) DESC, id DESC;
 
 -- name: job_notify
 -- Wake the workers of one queue (delivered at commit; repeated notifications in one transaction fold into one).
@@ -52,32 +128,113 @@ WITH done AS (
     FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
     WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
     RETURNING j.id
+), finishing AS (
+    -- flow limits: the runs this statement completes (their key and concurrency slot pass to the next job)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS f(id, attempts)
+), limit_full AS (
+    -- flow limits: the tasks with no free slot of a kind they need (one keyed probe each: LATERAL ... LIMIT 1)
+    SELECT l.task FROM {schema}.task_limits AS l
+    LEFT JOIN LATERAL (
+        SELECT true AS free FROM {schema}.task_slots AS s
+        WHERE s.task = l.task AND s.kind = 'concurrency'
+          AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))
+        LIMIT 1
+    ) AS c ON true
+    LEFT JOIN LATERAL (
+        SELECT true AS free FROM {schema}.task_slots AS s
+        WHERE s.task = l.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
+        LIMIT 1
+    ) AS r ON true
+    WHERE (l.global_concurrency IS NOT NULL AND c.free IS NULL) OR (l.rate_limit IS NOT NULL AND r.free IS NULL)
 ), candidates AS (
-    SELECT c.id, q.n, row_number() OVER (PARTITION BY q.n ORDER BY c.priority DESC, c.visible_at, c.id) AS turn
+    SELECT c.id, q.n, row_number() OVER (PARTITION BY q.n ORDER BY c.priority DESC, c.visible_at, c.id) AS turn,
+           c.task, c.priority, c.visible_at  -- flow limits
     FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
     CROSS JOIN LATERAL (
-        SELECT id, priority, visible_at FROM {schema}.jobs
+        SELECT id, task, priority, visible_at FROM {schema}.jobs
         WHERE queue = q.queue AND status = 'pending'
           AND visible_at <= coalesce(%(now)s::timestamptz, now())
+          -- flow limits: a keyed job is a candidate only as the head of its key (lowest live id; a done job of this
+          -- statement and a skip-ahead job waiting for its retry do not count) while no job of the key runs.
+          AND (jobs.serial_key IS NULL OR (
+              NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
+                          WHERE k.serial_key = jobs.serial_key AND k.status = 'processing'
+                            AND NOT (k.locked_by = %(worker)s AND (k.id, k.attempts) IN (SELECT * FROM finishing)))
+              AND NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
+                              WHERE k.serial_key = jobs.serial_key AND k.id < jobs.id AND k.status IN ('pending', 'processing')
+                                AND NOT (k.status = 'processing' AND k.locked_by = %(worker)s
+                                         AND (k.id, k.attempts) IN (SELECT * FROM finishing))
+                                AND NOT (k.serial_skip_on_retry AND k.status = 'pending' AND k.attempts > 0
+                                         AND k.visible_at > coalesce(%(now)s::timestamptz, now())))))
+          -- flow limits: no job of a task whose concurrency or rate slots are all taken (in this snapshot)
+          AND (jobs.task IS NULL OR jobs.task NOT IN (SELECT task FROM limit_full))
         ORDER BY priority DESC, visible_at, id
         LIMIT %(per_queue)s
         FOR UPDATE SKIP LOCKED
     ) AS c
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = q.queue AND p.paused)
 ), picked AS (
-    SELECT id FROM candidates
+    SELECT id, task, priority, visible_at FROM candidates
     ORDER BY turn, (n + cardinality(%(queues)s::text[]) - 1 - %(rotate)s) %% cardinality(%(queues)s::text[])
     LIMIT %(limit)s
+), limited AS (
+    -- flow limits: the picked jobs of limited tasks, numbered per task in claim order, then a slot of each kind
+    -- they need (locked FOR UPDATE SKIP LOCKED and rechecked by the slot's own columns); a job without its slots
+    -- stays pending. `go` is what the claim takes.
+    SELECT p.id, p.task, l.global_concurrency, l.rate_limit, l.rate_period_seconds AS period,
+           row_number() OVER (PARTITION BY p.task ORDER BY p.priority DESC, p.visible_at, p.id) AS k
+    FROM picked AS p JOIN {schema}.task_limits AS l ON l.task = p.task
+), wanted AS (
+    SELECT task, count(*) AS n FROM limited GROUP BY task
+), cslot AS (
+    SELECT w.task, s.n, row_number() OVER (PARTITION BY w.task ORDER BY s.n) AS k
+    FROM wanted AS w CROSS JOIN LATERAL (
+        SELECT s.n FROM {schema}.task_slots AS s
+        WHERE s.task = w.task AND s.kind = 'concurrency'
+          AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))
+        ORDER BY s.n LIMIT w.n
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+), rslot AS (
+    SELECT w.task, s.n, row_number() OVER (PARTITION BY w.task ORDER BY s.free_at, s.n) AS k
+    FROM wanted AS w CROSS JOIN LATERAL (
+        SELECT s.n, s.free_at FROM {schema}.task_slots AS s
+        WHERE s.task = w.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
+        ORDER BY s.free_at LIMIT w.n
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+), go AS (
+    SELECT p.id, c.n AS cslot, r.n AS rslot, l.period
+    FROM picked AS p
+    LEFT JOIN limited AS l ON l.id = p.id
+    LEFT JOIN cslot AS c ON c.task = l.task AND c.k = l.k
+    LEFT JOIN rslot AS r ON r.task = l.task AND r.k = l.k
+    WHERE l.id IS NULL
+       OR ((l.global_concurrency IS NULL OR c.n IS NOT NULL) AND (l.rate_limit IS NULL OR r.n IS NOT NULL))
 ), claimed AS (
     UPDATE {schema}.jobs AS j
     SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
         locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
         lease_expires_at = coalesce(%(now)s::timestamptz, now())
-            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s))
-    FROM picked
-    WHERE j.id = picked.id
+            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)),
+        slot = go.cslot
+    FROM go, (SELECT count(*) FROM done) AS finished  -- flow limits: completions first (a key passes on)
+    WHERE j.id = go.id
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
               j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds
+), taken AS MATERIALIZED (
+    -- flow limits: the slots taken by the runs just claimed (written by primary key below)
+    SELECT c.id, c.attempts, c.task, go.cslot, go.rslot, go.period FROM claimed AS c JOIN go ON go.id = c.id
+    WHERE go.cslot IS NOT NULL OR go.rslot IS NOT NULL
+), took_cslot AS (
+    UPDATE {schema}.task_slots AS s SET job_id = t.id, attempts = t.attempts, worker = %(worker)s
+    FROM taken AS t
+    WHERE s.task = t.task AND s.kind = 'concurrency' AND s.n = t.cslot
+), took_rslot AS (
+    UPDATE {schema}.task_slots AS s
+    SET free_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => t.period)
+    FROM taken AS t
+    WHERE s.task = t.task AND s.kind = 'rate' AND s.n = t.rslot
 )
 SELECT false AS completed, c.* FROM claimed AS c
 UNION ALL
@@ -92,24 +249,104 @@ WITH done AS (
     FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
     WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
     RETURNING j.id
+), finishing AS (
+    -- flow limits: the runs this statement completes (their key and concurrency slot pass to the next job)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS f(id, attempts)
+), limit_full AS (
+    -- flow limits: the tasks with no free slot of a kind they need (one keyed probe each: LATERAL ... LIMIT 1)
+    SELECT l.task FROM {schema}.task_limits AS l
+    LEFT JOIN LATERAL (
+        SELECT true AS free FROM {schema}.task_slots AS s
+        WHERE s.task = l.task AND s.kind = 'concurrency'
+          AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))
+        LIMIT 1
+    ) AS c ON true
+    LEFT JOIN LATERAL (
+        SELECT true AS free FROM {schema}.task_slots AS s
+        WHERE s.task = l.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
+        LIMIT 1
+    ) AS r ON true
+    WHERE (l.global_concurrency IS NOT NULL AND c.free IS NULL) OR (l.rate_limit IS NOT NULL AND r.free IS NULL)
 ), picked AS (
-    SELECT id FROM {schema}.jobs
+    SELECT id, task, priority, visible_at FROM {schema}.jobs
     WHERE queue = (%(queues)s::text[])[1] AND status = 'pending'
       AND visible_at <= coalesce(%(now)s::timestamptz, now())
       AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = (%(queues)s::text[])[1] AND p.paused)
+      -- flow limits: a keyed job is a candidate only as the head of its key (lowest live id; a done job of this
+      -- statement and a skip-ahead job waiting for its retry do not count) while no job of the key runs.
+      AND (jobs.serial_key IS NULL OR (
+          NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
+                      WHERE k.serial_key = jobs.serial_key AND k.status = 'processing'
+                        AND NOT (k.locked_by = %(worker)s AND (k.id, k.attempts) IN (SELECT * FROM finishing)))
+          AND NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
+                          WHERE k.serial_key = jobs.serial_key AND k.id < jobs.id AND k.status IN ('pending', 'processing')
+                            AND NOT (k.status = 'processing' AND k.locked_by = %(worker)s
+                                     AND (k.id, k.attempts) IN (SELECT * FROM finishing))
+                            AND NOT (k.serial_skip_on_retry AND k.status = 'pending' AND k.attempts > 0
+                                     AND k.visible_at > coalesce(%(now)s::timestamptz, now())))))
+      -- flow limits: no job of a task whose concurrency or rate slots are all taken (in this snapshot)
+      AND (jobs.task IS NULL OR jobs.task NOT IN (SELECT task FROM limit_full))
     ORDER BY priority DESC, visible_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), limited AS (
+    -- flow limits: the picked jobs of limited tasks, numbered per task in claim order, then a slot of each kind
+    -- they need (locked FOR UPDATE SKIP LOCKED and rechecked by the slot's own columns); a job without its slots
+    -- stays pending. `go` is what the claim takes.
+    SELECT p.id, p.task, l.global_concurrency, l.rate_limit, l.rate_period_seconds AS period,
+           row_number() OVER (PARTITION BY p.task ORDER BY p.priority DESC, p.visible_at, p.id) AS k
+    FROM picked AS p JOIN {schema}.task_limits AS l ON l.task = p.task
+), wanted AS (
+    SELECT task, count(*) AS n FROM limited GROUP BY task
+), cslot AS (
+    SELECT w.task, s.n, row_number() OVER (PARTITION BY w.task ORDER BY s.n) AS k
+    FROM wanted AS w CROSS JOIN LATERAL (
+        SELECT s.n FROM {schema}.task_slots AS s
+        WHERE s.task = w.task AND s.kind = 'concurrency'
+          AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))
+        ORDER BY s.n LIMIT w.n
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+), rslot AS (
+    SELECT w.task, s.n, row_number() OVER (PARTITION BY w.task ORDER BY s.free_at, s.n) AS k
+    FROM wanted AS w CROSS JOIN LATERAL (
+        SELECT s.n, s.free_at FROM {schema}.task_slots AS s
+        WHERE s.task = w.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
+        ORDER BY s.free_at LIMIT w.n
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+), go AS (
+    SELECT p.id, c.n AS cslot, r.n AS rslot, l.period
+    FROM picked AS p
+    LEFT JOIN limited AS l ON l.id = p.id
+    LEFT JOIN cslot AS c ON c.task = l.task AND c.k = l.k
+    LEFT JOIN rslot AS r ON r.task = l.task AND r.k = l.k
+    WHERE l.id IS NULL
+       OR ((l.global_concurrency IS NULL OR c.n IS NOT NULL) AND (l.rate_limit IS NULL OR r.n IS NOT NULL))
 ), claimed AS (
     UPDATE {schema}.jobs AS j
     SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
         locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
         lease_expires_at = coalesce(%(now)s::timestamptz, now())
-            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s))
-    FROM picked
-    WHERE j.id = picked.id
+            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)),
+        slot = go.cslot
+    FROM go, (SELECT count(*) FROM done) AS finished  -- flow limits: completions first (a key passes on)
+    WHERE j.id = go.id
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
               j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds
+), taken AS MATERIALIZED (
+    -- flow limits: the slots taken by the runs just claimed (written by primary key below)
+    SELECT c.id, c.attempts, c.task, go.cslot, go.rslot, go.period FROM claimed AS c JOIN go ON go.id = c.id
+    WHERE go.cslot IS NOT NULL OR go.rslot IS NOT NULL
+), took_cslot AS (
+    UPDATE {schema}.task_slots AS s SET job_id = t.id, attempts = t.attempts, worker = %(worker)s
+    FROM taken AS t
+    WHERE s.task = t.task AND s.kind = 'concurrency' AND s.n = t.cslot
+), took_rslot AS (
+    UPDATE {schema}.task_slots AS s
+    SET free_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => t.period)
+    FROM taken AS t
+    WHERE s.task = t.task AND s.kind = 'rate' AND s.n = t.rslot
 )
 SELECT false AS completed, c.* FROM claimed AS c
 UNION ALL
@@ -275,6 +512,9 @@ WHERE j.status = ANY(%(statuses)s::text[])
         SELECT 1 FROM {schema}.jobs AS o
         WHERE o.queue = j.queue AND o.idempotency_key = j.idempotency_key AND o.status <> 'failed'
           AND o.id <> j.id))
+  AND (j.unique_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {schema}.jobs AS o
+        WHERE o.unique_key = j.unique_key AND o.status = ANY (o.unique_states) AND o.id <> j.id))
 RETURNING j.id, j.queue;
 
 -- name: job_cancel
@@ -368,3 +608,69 @@ SELECT pg_try_advisory_xact_lock(%(key)s::bigint) AS locked;
 -- name: retention_unlock
 -- Release the retention lock.
 SELECT pg_advisory_unlock(%(key)s::bigint) AS unlocked;
+
+-- name: task_limits_register
+-- Register the limits of an app's tasks (a worker at start; the latest registration wins): upsert or remove each task's limits and bring its slot rows to the new counts (slots above a lowered limit go at once, held or not: their runs go on without one); returns what each task had before.
+WITH given AS (
+    SELECT * FROM unnest(%(tasks)s::text[], %(concurrency)s::integer[], %(rate)s::integer[], %(period)s::float8[])
+        AS g(task, concurrency, rate, period)
+), upserted AS (
+    INSERT INTO {schema}.task_limits AS l (task, global_concurrency, rate_limit, rate_period_seconds, registered_by,
+                                          updated_at)
+    SELECT task, concurrency, rate, period, %(worker)s, now() FROM given
+    WHERE concurrency IS NOT NULL OR rate IS NOT NULL
+    ORDER BY task
+    ON CONFLICT (task) DO UPDATE
+    SET global_concurrency = excluded.global_concurrency, rate_limit = excluded.rate_limit,
+        rate_period_seconds = excluded.rate_period_seconds, registered_by = excluded.registered_by,
+        updated_at = excluded.updated_at
+    RETURNING l.task
+), removed AS (
+    DELETE FROM {schema}.task_limits AS l USING given AS g
+    WHERE l.task = g.task AND g.concurrency IS NULL AND g.rate IS NULL
+    RETURNING l.task
+), added AS (
+    INSERT INTO {schema}.task_slots (task, kind, n)
+    SELECT g.task, 'concurrency', n FROM given AS g, generate_series(1, g.concurrency) AS n
+    UNION ALL
+    SELECT g.task, 'rate', n FROM given AS g, generate_series(1, g.rate) AS n
+    ORDER BY 1, 2, 3
+    ON CONFLICT DO NOTHING
+    RETURNING task
+), dropped AS (
+    DELETE FROM {schema}.task_slots AS s USING given AS g
+    WHERE s.task = g.task
+      AND ((s.kind = 'concurrency' AND s.n > coalesce(g.concurrency, 0))
+           OR (s.kind = 'rate' AND s.n > coalesce(g.rate, 0)))
+    RETURNING s.task
+)
+SELECT g.task, g.concurrency, g.rate, g.period, l.task IS NOT NULL AS was_present,
+       l.global_concurrency AS was_concurrency, l.rate_limit AS was_rate, l.rate_period_seconds AS was_period,
+       l.registered_by AS was_registered_by,
+       (SELECT count(*) FROM upserted) + (SELECT count(*) FROM removed) + (SELECT count(*) FROM added)
+           + (SELECT count(*) FROM dropped) AS writes
+FROM given AS g LEFT JOIN {schema}.task_limits AS l USING (task)
+ORDER BY g.task;
+
+-- name: task_limits_list
+-- Every registered task limit with its slots in use now: running (concurrency slots held) and recent starts (rate slots resting).
+SELECT l.task, l.global_concurrency, l.rate_limit, l.rate_period_seconds, l.registered_by, l.updated_at,
+       count(*) FILTER (WHERE s.kind = 'concurrency' AND s.job_id IS NOT NULL) AS running,
+       count(*) FILTER (WHERE s.kind = 'rate' AND s.free_at > coalesce(%(now)s::timestamptz, now())) AS recent_starts
+FROM {schema}.task_limits AS l
+LEFT JOIN {schema}.task_slots AS s ON s.task = l.task
+GROUP BY l.task
+ORDER BY l.task;
+
+-- name: task_limits_next_start
+-- Seconds until the next start a rate limit allows, over the given tasks that have due pending jobs in the given queues (NULL when none waits: the claimer then waits as usual). A slot that came free within the last second counts (zero or less: claim again now; it may have come free between the claim and this query); a task with a slot free for longer is held back by something else (a concurrency limit, a serial key), so it gives no hint and is not spun on.
+SELECT extract(epoch FROM min(s.free_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS due_in_seconds
+FROM {schema}.task_slots AS s
+WHERE s.task = ANY(%(tasks)s::text[]) AND s.kind = 'rate'
+  AND s.free_at > coalesce(%(now)s::timestamptz, now()) - interval '1 second'
+  AND NOT EXISTS (SELECT 1 FROM {schema}.task_slots AS f
+                  WHERE f.task = s.task AND f.kind = 'rate'
+                    AND f.free_at <= coalesce(%(now)s::timestamptz, now()) - interval '1 second')
+  AND EXISTS (SELECT 1 FROM {schema}.jobs AS j
+              WHERE j.task = s.task AND j.status = 'pending' AND j.queue = ANY(%(queues)s::text[])
+                AND j.visible_at <= coalesce(%(now)s::timestamptz, now()));

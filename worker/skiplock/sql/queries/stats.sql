@@ -56,3 +56,34 @@ SELECT current_setting('max_connections')::int AS max_connections,
 -- name: session_statement_timeout
 -- Bound every statement of this session (milliseconds as text), so the server stops work nobody waits for.
 SELECT set_config('statement_timeout', %(ms)s, false);
+
+-- name: queue_waiting
+-- Due pending jobs held back by flow control, per queue and reason: serial_key (an earlier job of the key is live, or one runs), concurrency (every slot of the task's global concurrency is taken), rate (the task's rate limit allows no start now).
+WITH full_tasks AS (
+    SELECT l.task,
+           l.global_concurrency IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM {schema}.task_slots AS s
+               WHERE s.task = l.task AND s.kind = 'concurrency' AND s.job_id IS NULL) AS concurrency,
+           l.rate_limit IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM {schema}.task_slots AS s
+               WHERE s.task = l.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())) AS rate
+    FROM {schema}.task_limits AS l
+), due AS (
+    SELECT j.queue, j.task, j.serial_key, j.id FROM {schema}.jobs AS j
+    WHERE j.status = 'pending' AND j.visible_at <= coalesce(%(now)s::timestamptz, now())
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+      AND (j.serial_key IS NOT NULL OR j.task IN (SELECT task FROM full_tasks WHERE concurrency OR rate))
+), reasons AS (
+    SELECT d.queue,
+           d.serial_key IS NOT NULL AND EXISTS (
+               SELECT 1 FROM {schema}.jobs AS k
+               WHERE k.serial_key = d.serial_key AND k.status IN ('pending', 'processing')
+                 AND (k.id < d.id OR k.status = 'processing')) AS serial_key,
+           coalesce(f.concurrency, false) AS concurrency, coalesce(f.rate, false) AS rate
+    FROM due AS d LEFT JOIN full_tasks AS f ON f.task = d.task
+)
+SELECT queue, count(*) FILTER (WHERE serial_key) AS serial_key, count(*) FILTER (WHERE concurrency) AS concurrency,
+       count(*) FILTER (WHERE rate) AS rate
+FROM reasons
+GROUP BY queue
+ORDER BY queue;

@@ -1,0 +1,62 @@
+"""Periodic tasks with the operator: three worker processes and two operator instances fire each tick of an
+every-second schedule once, and a queue with no worker at all still gets its ticks (and scales up on them)."""
+
+from __future__ import annotations
+
+import collections
+
+import psycopg
+
+from skiplock.cli import main
+from support.pg import await_for
+from support.workers import WorkerProcess
+
+from .conftest import Cluster, jobqueue_spec, metric, running_operator
+
+APP = "support.periodic_app:app"
+
+
+def tick_times(dsn: str, schema: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            f"SELECT payload->>'scheduled_at' FROM \"{schema}\".jobs WHERE task = 'periodic.tick' ORDER BY id"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+async def test_three_workers_and_two_operators_enqueue_each_tick_once(
+    pg_dsn: str, schema: str, queue: object, cluster: Cluster
+) -> None:
+    await cluster.apply_secret("db", pg_dsn)
+    workers = [WorkerProcess(pg_dsn, schema, "ticks", "support.handlers:noop", app=APP) for _ in range(3)]
+    try:
+        async with running_operator(cluster) as first, running_operator(cluster) as second:
+            await cluster.create_jobqueue("ticks", jobqueue_spec("ticks", schema, minReplicas=1))
+            await await_for(lambda: len(tick_times(pg_dsn, schema)) >= 6, timeout=40, what="six ticks")
+            by_operators = sum(
+                metric(m, "skiplock_operator_schedule_ticks_total", result="enqueued") or 0 for m in (first, second)
+            )
+        for w in workers:
+            w.signal()
+        for w in workers:
+            assert w.wait(30) == 0, w.output()
+    finally:
+        for w in workers:
+            w.stop()
+    ticks = tick_times(pg_dsn, schema)
+    repeated = {t: n for t, n in collections.Counter(ticks).items() if n > 1}
+    assert not repeated, f"ticks enqueued more than once: {repeated}"
+    assert all("registered 1 schedule(s)" in w.output() for w in workers)
+    print(f"{len(ticks)} ticks, {by_operators:.0f} of them enqueued by the operators")
+
+
+async def test_a_queue_without_workers_gets_its_ticks_from_the_operator(
+    pg_dsn: str, schema: str, queue: object, cluster: Cluster
+) -> None:
+    assert main(["schedules", "sync", "--app", APP, "--dsn", pg_dsn, "--schema", schema]) == 0  # at deploy
+    await cluster.apply_secret("db", pg_dsn)
+    async with running_operator(cluster) as metrics:
+        await cluster.create_jobqueue("ticks", jobqueue_spec("ticks", schema, pollingIntervalSeconds=60))
+        await await_for(lambda: len(tick_times(pg_dsn, schema)) >= 1, timeout=20, what="a tick from the operator")
+        await await_for(lambda: cluster.replicas("ticks") == 1, timeout=10, what="a worker woken by the tick")
+        assert (metric(metrics, "skiplock_operator_schedule_ticks_total", result="enqueued") or 0) >= 1

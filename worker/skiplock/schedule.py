@@ -1,0 +1,272 @@
+"""Periodic tasks: timing (cron or every N seconds, in a time zone), registration and firing of ticks.
+
+Schedules live in the database (the ``schedules`` table), one row per periodic task with its next due time.
+Workers register their app's schedules at start and every hour; ``skiplock schedules sync`` does it at deploy.
+Whoever finds a schedule due (a worker, or the operator, which cannot import application code) fires it with
+one statement: a compare-and-set of ``next_run_at`` plus the job INSERT, whose unique key (schedule and tick
+time) is a second guard. So each tick is enqueued once however many workers and operator replicas run.
+
+Late ticks (after downtime): only the last missed tick runs, the earlier ones are skipped (and counted).
+A schedule nobody registered for ``max(7 days, 3 periods)`` is stale: it is not fired any more (a task removed
+from the app stops firing by itself; ``skiplock schedules sync --prune`` removes it at once).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import psycopg
+from cronsim import CronSim, CronSimError
+from psycopg.rows import dict_row
+
+from skiplock.sql import Queries
+from skiplock.unique import UNIQUE_STATES
+
+log = logging.getLogger(__name__)
+STALE_SECONDS = 7 * 86400.0
+"""A schedule not registered for max(this, 3 periods) is stale: not fired, shown as stale."""
+REGISTER_EVERY_SECONDS = 3600.0
+"""How often a running worker registers its schedules again (so they never go stale while it runs)."""
+MAX_WAIT_SECONDS = 30.0
+"""Longest sleep of a firer between two looks (new or changed schedules are seen within it)."""
+MISSED_COUNT_LIMIT = 10_000
+"""Missed cron ticks are counted one by one up to this many (then the count stops there)."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """When a schedule ticks: a cron expression (5 fields, or 6 with seconds first) in a time zone, or every N
+    seconds (ticks at multiples of N since the Unix epoch, whatever the zone)."""
+
+    cron: str | None = None
+    every: float | None = None
+    timezone: str = "UTC"
+
+    def __post_init__(self) -> None:
+        if problem := timing_problem(self.cron, self.every, self.timezone):
+            raise ValueError(problem)
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+    def next_after(self, at: datetime) -> datetime:
+        """The first tick strictly after ``at`` (an aware datetime), in UTC."""
+        if self.every is not None:
+            step = _micros(self.every)
+            return _from_micros((_epoch_micros(at) // step + 1) * step)
+        assert self.cron is not None
+        return next(CronSim(self.cron, at.astimezone(self.zone))).astimezone(UTC)
+
+    def last_at_or_before(self, at: datetime) -> datetime:
+        """The last tick at or before ``at``, in UTC."""
+        if self.every is not None:
+            step = _micros(self.every)
+            return _from_micros(_epoch_micros(at) // step * step)
+        assert self.cron is not None
+        probe = at.astimezone(self.zone) + timedelta(microseconds=1)
+        return next(CronSim(self.cron, probe, reverse=True)).astimezone(UTC)
+
+    def ticks_between(self, after: datetime, before: datetime, limit: int = MISSED_COUNT_LIMIT) -> int:
+        """How many ticks fall strictly between ``after`` and ``before`` (at most ``limit``)."""
+        if before <= after:
+            return 0
+        if self.every is not None:
+            step = _micros(self.every)
+            first = _epoch_micros(after) // step + 1
+            last = -(-_epoch_micros(before) // step) - 1
+            return max(0, min(limit, last - first + 1))
+        count, tick = 0, self.next_after(after)
+        while tick < before and count < limit:
+            count, tick = count + 1, self.next_after(tick)
+        return count
+
+    def period_seconds(self, at: datetime) -> float:
+        """About one period: the longest of the next few gaps between ticks (a month for a monthly cron)."""
+        if self.every is not None:
+            return self.every
+        ticks = [self.next_after(at)]
+        for _ in range(4):
+            ticks.append(self.next_after(ticks[-1]))
+        return max((b - a).total_seconds() for a, b in itertools.pairwise(ticks))
+
+
+def timing_problem(cron: Any, every: Any, timezone: Any) -> str | None:
+    """Why this timing is wrong, or None."""
+    if cron is not None and every is not None:
+        return "give cron or every, not both"
+    if every is not None and (
+        not isinstance(every, int | float) or isinstance(every, bool) or not math.isfinite(every) or every < 0.001
+    ):
+        return f"every must be a number of seconds >= 0.001 (got {every!r})"
+    if not isinstance(timezone, str) or not timezone:
+        return f"timezone must be an IANA zone name such as 'Europe/Berlin' (got {timezone!r})"
+    try:
+        zone = ZoneInfo(timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        return f"unknown timezone {timezone!r} (an IANA zone name such as 'Europe/Berlin' or 'UTC')"
+    if cron is not None:
+        if not isinstance(cron, str) or len(cron.split()) not in (5, 6):
+            return f"cron must be 5 fields (minute hour day month weekday), or 6 with seconds first (got {cron!r})"
+        try:
+            next(CronSim(cron, datetime(2000, 1, 1, tzinfo=zone)))
+        except (CronSimError, StopIteration) as exc:
+            return f"invalid cron {cron!r}: {exc or 'it never fires'}"
+    return None
+
+
+def _micros(seconds: float) -> int:
+    return max(1, round(seconds * 1_000_000))
+
+
+def _epoch_micros(at: datetime) -> int:
+    delta = at.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _from_micros(micros: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One periodic task as stored: its name (the task's), app, queue, timing and job defaults."""
+
+    name: str
+    app: str
+    queue: str
+    timing: Timing
+    priority: int = 0
+    max_attempts: int = 5
+
+    def register_params(self, now: datetime) -> dict[str, Any]:
+        t = self.timing
+        return {
+            "name": self.name,
+            "app": self.app,
+            "queue": self.queue,
+            "task": self.name,
+            "cron": t.cron,
+            "every_seconds": t.every,
+            "timezone": t.timezone,
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+            "next_run_at": t.next_after(now),
+            "period_seconds": t.period_seconds(now),
+            "stale_seconds": STALE_SECONDS,
+        }
+
+
+@dataclass(frozen=True)
+class Fired:
+    """One due schedule handled: the job enqueued (None: another firer had it), the tick, ticks skipped."""
+
+    name: str
+    task: str
+    tick: datetime
+    job_id: int | None
+    missed: int
+
+
+def tick_payload(name: str, tick: datetime) -> str:
+    return json.dumps({"schedule": name, "scheduled_at": tick.isoformat()})
+
+
+def tick_key(name: str, tick: datetime) -> str:
+    """The unique key of a tick's job: the schedule and the tick time (the second guard of exactly once)."""
+    return f"schedule:{name}@{tick.isoformat()}"
+
+
+def fire_params(row: dict[str, Any], channel: str) -> tuple[dict[str, Any], int]:
+    """The parameters of ``schedule_fire`` for one due row (late: its last missed tick), and the ticks skipped."""
+    timing = Timing(row["cron"], row["every_seconds"], row["timezone"])
+    now, expected = row["now"], row["next_run_at"]
+    tick = max(expected, timing.last_at_or_before(now))
+    params = {
+        "name": row["name"],
+        "expected": expected,
+        "tick": tick,
+        "following": timing.next_after(max(tick, now)),
+        "payload": tick_payload(row["name"], tick),
+        "unique_key": tick_key(row["name"], tick),
+        "unique_states": list(UNIQUE_STATES),
+        "channel": channel,
+    }
+    # Late: the stored tick and those between it and the one fired are skipped (the documented policy).
+    return params, 1 + timing.ticks_between(expected, tick) if tick > expected else 0
+
+
+def _names(names: Iterable[str] | None) -> list[str] | None:
+    return None if names is None else list(names)
+
+
+def _scope(names: Iterable[str] | None, queues: Sequence[str] | None) -> dict[str, Any]:
+    return {
+        "names": _names(names),
+        "queues": None if queues is None else list(queues),
+        "stale_seconds": STALE_SECONDS,
+    }
+
+
+# --------------------------------------------------------------------------------------------- database calls
+async def register(conn: psycopg.AsyncConnection[Any], q: Queries, schedules: Sequence[Schedule]) -> None:
+    """Register (or refresh) ``schedules``: one short transaction."""
+    async with conn.transaction():
+        now = (await (await conn.execute(q.schedule_now)).fetchone() or [datetime.now(UTC)])[0]
+        for s in schedules:
+            await conn.execute(q.schedule_register, s.register_params(now))
+
+
+def register_sync(conn: psycopg.Connection[Any], q: Queries, schedules: Sequence[Schedule]) -> None:
+    with conn.transaction():
+        now = (conn.execute(q.schedule_now).fetchone() or [datetime.now(UTC)])[0]
+        for s in schedules:
+            conn.execute(q.schedule_register, s.register_params(now))
+
+
+async def fire_due(
+    conn: psycopg.AsyncConnection[Any],
+    q: Queries,
+    channel: str,
+    *,
+    names: Iterable[str] | None = None,
+    queues: Sequence[str] | None = None,
+) -> tuple[list[Fired], float | None]:
+    """Fire every due schedule (of ``names`` / ``queues``, or all) on an autocommit connection; returns what was
+    fired and the seconds until the next one is due (None: no schedule)."""
+    scope = _scope(names, queues)
+    fired: list[Fired] = []
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(q.schedule_due, scope)
+        for row in await cur.fetchall():
+            try:
+                params, missed = fire_params(row, channel)
+            except (ValueError, StopIteration) as exc:  # a row written by hand, or a cron that never fires again
+                log.warning("schedule %s cannot be fired: %s", row["name"], exc, extra={"action": "schedule_invalid"})
+                continue
+            await cur.execute(q.schedule_fire, params)
+            out = await cur.fetchone()
+            job_id = out["id"] if out else None
+            fired.append(Fired(row["name"], row["task"], params["tick"], job_id, missed if job_id else 0))
+        await cur.execute(q.schedule_next_due, scope)
+        nxt = await cur.fetchone()
+    return fired, (None if not nxt or nxt["seconds"] is None else max(0.0, float(nxt["seconds"])))
+
+
+def wait_seconds(next_due: float | None) -> float:
+    """How long a firer sleeps: until the next schedule is due, at most :data:`MAX_WAIT_SECONDS`."""
+    return MAX_WAIT_SECONDS if next_due is None else min(MAX_WAIT_SECONDS, max(0.01, next_due))
+
+
+def list_schedules(conn: psycopg.Connection[Any], q: Queries) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(q.schedule_list, {"stale_seconds": STALE_SECONDS})
+        return cur.fetchall()
