@@ -183,8 +183,8 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
     if peers:
         add("drain", CEILING + " W=4", lambda: scenario.drain(cfg, system="ceiling", handler="noop", workers=4))
     # flow control: what 10 % serial-keyed jobs, and a task with (non-binding) limits, cost the plain drain
-    add("drain", FLOW_CASES[0], lambda: scenario.drain(cfg, system="skiplock", handler="noop", flow="serial"))
-    add("drain", FLOW_CASES[1], lambda: scenario.drain(cfg, system="skiplock", handler="noop", flow="limited"))
+    skiplock(FLOW_CASES[0], flow="serial")
+    skiplock(FLOW_CASES[1], flow="limited")
     big_c = a.big_concurrency  # the RSS case
     add(
         "drain",
@@ -241,7 +241,7 @@ def add_ratios(med: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, An
         peer = any(name.startswith(b) for b in (CEILING, PGQUEUER, TX_CEILING, "drain noop [seed]"))
         if name.endswith("]") and not peer:  # a --compare row against the same case of this tree
             m["vs_main"] = paired(runs, name, main_of(name))
-        if name in FLOW_CASES:
+        if main_of(name) in FLOW_CASES:
             m["vs_plain"] = paired(runs, name, "drain noop")
         elif "write" in name:
             m["vs_ceiling"] = paired(runs, name, TX_CEILING)

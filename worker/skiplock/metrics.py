@@ -33,7 +33,7 @@ WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 OUTCOMES = ("done", "retried", "failed", "lease_lost", "unknown_task", "cancelled", "snoozed")
 FAILURE_REASONS = ("non_retryable", "exhausted", "unknown_task")
 DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release", "purge", "schedule", "register_limits")
-WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered", "rate_limit")
+WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered", "rate_limit", "completed")
 
 
 ENQUEUE_DUPLICATES = Counter(
@@ -131,7 +131,7 @@ class WorkerMetrics:
         )
         self.wakeups = Counter(
             "skiplock_worker_wakeups",
-            "Claim-loop wake-ups by source (notify, poll, busy, recovered, rate_limit).",
+            "Claim-loop wake-ups by source (notify, poll, busy, recovered, rate_limit, completed).",
             ["source"],
             registry=registry,
         )

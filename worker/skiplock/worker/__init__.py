@@ -283,6 +283,7 @@ class Worker:
             cancelled=self._on_cancelled,
             timeouts=self.router.timeouts(),
         )
+        completer.on_written = lambda: self._wake("completed")  # a successor of a serial key may be due now
         claimer = self._claimer = Claimer(scope, slots, completer, leases, self._start_jobs, self.metrics, stopping)
         claimer.until_idle = until_idle
         tasks: list[asyncio.Task[Any]] = []

@@ -49,6 +49,10 @@ PREFETCH_WAIT_FRACTION = 0.05
 RATE_WINDOW_SECONDS = 0.25
 # With no pace known yet, a first one is taken this early once three slots' worth of jobs started.
 RATE_FIRST_SECONDS = 0.01
+# A claim that came back short but with at least this many jobs is followed by another (see Claimer._claim).
+MORE_AFTER_JOBS = 2
+# Until idle (skiplock.testing): how soon an empty claim made beside running jobs is made again.
+UNTIL_IDLE_RECHECK_SECONDS = 0.01
 # The shortest wait a rate limit's hint asks for: a slot that came free between a claim and the hint is claimed
 # again at once, and a job held back by something else as well is retried at most this often (for a second).
 RATE_RETRY_SECONDS = 0.01
@@ -94,6 +98,7 @@ class Claimer:
         self._window_start = time.monotonic()
         self._window_count = 0
         self.until_idle = False  # stop once nothing is due and nothing runs (skiplock.testing)
+        self._claimed_busy = False  # the last claim was made while jobs ran or waited in the buffer
         self.claims = 0
         self.empty_claims = 0
 
@@ -204,7 +209,11 @@ class Claimer:
                 gather = max(1, min(s.batch, s.concurrency + self.allowed()))
                 if more and (len(self._slots) or self._buffer) and free < gather:
                     free = await self._gather_slots(gather)
-                if not more:
+                if not more and self.until_idle and self._claimed_busy:
+                    # The empty claim ran beside running jobs (it claimed ahead): a job they enqueue or unblock may
+                    # have committed after its snapshot, so idle is only judged by a claim made with nothing running.
+                    await asyncio.sleep(UNTIL_IDLE_RECHECK_SECONDS)
+                elif not more:
                     if self.until_idle and not len(self._slots) and not self._completer.pending and not self._buffer:
                         self._stopping.set()
                         break
@@ -222,6 +231,7 @@ class Claimer:
 
     async def _claim(self, want: int) -> bool:
         """One claim carrying the finished jobs; True when it filled the batch (more work is waiting)."""
+        self._claimed_busy = bool(len(self._slots) or self._buffer)
         done = self._completer.take_done()
         try:
             result = await self._control.call("claim", lambda: self._complete_and_claim(done, want))
@@ -253,9 +263,18 @@ class Claimer:
                 self._quiet_until = time.monotonic() + EMPTY_CLAIM_QUIET_SECONDS
         if self._rate_limited and len(jobs) < want:  # due jobs may wait on a rate: wake when the next may start
             self._due_in = await flow.next_start(self._control, self._rate_limited, tuple(self._queues))
-        # Full: the batch was filled, or some queue gave all it may give one claim (more of it is waiting).
-        full = len(jobs) == want or (self._limited and bool(jobs)) or (
-            len(self._queues) > 1 and max(Counter(j.queue for j in jobs).values(), default=0) >= self._per_queue(want)
+        # Full: the batch was filled, or some queue gave all it may give one claim (more of it is waiting), or it
+        # brought several jobs: a claim that asks for a whole batch may come back short while more jobs are due
+        # (serial keys whose earlier jobs this worker holds), so the next one follows, without waiting for a NOTIFY
+        # (a claim of one job, as an idle worker makes for each NOTIFY, is not followed by another).
+        full = (
+            len(jobs) == want
+            or len(jobs) >= MORE_AFTER_JOBS
+            or (self._limited and bool(jobs))
+            or (
+                len(self._queues) > 1
+                and max(Counter(j.queue for j in jobs).values(), default=0) >= self._per_queue(want)
+            )
         )
         if full:
             self._metrics.wakeups.labels("busy").inc()
