@@ -73,6 +73,8 @@ class Queries:
     job_notify: LiteralString
     job_complete_and_claim: LiteralString
     job_complete_and_claim_one: LiteralString
+    job_complete_and_claim_unlimited: LiteralString
+    job_complete_and_claim_unlimited_one: LiteralString
     job_complete: LiteralString
     job_confirm_done: LiteralString
     job_fail: LiteralString

@@ -352,6 +352,115 @@ SELECT false AS completed, c.* FROM claimed AS c
 UNION ALL
 SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
 
+-- name: job_complete_and_claim_unlimited
+-- job_complete_and_claim for a worker none of whose tasks has a global concurrency or rate limit: the same completion, round-robin, serial keys and lease, without the slot bookkeeping (a third of the planning); jobs of limited tasks are left pending for the workers that know their limits.
+WITH done AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
+    WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
+    RETURNING j.id
+), finishing AS (
+    -- the runs this statement completes (their serial key passes to the next job)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS f(id, attempts)
+), candidates AS (
+    SELECT c.id, q.n, row_number() OVER (PARTITION BY q.n ORDER BY c.priority DESC, c.visible_at, c.id) AS turn,
+           c.task, c.priority, c.visible_at
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
+    CROSS JOIN LATERAL (
+        SELECT id, task, priority, visible_at FROM {schema}.jobs
+        WHERE queue = q.queue AND status = 'pending'
+          AND visible_at <= coalesce(%(now)s::timestamptz, now())
+          -- flow limits: a keyed job is a candidate only as the head of its key (lowest live id; a done job of this
+          -- statement and a skip-ahead job waiting for its retry do not count) while no job of the key runs.
+          AND (jobs.serial_key IS NULL OR (
+              NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
+                          WHERE k.serial_key = jobs.serial_key AND k.status = 'processing'
+                            AND NOT (k.locked_by = %(worker)s AND (k.id, k.attempts) IN (SELECT * FROM finishing)))
+              AND NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
+                              WHERE k.serial_key = jobs.serial_key AND k.id < jobs.id AND k.status IN ('pending', 'processing')
+                                AND NOT (k.status = 'processing' AND k.locked_by = %(worker)s
+                                         AND (k.id, k.attempts) IN (SELECT * FROM finishing))
+                                AND NOT (k.serial_skip_on_retry AND k.status = 'pending' AND k.attempts > 0
+                                         AND k.visible_at > coalesce(%(now)s::timestamptz, now())))))
+          -- no job of a limited task: those are left to the workers that know its limits
+          AND (jobs.task IS NULL OR NOT EXISTS (SELECT 1 FROM {schema}.task_limits AS l WHERE l.task = jobs.task))
+        ORDER BY priority DESC, visible_at, id
+        LIMIT %(per_queue)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = q.queue AND p.paused)
+), picked AS (
+    SELECT id, task, priority, visible_at FROM candidates
+    ORDER BY turn, (n + cardinality(%(queues)s::text[]) - 1 - %(rotate)s) %% cardinality(%(queues)s::text[])
+    LIMIT %(limit)s
+), claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
+        locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
+        lease_expires_at = coalesce(%(now)s::timestamptz, now())
+            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)),
+        slot = NULL
+    FROM picked AS go, (SELECT count(*) FROM done) AS finished  -- completions first (a serial key passes on)
+    WHERE j.id = go.id
+    RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
+              j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds
+)
+SELECT false AS completed, c.* FROM claimed AS c
+UNION ALL
+SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
+
+-- name: job_complete_and_claim_unlimited_one
+-- job_complete_and_claim_one for a worker none of whose tasks has a global concurrency or rate limit (see job_complete_and_claim_unlimited).
+WITH done AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
+    WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
+    RETURNING j.id
+), finishing AS (
+    -- the runs this statement completes (their serial key passes to the next job)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS f(id, attempts)
+), picked AS (
+    SELECT id, task, priority, visible_at FROM {schema}.jobs
+    WHERE queue = (%(queues)s::text[])[1] AND status = 'pending'
+      AND visible_at <= coalesce(%(now)s::timestamptz, now())
+      AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = (%(queues)s::text[])[1] AND p.paused)
+      -- flow limits: a keyed job is a candidate only as the head of its key (lowest live id; a done job of this
+      -- statement and a skip-ahead job waiting for its retry do not count) while no job of the key runs.
+      AND (jobs.serial_key IS NULL OR (
+          NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
+                      WHERE k.serial_key = jobs.serial_key AND k.status = 'processing'
+                        AND NOT (k.locked_by = %(worker)s AND (k.id, k.attempts) IN (SELECT * FROM finishing)))
+          AND NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
+                          WHERE k.serial_key = jobs.serial_key AND k.id < jobs.id AND k.status IN ('pending', 'processing')
+                            AND NOT (k.status = 'processing' AND k.locked_by = %(worker)s
+                                     AND (k.id, k.attempts) IN (SELECT * FROM finishing))
+                            AND NOT (k.serial_skip_on_retry AND k.status = 'pending' AND k.attempts > 0
+                                     AND k.visible_at > coalesce(%(now)s::timestamptz, now())))))
+      -- no job of a limited task: those are left to the workers that know its limits
+      AND (jobs.task IS NULL OR NOT EXISTS (SELECT 1 FROM {schema}.task_limits AS l WHERE l.task = jobs.task))
+    ORDER BY priority DESC, visible_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
+        locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
+        lease_expires_at = coalesce(%(now)s::timestamptz, now())
+            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)),
+        slot = NULL
+    FROM picked AS go, (SELECT count(*) FROM done) AS finished  -- completions first (a serial key passes on)
+    WHERE j.id = go.id
+    RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
+              j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds
+)
+SELECT false AS completed, c.* FROM claimed AS c
+UNION ALL
+SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
+
 -- name: job_complete
 -- Mark claimed jobs done, fenced (the UPDATE of job_complete_and_claim, alone: that statement costs a handler's transaction 1.2x).
 UPDATE {schema}.jobs AS j
