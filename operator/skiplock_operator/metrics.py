@@ -13,6 +13,7 @@ from skiplock.queue import WAITING_REASONS
 RESULTS = ("success", "invalid", "retry", "error")
 STATES = ("ready", "delayed", "processing", "stalled", "failed")
 PURGED = ("done", "failed", "cancelled")
+TICK_RESULTS = ("enqueued", "skipped")
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
@@ -52,8 +53,8 @@ class OperatorMetrics:
         self.schedule_ticks = Counter(
             "skiplock_operator_schedule_ticks",
             "Ticks of periodic tasks by result: enqueued by this operator, or skipped (missed while nobody fired "
-            "them: only the last missed tick runs).",
-            ["result"],
+            "them: only the last missed tick runs), by JobQueue.",
+            ["namespace", "jobqueue", "result"],
             registry=registry,
         )
         self.errors = Counter(
@@ -120,6 +121,7 @@ class OperatorMetrics:
             self.reconciles.labels(result)
         self._queues: dict[tuple[str, str], set[str]] = {}
         self._retention: dict[tuple[str, str], bool] = {}
+        self._schedules: dict[tuple[str, str], bool] = {}
 
     def observe_queues(self, namespace: str, jobqueue: str, stats: Mapping[str, QueueStats]) -> None:
         """Set the queue gauges of one JobQueue; queues it no longer serves lose their series."""
@@ -160,6 +162,16 @@ class OperatorMetrics:
                     self.jobs_purged.remove(namespace, jobqueue, status)
             with contextlib.suppress(KeyError):
                 self.purge_errors.remove(namespace, jobqueue)
+        if self._schedules.pop((namespace, jobqueue), False):
+            for result in TICK_RESULTS:
+                with contextlib.suppress(KeyError):
+                    self.schedule_ticks.remove(namespace, jobqueue, result)
+
+    def watch_schedules(self, namespace: str, jobqueue: str) -> None:
+        """The tick series of a JobQueue start at 0 (a first tick then shows in rate/increase)."""
+        self._schedules[(namespace, jobqueue)] = True
+        for result in TICK_RESULTS:
+            self.schedule_ticks.labels(namespace, jobqueue, result)
 
     def watch_retention(self, namespace: str, jobqueue: str) -> None:
         """The retention series of a JobQueue start at 0 (a first purge or failure then shows in rate/increase)."""

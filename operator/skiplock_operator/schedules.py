@@ -31,6 +31,7 @@ class ScheduleFirer:
 
     async def run(self, stopped: Any) -> None:
         idle = asyncio.Event()  # never set: only the timeout or the stop ends a wait
+        self.rt.metrics.watch_schedules(*self.key)
         while not stopped:
             await wait(idle, stopped, await self.step())
 
@@ -50,8 +51,8 @@ class ScheduleFirer:
             return ERROR_WAIT_SECONDS
         for f in fired:
             if f.job_id is not None:
-                self.rt.metrics.schedule_ticks.labels("enqueued").inc()
+                self.rt.metrics.schedule_ticks.labels(*self.key, "enqueued").inc()
                 self.logger.info(f"schedule {f.name}: enqueued job {f.job_id} for {f.tick.isoformat()}")
             if f.missed:
-                self.rt.metrics.schedule_ticks.labels("skipped").inc(f.missed)
+                self.rt.metrics.schedule_ticks.labels(*self.key, "skipped").inc(f.missed)
         return schedule.wait_seconds(next_due)

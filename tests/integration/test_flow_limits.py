@@ -122,6 +122,21 @@ def limit(queue: Queue, concurrency: int | None = None, rate: RateLimit | None =
 
 
 @pytest.mark.parametrize("names", QUEUES)
+def test_a_claimer_without_limits_leaves_limited_tasks_to_those_that_know_them(queue: Queue, names: list[str]) -> None:
+    """A worker none of whose tasks is limited claims with the cheaper statement: it runs every other job (serial
+    keys still hold) and leaves the jobs of a limited task pending, whatever its slots say."""
+    limit(queue, concurrency=5)
+    limited = queue.enqueue_many("q", [{}] * 2, task="t", run_at=T0, priority=5)
+    keyed = queue.enqueue_many("q", [{}] * 2, task="u", run_at=T0, serial_key="k")
+    untasked = queue.enqueue("q", {}, run_at=T0)
+    plain = queue.complete_and_claim((), names, limit=10, worker="w1", now=T0, limited=False)[1]
+    assert ids(plain) == [keyed[0], untasked.id]  # one of the key at a time, none of the limited task
+    again = queue.complete_and_claim(plain, names, limit=10, worker="w1", now=T0, limited=False)
+    assert again[0] == {keyed[0], untasked.id} and ids(again[1]) == [keyed[1]]  # the key passed on
+    assert ids(claim(queue, names, worker="w2")) == limited  # a claimer that knows the limits takes them
+
+
+@pytest.mark.parametrize("names", QUEUES)
 def test_global_concurrency_caps_running_jobs_and_the_rest_run(queue: Queue, names: list[str]) -> None:
     limit(queue, concurrency=2)
     limited = queue.enqueue_many("q", [{}] * 5, task="t", run_at=T0, priority=5)

@@ -90,5 +90,7 @@ def operator_registry(settings: Settings, *, namespace: str, jobqueue: str, queu
 
     if hasattr(metrics, "watch_retention"):
         metrics.watch_retention(namespace, jobqueue)  # as the operator's retention daemon does at its start
+    if hasattr(metrics, "watch_schedules"):
+        metrics.watch_schedules(namespace, jobqueue)  # as the operator's schedule firer does at its start
     registry.refresh = refresh
     return registry

@@ -73,6 +73,8 @@ def test_dashboard_covers_the_issue_and_the_lifecycle() -> None:
         "Timed out and stuck slots",
         "Jobs purged by retention",
         "Retention errors",
+        "Jobs held back by flow control",
+        "Periodic task ticks",
     ):
         assert wanted in titles
 

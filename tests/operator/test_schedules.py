@@ -11,7 +11,9 @@ from skiplock.cli import main
 from support.pg import await_for
 from support.workers import WorkerProcess
 
-from .conftest import Cluster, jobqueue_spec, metric, running_operator
+from .conftest import NAMESPACE, Cluster, jobqueue_spec, metric, running_operator
+
+TICKS = {"namespace": NAMESPACE, "jobqueue": "ticks"}  # the JobQueue of these tests
 
 APP = "support.periodic_app:app"
 
@@ -34,7 +36,8 @@ async def test_three_workers_and_two_operators_enqueue_each_tick_once(
             await cluster.create_jobqueue("ticks", jobqueue_spec("ticks", schema, minReplicas=1))
             await await_for(lambda: len(tick_times(pg_dsn, schema)) >= 6, timeout=40, what="six ticks")
             by_operators = sum(
-                metric(m, "skiplock_operator_schedule_ticks_total", result="enqueued") or 0 for m in (first, second)
+                metric(m, "skiplock_operator_schedule_ticks_total", **TICKS, result="enqueued") or 0
+                for m in (first, second)
             )
         for w in workers:
             w.signal()
@@ -59,4 +62,4 @@ async def test_a_queue_without_workers_gets_its_ticks_from_the_operator(
         await cluster.create_jobqueue("ticks", jobqueue_spec("ticks", schema, pollingIntervalSeconds=60))
         await await_for(lambda: len(tick_times(pg_dsn, schema)) >= 1, timeout=20, what="a tick from the operator")
         await await_for(lambda: cluster.replicas("ticks") == 1, timeout=10, what="a worker woken by the tick")
-        assert (metric(metrics, "skiplock_operator_schedule_ticks_total", result="enqueued") or 0) >= 1
+        assert (metric(metrics, "skiplock_operator_schedule_ticks_total", **TICKS, result="enqueued") or 0) >= 1

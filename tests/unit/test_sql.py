@@ -3,7 +3,7 @@ from importlib import resources
 
 import pytest
 
-from skiplock.sql import Queries, migrations, parse, queries_for
+from skiplock.sql import Queries, include, migrations, parse, queries_for
 
 
 def test_every_query_is_loaded_and_rendered_for_the_schema():
@@ -43,3 +43,21 @@ def test_migrations_are_numbered_without_gaps():
 def test_hostile_schema_names_are_quoted_not_interpolated():
     q = queries_for('we"ird')
     assert '"we""ird".jobs' in q.job_complete_and_claim
+
+
+def test_parts_are_included_and_a_missing_part_fails():
+    assert include("WITH /* include: a */ SELECT 1", {"a": "a AS (SELECT 2)"}) == "WITH a AS (SELECT 2) SELECT 1"
+    with pytest.raises(ValueError, match="no SQL part named 'b'"):
+        include("/* include: b */", {"a": ""})
+    q = queries_for("s")
+    for name in Queries.__annotations__:
+        assert "/* include:" not in getattr(q, name), name
+    # the claim statements share their parts: the serial-key condition is in all four
+    claims = [getattr(q, n) for n in Queries.__annotations__ if n.startswith("job_complete_and_claim")]
+    assert len(claims) == 4 and all("k.serial_skip_on_retry" in c for c in claims)
+
+
+def test_parts_may_include_parts_but_not_in_a_cycle():
+    assert include("/* include: a */", {"a": "x /* include: b */", "b": "y"}) == "x y"
+    with pytest.raises(ValueError, match="deeper than"):
+        include("/* include: a */", {"a": "/* include: a */"})

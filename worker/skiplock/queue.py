@@ -624,12 +624,19 @@ class Statements:
         lease_seconds: float | None = None,
         leases: Mapping[str, float] | None = None,
         rotate: int = 0,
+        limited: bool = True,
     ) -> Call[tuple[set[int], list[Job]]]:
+        """``limited=False``: the claimer knows no task limits, so it leaves jobs of limited tasks alone and skips
+        the slot bookkeeping (the cheaper statement)."""
         lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
         params = complete_and_claim_params(
             done, queues, limit, worker, now, lease_seconds=lease, leases=leases, rotate=rotate
         )
-        query = self.q.job_complete_and_claim_one if len(params["queues"]) == 1 else self.q.job_complete_and_claim
+        one = len(params["queues"]) == 1
+        if limited:
+            query = self.q.job_complete_and_claim_one if one else self.q.job_complete_and_claim
+        else:
+            query = self.q.job_complete_and_claim_unlimited_one if one else self.q.job_complete_and_claim_unlimited
         return Call(query, params, lambda r: completed_and_claimed(r.rows), tuples=True)
 
     def confirm_done(self, jobs: Sequence[Job], worker: str) -> Call[set[int]]:
@@ -973,13 +980,15 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         lease_seconds: float | None = None,
         leases: Mapping[str, float] | None = None,
         rotate: int = 0,
+        limited: bool = True,
         conn: psycopg.Connection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
         """Mark ``done`` jobs done (fenced, as :meth:`complete`) and claim up to ``limit`` new ones of one queue or
         several (round-robin across queues), in one statement and one commit. Returns the ids completed and the
         jobs claimed. ``leases`` maps task names to their own lease; ``rotate`` picks the queue served first
-        (at most ``per_queue_limit`` jobs of each queue). ``conn`` must autocommit."""
-        call = self._s.complete_and_claim(done, queue, limit, worker, now, lease_seconds, leases, rotate)
+        (at most ``per_queue_limit`` jobs of each queue); ``limited=False`` leaves the jobs of tasks with a
+        global concurrency or rate limit to other claimers (a cheaper statement). ``conn`` must autocommit."""
+        call = self._s.complete_and_claim(done, queue, limit, worker, now, lease_seconds, leases, rotate, limited)
         return self._call(call, conn)
 
     def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int]:
@@ -1279,10 +1288,11 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
         lease_seconds: float | None = None,
         leases: Mapping[str, float] | None = None,
         rotate: int = 0,
+        limited: bool = True,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
         """See :meth:`Queue.complete_and_claim`: the worker's hot path."""
-        call = self._s.complete_and_claim(done, queue, limit, worker, now, lease_seconds, leases, rotate)
+        call = self._s.complete_and_claim(done, queue, limit, worker, now, lease_seconds, leases, rotate, limited)
         return await self._call(call, conn)
 
     async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int]:

@@ -295,6 +295,7 @@ class Claimer:
                 lease_seconds=self._settings.lease_seconds,
                 leases=self._leases_by_task,
                 rotate=self._rotate,
+                limited=self._limited,
                 conn=self._conn,
             )
         except BaseException:

@@ -121,236 +121,51 @@ SELECT pg_notify(%(channel)s, %(queue)s);
 
 -- name: job_complete_and_claim
 -- Mark claimed jobs done, fenced (rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of the given queues that are not paused: at most `per_queue` of each, taken round-robin from the queue after `rotate` on (the claimer moves it every claim), so a busy queue never starves a quiet one; one statement, one commit (claim alone: no ids).
-WITH done AS (
-    UPDATE {schema}.jobs AS j
-    SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
-        updated_at = coalesce(%(now)s::timestamptz, now())
-    FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
-    WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
-    RETURNING j.id
-), finishing AS (
-    -- flow limits: the runs this statement completes (their key and concurrency slot pass to the next job)
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS f(id, attempts)
-), limit_full AS (
-    -- flow limits: the tasks with no free slot of a kind they need (one keyed probe each: LATERAL ... LIMIT 1)
-    SELECT l.task FROM {schema}.task_limits AS l
-    LEFT JOIN LATERAL (
-        SELECT true AS free FROM {schema}.task_slots AS s
-        WHERE s.task = l.task AND s.kind = 'concurrency'
-          AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))
-        LIMIT 1
-    ) AS c ON true
-    LEFT JOIN LATERAL (
-        SELECT true AS free FROM {schema}.task_slots AS s
-        WHERE s.task = l.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
-        LIMIT 1
-    ) AS r ON true
-    WHERE (l.global_concurrency IS NOT NULL AND c.free IS NULL) OR (l.rate_limit IS NOT NULL AND r.free IS NULL)
-), candidates AS (
-    SELECT c.id, q.n, row_number() OVER (PARTITION BY q.n ORDER BY c.priority DESC, c.visible_at, c.id) AS turn,
-           c.task, c.priority, c.visible_at  -- flow limits
-    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
-    CROSS JOIN LATERAL (
-        SELECT id, task, priority, visible_at FROM {schema}.jobs
-        WHERE queue = q.queue AND status = 'pending'
-          AND visible_at <= coalesce(%(now)s::timestamptz, now())
-          -- flow limits: a keyed job is a candidate only as the head of its key (lowest live id; a done job of this
-          -- statement and a skip-ahead job waiting for its retry do not count) while no job of the key runs.
-          AND (jobs.serial_key IS NULL OR (
-              NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
-                          WHERE k.serial_key = jobs.serial_key AND k.status = 'processing'
-                            AND NOT (k.locked_by = %(worker)s AND (k.id, k.attempts) IN (SELECT * FROM finishing)))
-              AND NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
-                              WHERE k.serial_key = jobs.serial_key AND k.id < jobs.id AND k.status IN ('pending', 'processing')
-                                AND NOT (k.status = 'processing' AND k.locked_by = %(worker)s
-                                         AND (k.id, k.attempts) IN (SELECT * FROM finishing))
-                                AND NOT (k.serial_skip_on_retry AND k.status = 'pending' AND k.attempts > 0
-                                         AND k.visible_at > coalesce(%(now)s::timestamptz, now())))))
-          -- flow limits: no job of a task whose concurrency or rate slots are all taken (in this snapshot)
-          AND (jobs.task IS NULL OR jobs.task NOT IN (SELECT task FROM limit_full))
-        ORDER BY priority DESC, visible_at, id
-        LIMIT %(per_queue)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = q.queue AND p.paused)
-), picked AS (
-    SELECT id, task, priority, visible_at FROM candidates
-    ORDER BY turn, (n + cardinality(%(queues)s::text[]) - 1 - %(rotate)s) %% cardinality(%(queues)s::text[])
-    LIMIT %(limit)s
-), limited AS (
-    -- flow limits: the picked jobs of limited tasks, numbered per task in claim order, then a slot of each kind
-    -- they need (locked FOR UPDATE SKIP LOCKED and rechecked by the slot's own columns); a job without its slots
-    -- stays pending. `go` is what the claim takes.
-    SELECT p.id, p.task, l.global_concurrency, l.rate_limit, l.rate_period_seconds AS period,
-           row_number() OVER (PARTITION BY p.task ORDER BY p.priority DESC, p.visible_at, p.id) AS k
-    FROM picked AS p JOIN {schema}.task_limits AS l ON l.task = p.task
-), wanted AS (
-    SELECT task, count(*) AS n FROM limited GROUP BY task
-), cslot AS (
-    SELECT w.task, s.n, row_number() OVER (PARTITION BY w.task ORDER BY s.n) AS k
-    FROM wanted AS w CROSS JOIN LATERAL (
-        SELECT s.n FROM {schema}.task_slots AS s
-        WHERE s.task = w.task AND s.kind = 'concurrency'
-          AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))
-        ORDER BY s.n LIMIT w.n
-        FOR UPDATE SKIP LOCKED
-    ) AS s
-), rslot AS (
-    SELECT w.task, s.n, row_number() OVER (PARTITION BY w.task ORDER BY s.free_at, s.n) AS k
-    FROM wanted AS w CROSS JOIN LATERAL (
-        SELECT s.n, s.free_at FROM {schema}.task_slots AS s
-        WHERE s.task = w.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
-        ORDER BY s.free_at LIMIT w.n
-        FOR UPDATE SKIP LOCKED
-    ) AS s
-), go AS (
-    SELECT p.id, c.n AS cslot, r.n AS rslot, l.period
-    FROM picked AS p
-    LEFT JOIN limited AS l ON l.id = p.id
-    LEFT JOIN cslot AS c ON c.task = l.task AND c.k = l.k
-    LEFT JOIN rslot AS r ON r.task = l.task AND r.k = l.k
-    WHERE l.id IS NULL
-       OR ((l.global_concurrency IS NULL OR c.n IS NOT NULL) AND (l.rate_limit IS NULL OR r.n IS NOT NULL))
-), claimed AS (
-    UPDATE {schema}.jobs AS j
-    SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
-        locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
-        lease_expires_at = coalesce(%(now)s::timestamptz, now())
-            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)),
-        slot = go.cslot
-    FROM go, (SELECT count(*) FROM done) AS finished  -- flow limits: completions first (a key passes on)
-    WHERE j.id = go.id
-    RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-              j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds
-), taken AS MATERIALIZED (
-    -- flow limits: the slots taken by the runs just claimed (written by primary key below)
-    SELECT c.id, c.attempts, c.task, go.cslot, go.rslot, go.period FROM claimed AS c JOIN go ON go.id = c.id
-    WHERE go.cslot IS NOT NULL OR go.rslot IS NOT NULL
-), took_cslot AS (
-    UPDATE {schema}.task_slots AS s SET job_id = t.id, attempts = t.attempts, worker = %(worker)s
-    FROM taken AS t
-    WHERE s.task = t.task AND s.kind = 'concurrency' AND s.n = t.cslot
-), took_rslot AS (
-    UPDATE {schema}.task_slots AS s
-    SET free_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => t.period)
-    FROM taken AS t
-    WHERE s.task = t.task AND s.kind = 'rate' AND s.n = t.rslot
+WITH /* include: claim_done */
+), /* include: claim_limit_full */
+), /* include: claim_pick_many */
+), /* include: claim_slots */
+), /* include: claim_update */
+), /* include: claim_take_slots */
 )
-SELECT false AS completed, c.* FROM claimed AS c
-UNION ALL
-SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
+/* include: claim_result */
 
 -- name: job_complete_and_claim_one
 -- The claim of job_complete_and_claim for a worker of one queue: the same completion, lease and columns, with a plain index scan instead of the per-queue round-robin (no window function, sort or rotation).
-WITH done AS (
-    UPDATE {schema}.jobs AS j
-    SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
-        updated_at = coalesce(%(now)s::timestamptz, now())
-    FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
-    WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
-    RETURNING j.id
-), finishing AS (
-    -- flow limits: the runs this statement completes (their key and concurrency slot pass to the next job)
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS f(id, attempts)
-), limit_full AS (
-    -- flow limits: the tasks with no free slot of a kind they need (one keyed probe each: LATERAL ... LIMIT 1)
-    SELECT l.task FROM {schema}.task_limits AS l
-    LEFT JOIN LATERAL (
-        SELECT true AS free FROM {schema}.task_slots AS s
-        WHERE s.task = l.task AND s.kind = 'concurrency'
-          AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))
-        LIMIT 1
-    ) AS c ON true
-    LEFT JOIN LATERAL (
-        SELECT true AS free FROM {schema}.task_slots AS s
-        WHERE s.task = l.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
-        LIMIT 1
-    ) AS r ON true
-    WHERE (l.global_concurrency IS NOT NULL AND c.free IS NULL) OR (l.rate_limit IS NOT NULL AND r.free IS NULL)
-), picked AS (
-    SELECT id, task, priority, visible_at FROM {schema}.jobs
-    WHERE queue = (%(queues)s::text[])[1] AND status = 'pending'
-      AND visible_at <= coalesce(%(now)s::timestamptz, now())
-      AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = (%(queues)s::text[])[1] AND p.paused)
-      -- flow limits: a keyed job is a candidate only as the head of its key (lowest live id; a done job of this
-      -- statement and a skip-ahead job waiting for its retry do not count) while no job of the key runs.
-      AND (jobs.serial_key IS NULL OR (
-          NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
-                      WHERE k.serial_key = jobs.serial_key AND k.status = 'processing'
-                        AND NOT (k.locked_by = %(worker)s AND (k.id, k.attempts) IN (SELECT * FROM finishing)))
-          AND NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
-                          WHERE k.serial_key = jobs.serial_key AND k.id < jobs.id AND k.status IN ('pending', 'processing')
-                            AND NOT (k.status = 'processing' AND k.locked_by = %(worker)s
-                                     AND (k.id, k.attempts) IN (SELECT * FROM finishing))
-                            AND NOT (k.serial_skip_on_retry AND k.status = 'pending' AND k.attempts > 0
-                                     AND k.visible_at > coalesce(%(now)s::timestamptz, now())))))
-      -- flow limits: no job of a task whose concurrency or rate slots are all taken (in this snapshot)
-      AND (jobs.task IS NULL OR jobs.task NOT IN (SELECT task FROM limit_full))
-    ORDER BY priority DESC, visible_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), limited AS (
-    -- flow limits: the picked jobs of limited tasks, numbered per task in claim order, then a slot of each kind
-    -- they need (locked FOR UPDATE SKIP LOCKED and rechecked by the slot's own columns); a job without its slots
-    -- stays pending. `go` is what the claim takes.
-    SELECT p.id, p.task, l.global_concurrency, l.rate_limit, l.rate_period_seconds AS period,
-           row_number() OVER (PARTITION BY p.task ORDER BY p.priority DESC, p.visible_at, p.id) AS k
-    FROM picked AS p JOIN {schema}.task_limits AS l ON l.task = p.task
-), wanted AS (
-    SELECT task, count(*) AS n FROM limited GROUP BY task
-), cslot AS (
-    SELECT w.task, s.n, row_number() OVER (PARTITION BY w.task ORDER BY s.n) AS k
-    FROM wanted AS w CROSS JOIN LATERAL (
-        SELECT s.n FROM {schema}.task_slots AS s
-        WHERE s.task = w.task AND s.kind = 'concurrency'
-          AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))
-        ORDER BY s.n LIMIT w.n
-        FOR UPDATE SKIP LOCKED
-    ) AS s
-), rslot AS (
-    SELECT w.task, s.n, row_number() OVER (PARTITION BY w.task ORDER BY s.free_at, s.n) AS k
-    FROM wanted AS w CROSS JOIN LATERAL (
-        SELECT s.n, s.free_at FROM {schema}.task_slots AS s
-        WHERE s.task = w.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
-        ORDER BY s.free_at LIMIT w.n
-        FOR UPDATE SKIP LOCKED
-    ) AS s
-), go AS (
-    SELECT p.id, c.n AS cslot, r.n AS rslot, l.period
-    FROM picked AS p
-    LEFT JOIN limited AS l ON l.id = p.id
-    LEFT JOIN cslot AS c ON c.task = l.task AND c.k = l.k
-    LEFT JOIN rslot AS r ON r.task = l.task AND r.k = l.k
-    WHERE l.id IS NULL
-       OR ((l.global_concurrency IS NULL OR c.n IS NOT NULL) AND (l.rate_limit IS NULL OR r.n IS NOT NULL))
-), claimed AS (
-    UPDATE {schema}.jobs AS j
-    SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
-        locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
-        lease_expires_at = coalesce(%(now)s::timestamptz, now())
-            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)),
-        slot = go.cslot
-    FROM go, (SELECT count(*) FROM done) AS finished  -- flow limits: completions first (a key passes on)
-    WHERE j.id = go.id
-    RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-              j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds
-), taken AS MATERIALIZED (
-    -- flow limits: the slots taken by the runs just claimed (written by primary key below)
-    SELECT c.id, c.attempts, c.task, go.cslot, go.rslot, go.period FROM claimed AS c JOIN go ON go.id = c.id
-    WHERE go.cslot IS NOT NULL OR go.rslot IS NOT NULL
-), took_cslot AS (
-    UPDATE {schema}.task_slots AS s SET job_id = t.id, attempts = t.attempts, worker = %(worker)s
-    FROM taken AS t
-    WHERE s.task = t.task AND s.kind = 'concurrency' AND s.n = t.cslot
-), took_rslot AS (
-    UPDATE {schema}.task_slots AS s
-    SET free_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => t.period)
-    FROM taken AS t
-    WHERE s.task = t.task AND s.kind = 'rate' AND s.n = t.rslot
+WITH /* include: claim_done */
+), /* include: claim_limit_full */
+), /* include: claim_pick_one */
+), /* include: claim_slots */
+), /* include: claim_update */
+), /* include: claim_take_slots */
 )
-SELECT false AS completed, c.* FROM claimed AS c
-UNION ALL
-SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
+/* include: claim_result */
+
+-- name: job_complete_and_claim_unlimited
+-- job_complete_and_claim for a worker none of whose tasks has a global concurrency or rate limit: the same completion, round-robin, serial keys and lease, without the slot bookkeeping (a third of the planning); jobs of limited tasks are left pending for the workers that know their limits.
+WITH /* include: claim_done */
+), limit_full AS (
+    -- every limited task: its jobs are left to the workers that know its limits
+    SELECT task FROM {schema}.task_limits
+), /* include: claim_pick_many */
+), go AS (
+    SELECT id, NULL::integer AS cslot FROM picked
+), /* include: claim_update */
+)
+/* include: claim_result */
+
+-- name: job_complete_and_claim_unlimited_one
+-- job_complete_and_claim_one for a worker none of whose tasks has a global concurrency or rate limit (see job_complete_and_claim_unlimited).
+WITH /* include: claim_done */
+), limit_full AS (
+    -- every limited task: its jobs are left to the workers that know its limits
+    SELECT task FROM {schema}.task_limits
+), /* include: claim_pick_one */
+), go AS (
+    SELECT id, NULL::integer AS cslot FROM picked
+), /* include: claim_update */
+)
+/* include: claim_result */
 
 -- name: job_complete
 -- Mark claimed jobs done, fenced (the UPDATE of job_complete_and_claim, alone: that statement costs a handler's transaction 1.2x).

@@ -1,0 +1,158 @@
+-- Parts of the claim statements of jobs.sql, each included where a statement says
+-- /* include: <name> */ (the loader pastes the part in before rendering the schema). The claim statements differ
+-- only in how they pick (one queue, or round-robin over several) and in whether they take flow-limit slots.
+
+-- name: claim_done
+-- The completions a claim carries (fenced by worker and attempt) and the runs they end: the CTEs every claim statement starts with.
+done AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
+    WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
+    RETURNING j.id
+), finishing AS (
+    -- the runs this statement completes (their serial key and concurrency slot pass to the next job)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS f(id, attempts)
+
+-- name: claim_limit_full
+-- The limited tasks with no free slot of a kind they need (one keyed probe each: LATERAL ... LIMIT 1): their jobs are not picked.
+limit_full AS (
+    SELECT l.task FROM {schema}.task_limits AS l
+    LEFT JOIN LATERAL (
+        SELECT true AS free FROM {schema}.task_slots AS s
+        WHERE s.task = l.task AND s.kind = 'concurrency'
+          AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))
+        LIMIT 1
+    ) AS c ON true
+    LEFT JOIN LATERAL (
+        SELECT true AS free FROM {schema}.task_slots AS s
+        WHERE s.task = l.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
+        LIMIT 1
+    ) AS r ON true
+    WHERE (l.global_concurrency IS NOT NULL AND c.free IS NULL) OR (l.rate_limit IS NOT NULL AND r.free IS NULL)
+
+-- name: claim_serial_head
+-- The serial-key condition of a candidate job (a keyed job is picked only as the head of its key while no job of the key runs).
+-- the head of its key: the lowest live id (a done job of this statement and a skip-ahead job waiting for its
+-- retry do not count), while no job of the key runs
+AND (jobs.serial_key IS NULL OR (
+    NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
+                WHERE k.serial_key = jobs.serial_key AND k.status = 'processing'
+                  AND NOT (k.locked_by = %(worker)s AND (k.id, k.attempts) IN (SELECT * FROM finishing)))
+    AND NOT EXISTS (SELECT 1 FROM {schema}.jobs AS k
+                    WHERE k.serial_key = jobs.serial_key AND k.id < jobs.id AND k.status IN ('pending', 'processing')
+                      AND NOT (k.status = 'processing' AND k.locked_by = %(worker)s
+                               AND (k.id, k.attempts) IN (SELECT * FROM finishing))
+                      AND NOT (k.serial_skip_on_retry AND k.status = 'pending' AND k.attempts > 0
+                               AND k.visible_at > coalesce(%(now)s::timestamptz, now())))))
+
+-- name: claim_pick_many
+-- The picked jobs of several queues: at most `per_queue` of each, round-robin from the queue after `rotate`, none of a paused queue or of a task in limit_full.
+candidates AS (
+    SELECT c.id, q.n, row_number() OVER (PARTITION BY q.n ORDER BY c.priority DESC, c.visible_at, c.id) AS turn,
+           c.task, c.priority, c.visible_at  -- flow limits
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
+    CROSS JOIN LATERAL (
+        SELECT id, task, priority, visible_at FROM {schema}.jobs
+        WHERE queue = q.queue AND status = 'pending'
+          AND visible_at <= coalesce(%(now)s::timestamptz, now())
+          /* include: claim_serial_head */
+          -- no job of a task in limit_full (no free slot in this snapshot; for a worker without limits: any limited task)
+          AND (jobs.task IS NULL OR jobs.task NOT IN (SELECT task FROM limit_full))
+        ORDER BY priority DESC, visible_at, id
+        LIMIT %(per_queue)s
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = q.queue AND p.paused)
+), picked AS (
+    SELECT id, task, priority, visible_at FROM candidates
+    ORDER BY turn, (n + cardinality(%(queues)s::text[]) - 1 - %(rotate)s) %% cardinality(%(queues)s::text[])
+    LIMIT %(limit)s
+
+-- name: claim_pick_one
+-- The picked jobs of one queue: a plain index scan (no window function, sort or rotation), none if the queue is paused, none of a task in limit_full.
+picked AS (
+    SELECT id, task, priority, visible_at FROM {schema}.jobs
+    WHERE queue = (%(queues)s::text[])[1] AND status = 'pending'
+      AND visible_at <= coalesce(%(now)s::timestamptz, now())
+      AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = (%(queues)s::text[])[1] AND p.paused)
+      /* include: claim_serial_head */
+      -- no job of a task in limit_full (no free slot in this snapshot; for a worker without limits: any limited task)
+      AND (jobs.task IS NULL OR jobs.task NOT IN (SELECT task FROM limit_full))
+    ORDER BY priority DESC, visible_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+
+-- name: claim_slots
+-- The flow-limit slots of the picked jobs of limited tasks; `go` is what the claim takes.
+limited AS (
+    -- flow limits: the picked jobs of limited tasks, numbered per task in claim order, then a slot of each kind
+    -- they need (locked FOR UPDATE SKIP LOCKED and rechecked by the slot's own columns); a job without its slots
+    -- stays pending. `go` is what the claim takes.
+    SELECT p.id, p.task, l.global_concurrency, l.rate_limit, l.rate_period_seconds AS period,
+           row_number() OVER (PARTITION BY p.task ORDER BY p.priority DESC, p.visible_at, p.id) AS k
+    FROM picked AS p JOIN {schema}.task_limits AS l ON l.task = p.task
+), wanted AS (
+    SELECT task, count(*) AS n FROM limited GROUP BY task
+), cslot AS (
+    SELECT w.task, s.n, row_number() OVER (PARTITION BY w.task ORDER BY s.n) AS k
+    FROM wanted AS w CROSS JOIN LATERAL (
+        SELECT s.n FROM {schema}.task_slots AS s
+        WHERE s.task = w.task AND s.kind = 'concurrency'
+          AND (s.job_id IS NULL OR (s.worker = %(worker)s AND (s.job_id, s.attempts) IN (SELECT * FROM finishing)))
+        ORDER BY s.n LIMIT w.n
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+), rslot AS (
+    SELECT w.task, s.n, row_number() OVER (PARTITION BY w.task ORDER BY s.free_at, s.n) AS k
+    FROM wanted AS w CROSS JOIN LATERAL (
+        SELECT s.n, s.free_at FROM {schema}.task_slots AS s
+        WHERE s.task = w.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
+        ORDER BY s.free_at LIMIT w.n
+        FOR UPDATE SKIP LOCKED
+    ) AS s
+), go AS (
+    SELECT p.id, c.n AS cslot, r.n AS rslot, l.period
+    FROM picked AS p
+    LEFT JOIN limited AS l ON l.id = p.id
+    LEFT JOIN cslot AS c ON c.task = l.task AND c.k = l.k
+    LEFT JOIN rslot AS r ON r.task = l.task AND r.k = l.k
+    WHERE l.id IS NULL
+       OR ((l.global_concurrency IS NULL OR c.n IS NOT NULL) AND (l.rate_limit IS NULL OR r.n IS NOT NULL))
+
+-- name: claim_update
+-- The claim itself: what `go` holds becomes processing under this worker, with its lease (after the completions, so a key passes on).
+claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
+        locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
+        lease_expires_at = coalesce(%(now)s::timestamptz, now())
+            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)),
+        slot = go.cslot
+    FROM go, (SELECT count(*) FROM done) AS finished  -- completions first (a serial key passes on)
+    WHERE j.id = go.id
+    RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
+              j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds
+
+-- name: claim_take_slots
+-- The slots taken by the runs just claimed, written by primary key.
+taken AS MATERIALIZED (
+    -- flow limits: the slots taken by the runs just claimed (written by primary key below)
+    SELECT c.id, c.attempts, c.task, go.cslot, go.rslot, go.period FROM claimed AS c JOIN go ON go.id = c.id
+    WHERE go.cslot IS NOT NULL OR go.rslot IS NOT NULL
+), took_cslot AS (
+    UPDATE {schema}.task_slots AS s SET job_id = t.id, attempts = t.attempts, worker = %(worker)s
+    FROM taken AS t
+    WHERE s.task = t.task AND s.kind = 'concurrency' AND s.n = t.cslot
+), took_rslot AS (
+    UPDATE {schema}.task_slots AS s
+    SET free_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => t.period)
+    FROM taken AS t
+    WHERE s.task = t.task AND s.kind = 'rate' AND s.n = t.rslot
+
+-- name: claim_result
+-- The rows a claim statement returns: the jobs claimed, then the ids completed.
+SELECT false AS completed, c.* FROM claimed AS c
+UNION ALL
+SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
