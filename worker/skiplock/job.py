@@ -11,9 +11,10 @@ from typing import Any, Literal
 JobStatus = Literal["pending", "processing", "done", "failed", "cancelled"]
 STATUSES: tuple[JobStatus, ...] = ("pending", "processing", "done", "failed", "cancelled")
 
-CLAIM_COLUMNS = (
+CLAIM_ROW = (
     "id",
     "queue",
+    "task",
     "payload",
     "attempts",
     "max_attempts",
@@ -21,9 +22,10 @@ CLAIM_COLUMNS = (
     "created_at",
     "visible_at",
     "idempotency_key",
-    "task",
     "timeout_seconds",
 )
+"""The columns a claim returns, in order (after its ``completed`` flag): see ``job_complete_and_claim``.
+A job built from a dict row (:func:`job_from_row`) takes the same names, in any order."""
 
 
 class LazyConnection:
@@ -224,7 +226,7 @@ def decode_payload(text: Any) -> tuple[Any, str | None]:
 
 
 def job_from_row(row: dict[str, Any]) -> Job:
-    values = {name: row[name] for name in CLAIM_COLUMNS if name in row}
+    values = {name: row[name] for name in CLAIM_ROW if name in row}
     payload, error = decode_payload(values.get("payload"))
     values["payload"] = payload
     job = Job(**values)
@@ -233,20 +235,6 @@ def job_from_row(row: dict[str, Any]) -> Job:
     return job
 
 
-CLAIM_ROW = (
-    "id",
-    "queue",
-    "task",
-    "payload",
-    "attempts",
-    "max_attempts",
-    "priority",
-    "created_at",
-    "visible_at",
-    "idempotency_key",
-    "timeout_seconds",
-)
-"""The columns a claim returns, in order (after its ``completed`` flag): see ``job_complete_and_claim``."""
 _new_job = object.__new__
 
 
