@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 from meter import (
     BENCH,
+    DbCounters,
     db_counters,
     peak_rss_mb,
     percentile,
@@ -384,13 +385,8 @@ def drain(
         pg_cpu0 = server_cpu_seconds(cfg.server.postmaster_pid)
         cpu0 = {p.popen.pid: process_cpu_seconds(p.popen.pid) for p in procs}
         ours += wait_drained(mon, schema, cfg.drain_timeout)
-        pg_cpu1 = server_cpu_seconds(cfg.server.postmaster_pid)
-        worker_cpu = sum(process_cpu_seconds(pid) - c for pid, c in cpu0.items())
-        rss = max(peak_rss_mb(p.popen.pid) for p in procs)
-        stop(procs)
-        ours += wait_backends_gone(mon)
-        after = db_counters(mon)
-        ours += 1  # its flush statement
+        pg_cpu1, worker_cpu, rss, after, queries = stop_and_measure(cfg, procs, mon, cpu0)
+        ours += queries
         row = mon.execute(
             sql.SQL(
                 "SELECT extract(epoch FROM min(locked_at))::float8, extract(epoch FROM max(updated_at))::float8, "
@@ -411,6 +407,19 @@ def drain(
     return _drain_figures(
         n, seconds, worker_cpu, pg_cpu0, pg_cpu1, commits, write_tx, after, before, enqueue_wal, rss
     ) | {"max_attempts_seen": max_attempts}
+
+
+def stop_and_measure(
+    cfg: Config, procs: list[Proc], mon: psycopg.Connection[Any], cpu0: dict[int, float]
+) -> tuple[float | None, float, float, DbCounters, int]:
+    """At the end of a drain: server CPU, the workers' CPU since ``cpu0`` and their peak RSS, then stop them and read
+    the database counters once their backends are gone. Returns those and the queries this ran on ``mon``."""
+    pg_cpu1 = server_cpu_seconds(cfg.server.postmaster_pid)
+    worker_cpu = sum(process_cpu_seconds(pid) - c for pid, c in cpu0.items())
+    rss = max(peak_rss_mb(p.popen.pid) for p in procs)
+    stop(procs)
+    queries = wait_backends_gone(mon)
+    return pg_cpu1, worker_cpu, rss, db_counters(mon), queries + 1  # + its flush statement
 
 
 def _drain_figures(
@@ -486,13 +495,8 @@ def drain_pgqueuer(cfg: Config, *, workers: int | None = None) -> dict[str, Any]
             if time.monotonic() > deadline:
                 raise BenchError("pgqueuer: queue not drained in time")
             time.sleep(0.05)
-        pg_cpu1 = server_cpu_seconds(cfg.server.postmaster_pid)
-        worker_cpu = sum(process_cpu_seconds(pid) - c for pid, c in cpu0.items())
-        rss = max(peak_rss_mb(p.popen.pid) for p in procs)
-        stop(procs)
-        ours += wait_backends_gone(mon)
-        after = db_counters(mon)
-        ours += 1
+        pg_cpu1, worker_cpu, rss, after, queries = stop_and_measure(cfg, procs, mon, cpu0)
+        ours += queries
         row = mon.execute(
             sql.SQL(
                 "SELECT extract(epoch FROM max(created))::float8, count(*) FROM {}.pgqueuer_log "
