@@ -9,7 +9,7 @@ import pytest
 
 from skiplock import Job, Snooze
 from skiplock.app import App
-from skiplock.worker.executor import Router, Slots, Target, is_timeout, timed_out_error, timeout_for
+from skiplock.worker.executor import Entry, Router, Slots, Target, is_timeout, timed_out_error, timeout_for
 from skiplock.worker.retention import retention_lock_key
 
 
@@ -17,9 +17,13 @@ def job(job_id: int, **kw: object) -> Job:
     return Job(id=job_id, queue="q", payload={}, attempts=1, max_attempts=3, **kw)  # type: ignore[arg-type]
 
 
+def entry(j: Job) -> Entry:
+    return Entry(j, Target(lambda job: None, False), 0.0)
+
+
 async def test_slots_tell_only_the_named_running_jobs_and_cancel_async_ones():
     slots = Slots(4)
-    a, b = slots.add(job(1), 0.0), slots.add(job(2), 0.0)
+    a, b = slots.add(entry(job(1))), slots.add(entry(job(2)))
     a.handle = asyncio.create_task(asyncio.sleep(60))
     hit = slots.cancel({1, 99})
     assert hit == [a] and a.cancelled and not b.cancelled
@@ -32,12 +36,12 @@ async def test_slots_tell_only_the_named_running_jobs_and_cancel_async_ones():
 
 def test_a_stuck_slot_stays_taken_but_its_lease_is_no_longer_renewed():
     slots = Slots(2)
-    entry = slots.add(job(1), 0.0)
-    slots.add(job(2), 0.0)
-    entry.stuck = True
+    first = slots.add(entry(job(1)))
+    slots.add(entry(job(2)))
+    first.stuck = True
     assert slots.free() == 0 and slots.stuck() == 1
     assert [j.id for j in slots.jobs()] == [2] and not slots.holds(job(1))
-    assert slots.get(job(1)) is entry and slots.pop(job(1)) is entry and slots.free() == 1
+    assert slots.get(job(1)) is first and slots.pop(job(1)) is first and slots.free() == 1
 
 
 def test_a_jobs_own_timeout_beats_its_tasks():

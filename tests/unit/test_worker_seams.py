@@ -4,6 +4,7 @@ buffers, the served queues, per-job payload decoding and the lazy async job.conn
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from skiplock.job import (
 from skiplock.worker import serve_queues
 from skiplock.worker.completer import Completer, failure_for
 from skiplock.worker.control import Scope
-from skiplock.worker.executor import Router, Slots, UnknownTaskError
+from skiplock.worker.executor import Entry, Router, Slots, Target, UnknownTaskError
 
 SETTINGS = Settings(
     dsn="postgresql://x@127.0.0.1/none", backoff_base_seconds=4, backoff_cap_seconds=8, backoff_jitter=0
@@ -32,6 +33,10 @@ SETTINGS = Settings(
 
 def job(job_id: int = 1, *, task: str | None = None, queue: str = "q", attempts: int = 1) -> Job:
     return Job(id=job_id, queue=queue, payload={}, attempts=attempts, max_attempts=5, task=task)
+
+
+def entry(j: Job, handler: Callable[[Job], None] = lambda job: None) -> Entry:
+    return Entry(j, Target(handler, False), 0.0)
 
 
 def app_with(*names: str, **options: Any) -> App:
@@ -85,8 +90,8 @@ def test_serve_queues_follow_settings_then_the_app_then_the_default_queue():
 async def test_slots_count_free_places_forget_only_the_same_attempt_and_signal_each_end():
     slots = Slots(2)
     first = job(1)
-    slots.add(first, 0.0)
-    slots.add(job(2), 0.0)
+    slots.add(entry(first))
+    slots.add(entry(job(2)))
     assert slots.free() == 0 and slots.holds(first)
     assert slots.pop(job(1, attempts=2)) is None, "another attempt of the same job is not this slot"
     assert slots.pop(first) is not None and slots.freed.is_set() and slots.free() == 1
@@ -286,43 +291,59 @@ def test_one_claim_takes_and_locks_about_limit_rows_over_all_queues():
 
 
 # ---------------------------------------------------------------------------------------------- thread executor
-async def test_short_sync_handlers_go_to_threads_in_chunks_and_a_slow_one_never_holds_its_chunk_mates():
+async def test_handler_threads_start_buffered_jobs_themselves_and_a_slow_one_holds_only_its_slot():
     import threading
 
-    from skiplock.worker.executor import CHUNK, Result, Target, ThreadExecutor
+    from skiplock.worker.executor import Result, ThreadExecutor
 
     gate = threading.Event()
     results: list[Result] = []
-    slow_id = 3  # blocks until the gate opens: the rest of its chunk must still run on the other thread
+    slow_id = 3  # blocks until the gate opens: the other jobs still run, on the other thread
 
     def handler(j: Job) -> None:
         if j.id == slow_id:
             gate.wait(30)
 
-    executor = ThreadExecutor(2, None, None, "me", results.extend)  # type: ignore[arg-type]
+    slots = Slots(2)
+    executor = ThreadExecutor(2, slots, None, None, "me", results.extend)  # type: ignore[arg-type]
     try:
-        executor.short = 1.0  # handlers known to be short: chunks of CHUNK per thread wake-up
-        slots = Slots(3 * CHUNK)
-        target = Target(handler, False)
-        jobs = [job(i) for i in range(1, 3 * CHUNK + 1)]
-        for j in jobs:
-            executor.submit(j, target, slots.add(j, 0.0))
-        assert results == [], "staged until dispatch"
-        executor.dispatch()
+        jobs = [job(i) for i in range(1, 41)]
+        slots.wait([entry(j, handler) for j in jobs])  # no loop start: the threads take them as slots free
         for _ in range(3000):
             if len(results) == len(jobs) - 1:
                 break
             await asyncio.sleep(0.01)
         assert sorted(r.job.id for r in results) == [j.id for j in jobs if j.id != slow_id]
         assert {r.outcome for r in results} == {"deferred"}
+        assert slots.free() == 1 and slots.waiting() == 0, "the slow job keeps its slot, nothing else does"
+        assert len(slots) == len(jobs), "each job stays held (its lease renewed) until the loop collects its result"
         gate.set()
         for _ in range(3000):
             if len(results) == len(jobs):
                 break
             await asyncio.sleep(0.01)
-        assert results[-1].job.id == slow_id and results[-1].outcome == "deferred"
+        assert results[-1].job.id == slow_id and results[-1].outcome == "deferred" and slots.free() == 2
+        assert slots.started == len(jobs)
     finally:
         gate.set()
+        executor.close(join=False)
+
+
+async def test_handler_threads_start_nothing_once_draining_and_the_buffer_is_handed_back_whole():
+    from skiplock.worker.executor import Result, ThreadExecutor
+
+    results: list[Result] = []
+    slots = Slots(2)
+    slots.shut()
+    executor = ThreadExecutor(2, slots, None, None, "me", results.extend)  # type: ignore[arg-type]
+    try:
+        slots.wait([entry(job(i)) for i in range(1, 6)])
+        await asyncio.sleep(0.2)
+        assert results == [] and slots.started == 0 and slots.waiting() == 5
+        assert [j.id for j in slots.jobs()] == [1, 2, 3, 4, 5], "waiting jobs are held: their leases are renewed"
+        gone = slots.drop_waiting(lambda e: False)
+        assert [e.job.id for e in gone] == [1, 2, 3, 4, 5] and slots.waiting() == 0
+    finally:
         executor.close(join=False)
 
 

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from types import TracebackType
 from typing import Any, Self
 
@@ -42,11 +43,11 @@ from skiplock.worker.completer import Completer, failure_for
 from skiplock.worker.control import Control, Scope
 from skiplock.worker.executor import (
     AsyncExecutor,
+    Entry,
     Outcome,
     Result,
     Router,
     Slots,
-    Target,
     ThreadExecutor,
     UnknownTaskError,
 )
@@ -142,6 +143,7 @@ class Worker:
         self._last_tick = time.monotonic()
         self._to_release: list[Job] = []
         self._durations: dict[str, list[float]] | None = None  # run times of a batch of results, by queue
+        self._waits: dict[str, list[float]] | None = None  # their waits from visible to start, by queue
         self._slots: Slots | None = None
         self._control: Control | None = None
         self._claimer: Claimer | None = None
@@ -271,20 +273,24 @@ class Worker:
         await control.open()
         kinds = self.router.kinds
         slots = self._slots = Slots(s.concurrency)
+        for queue, m in self._bound.items():  # read at each scrape: handler threads start jobs the loop never sees
+            m.in_flight.set_function(partial(slots.running_in, queue))
         limits = await flow.register_limits(control, self.app, self.identity) if self.app is not None else ()
         scope = Scope(control, s, self.identity, self.queues, self.router.lease_overrides(), limits)
         completer = self._completer = Completer(scope, self._bound, self._observe)
         leases = self._leases = Leases(
             scope,
             self._bound,
-            tracked=lambda: slots.jobs() + completer.jobs() + self._buffered(),
-            holds=lambda job: slots.holds(job) or completer.holds(job) or self._in_buffer(job),
+            tracked=lambda: slots.jobs() + completer.jobs(),
+            holds=lambda job: slots.holds(job) or completer.holds(job),
             wake=lambda: self._wake("recovered"),
             cancelled=self._on_cancelled,
             timeouts=self.router.timeouts(),
         )
         completer.on_written = lambda: self._wake("completed")  # a successor of a serial key may be due now
-        claimer = self._claimer = Claimer(scope, slots, completer, leases, self._start_jobs, self.metrics, stopping)
+        claimer = self._claimer = Claimer(
+            scope, slots, completer, leases, self._admit, self._start_jobs, self.metrics, stopping
+        )
         claimer.until_idle = until_idle
         tasks: list[asyncio.Task[Any]] = []
         try:
@@ -296,9 +302,8 @@ class Worker:
                 spool = sync_pool(dsn, "skiplock-handlers", s.concurrency, timeout=30)
                 await asyncio.to_thread(spool.open)
                 self._threads = ThreadExecutor(
-                    s.concurrency, spool, control.queue.queries, self.identity, self._on_results
+                    s.concurrency, slots, spool, control.queue.queries, self.identity, self._on_results
                 )
-                self._threads.skip = lambda job: not slots.holds(job)
             flusher = asyncio.create_task(completer.run(stopping), name="completer")
             halt = asyncio.Event()  # set once the drain is over: heartbeats and recovery end by themselves
             loops = [
@@ -344,6 +349,7 @@ class Worker:
                 await self._drain()
             except asyncio.CancelledError:  # run() cancelled (a lifespan's task.cancel(), Ctrl-C): hand back now
                 stopping.set()
+                slots.shut()
                 self._force = True
                 await self._drain()
                 raise
@@ -392,6 +398,8 @@ class Worker:
             return
         log.info("stop requested: draining", extra={"action": "drain_started", "in_flight": self.in_flight})
         self._stopping.set()
+        if self._slots is not None:
+            self._slots.shut()  # handler threads start no buffered job any more
         if self._claimer is not None:
             self._claimer.wake()
         if self._slots is not None:
@@ -428,49 +436,49 @@ class Worker:
             await asyncio.wait(handles, timeout=5)
 
     # ------------------------------------------------------------------------------------------ jobs
-    def _start_jobs(self, jobs: list[Job]) -> None:
+    def _admit(self, jobs: list[Job]) -> None:
+        """A claim's jobs: each routed to what runs it and buffered in the slots (a payload no handler can receive,
+        or a task this worker does not know, is failed at once)."""
         assert self._slots is not None and self._completer is not None
         now = datetime.now(UTC)
-        started = time.monotonic()
+        claimed = time.monotonic()
         self._callback(self.on_claimed, len(jobs))
         by_queue: dict[str, int] = {}
-        waits: dict[str, list[float]] = {}  # observed once per batch and queue
+        entries = []
         for job in jobs:
             by_queue[job.queue] = by_queue.get(job.queue, 0) + 1
-            if job.visible_at is not None:
-                waits.setdefault(job.queue, []).append(max(0.0, (now - job.visible_at).total_seconds()))
-            if job.decode_error is not None:  # a payload no handler can receive: fail it, never retry
+            if job.decode_error is not None:  # never retried
                 self._completer.fail(Failure(job, job.decode_error, 0.0, False))
                 continue
             target = self.router.resolve(job)
             if isinstance(target, UnknownTaskError):  # retried with backoff, failed when attempts are spent
                 self._completer.fail(failure_for(job, target, None, self.settings))
                 continue
-            self._submit(job, target, started)
-        if self._threads is not None:
-            self._threads.dispatch()
+            waited = max(0.0, (now - job.visible_at).total_seconds()) if job.visible_at is not None else 0.0
+            entries.append(Entry(job, target, claimed, waited))
         for queue, n in by_queue.items():
             self._bound[queue].claimed.inc(n)
-        for queue, values in waits.items():
-            observe_many(self._bound[queue].wait, values)
-        self._publish_in_flight()
+        self._slots.wait(entries)
 
-    def _submit(self, job: Job, target: Target, started: float) -> None:
-        assert self._slots is not None
-        entry = self._slots.add(job, started)
-        executor = self._async if target.is_async else self._threads
-        assert executor is not None
-        executor.submit(job, target, entry)
+    def _start_jobs(self, entries: list[Entry]) -> None:
+        """Buffered jobs the loop starts: async handlers, and sync ones with a timeout."""
+        for entry in entries:
+            executor = self._async if entry.target.is_async else self._threads
+            assert executor is not None
+            executor.submit(entry)
 
     def _on_results(self, results: list[Result]) -> None:
         durations = self._durations = {}  # observed once per batch and queue
+        waits = self._waits = {}
         try:
             for r in results:
                 self._finish(r)
         finally:
-            self._durations = None
+            self._durations = self._waits = None
             for queue, values in durations.items():
                 observe_many(self._bound[queue].duration, values)
+            for queue, values in waits.items():
+                observe_many(self._bound[queue].wait, values)
         self._refill()
 
     def _on_result(self, r: Result) -> None:
@@ -481,13 +489,6 @@ class Worker:
         """Slots freed: start prefetched jobs in them now (the claim loop refills the buffer meanwhile)."""
         if self._claimer is not None:
             self._claimer.feed()
-        self._publish_in_flight()
-
-    def _buffered(self) -> list[Job]:
-        return self._claimer.buffered() if self._claimer is not None else []
-
-    def _in_buffer(self, job: Job) -> bool:
-        return self._claimer is not None and self._claimer.holds(job)
 
     def _finish(self, r: Result) -> None:
         assert self._slots is not None and self._completer is not None
@@ -499,10 +500,13 @@ class Worker:
         if entry is None:  # handed back meanwhile (drain): the late result is dropped
             return
         m = self._bound[job.queue]
-        if self._durations is not None:
+        wait = entry.waited + entry.started - entry.claimed
+        if self._durations is not None and self._waits is not None:
             self._durations.setdefault(job.queue, []).append(r.finished - entry.started)
+            self._waits.setdefault(job.queue, []).append(wait)
         else:
             m.duration.observe(r.finished - entry.started)
+            m.wait.observe(wait)
         if entry.stuck:  # the thread of a timed-out job returned: its slot is free again
             m.stuck.dec()
             if r.outcome == "done":  # it committed before the timeout was recorded (that write was refused)
@@ -581,11 +585,6 @@ class Worker:
             fn(*args)
         except Exception:
             log.exception("worker callback %r failed", fn, extra={"action": "callback_failed"})
-
-    def _publish_in_flight(self) -> None:
-        assert self._slots is not None
-        for queue, running in self._slots.per_queue.items():
-            self._bound[queue].in_flight.set(running)
 
     def _wake(self, source: str) -> None:
         if self._claimer is not None:

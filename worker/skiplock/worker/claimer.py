@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +26,7 @@ from skiplock.queue import per_queue_limit
 from skiplock.worker import flow
 from skiplock.worker.completer import Completer
 from skiplock.worker.control import Scope
-from skiplock.worker.executor import Slots
+from skiplock.worker.executor import Entry, Slots
 from skiplock.worker.leases import Leases
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ class Claimer:
         slots: Slots,
         completer: Completer,
         leases: Leases,
-        start: Callable[[list[Job]], None],
+        admit: Callable[[list[Job]], None],
+        start: Callable[[list[Entry]], None],
         metrics: WorkerMetrics,
         stopping: asyncio.Event,
     ) -> None:
@@ -80,7 +81,8 @@ class Claimer:
         self._slots = slots
         self._completer = completer
         self._leases = leases
-        self._start = start
+        self._admit = admit  # claimed jobs into the buffer (the slots' waiting entries)
+        self._start = start  # buffered jobs the loop starts
         self._metrics = metrics
         self._stopping = stopping
         self._wake = asyncio.Event()
@@ -92,7 +94,7 @@ class Claimer:
         self._empty_streak = 0
         self._rotate = 0
         self._source = "notify"
-        self._buffer: deque[tuple[Job, float]] = deque()  # claimed, not started yet: (job, claimed at)
+        self._started_seen = 0  # the slots' count of started jobs at the last pace update
         self._prefetch = scope.settings.prefetch
         self._rate = 0.0  # jobs started per second, recent
         self._window_start = time.monotonic()
@@ -107,47 +109,39 @@ class Claimer:
         self._source = source
         self._wake.set()
 
-    # ------------------------------------------------------------------ prefetch buffer
+    # ------------------------------------------------------------------ prefetch buffer (held in the slots)
     def feed(self) -> None:
-        """Start buffered jobs in the free slots (called whenever slots free: no round trip between jobs)."""
-        buf = self._buffer
-        if not buf or self._stopping.is_set():
-            return
-        n = min(self._slots.free(), len(buf))
-        if n > 0:
-            self._count_started(n)
-            self._start([buf.popleft()[0] for _ in range(n)])
+        """Start the buffered jobs the loop runs in the free slots, and wake handler threads for theirs (called
+        whenever slots free: no round trip between jobs)."""
+        if not self._stopping.is_set():
+            entries = self._slots.start_for_loop()
+            if entries:
+                self._start(entries)
 
     def buffered(self) -> list[Job]:
         """Jobs claimed but not started: their leases are renewed, and they are this worker's own, never orphans."""
-        return [j for j, _ in self._buffer]
-
-    def holds(self, job: Job) -> bool:
-        return any(j.id == job.id and j.attempts == job.attempts for j, _ in self._buffer)
+        return [e.job for e in self._slots.waiting_entries()]
 
     def take_buffer(self) -> list[Job]:
         """Empty the buffer (shutdown): the jobs to hand back."""
-        jobs = self.buffered()
-        self._buffer.clear()
-        return jobs
+        return [e.job for e in self._slots.drop_waiting(lambda e: False)]
 
     def drop(self, ids: set[int]) -> list[Job]:
         """Remove buffered jobs found cancelled: they never start."""
-        hit = [j for j, _ in self._buffer if j.id in ids]
-        if hit:
-            self._buffer = deque(e for e in self._buffer if e[0].id not in ids)
-        return hit
+        return [e.job for e in self._slots.drop_waiting(lambda e: e.job.id not in ids)]
 
     def allowed(self) -> int:
         """How many jobs the buffer may hold now: ``prefetch``, and no more than this worker starts in
         ``PREFETCH_WAIT_FRACTION`` of a lease at its recent pace."""
         if self._prefetch <= 0:
             return 0
-        self._count_started(0)
+        self._count_started()
         return min(self._prefetch, int(self._rate * self._settings.lease_seconds * PREFETCH_WAIT_FRACTION))
 
-    def _count_started(self, n: int) -> None:
-        self._window_count += n
+    def _count_started(self) -> None:
+        total = self._slots.started
+        self._window_count += total - self._started_seen
+        self._started_seen = total
         now = time.monotonic()
         elapsed = now - self._window_start
         if elapsed >= RATE_WINDOW_SECONDS:  # the past window weighs as one window, however long this one was
@@ -160,19 +154,18 @@ class Claimer:
 
     def _room(self) -> int:
         """Jobs the next claim may take: the free slots plus the buffer's free room."""
-        return self._slots.free() + self.allowed() - len(self._buffer)
+        return self._slots.free() + self.allowed() - self._slots.waiting()
 
     async def _expire_buffer(self) -> None:
         """Hand back buffered jobs that waited longer than their share of the lease (their slots stayed busy)."""
-        if not self._buffer:
+        if not self._slots.waiting():
             return
         now = time.monotonic()
-        stale = [j for j, at in self._buffer if now - at > self._leases.lease_for(j) * PREFETCH_WAIT_FRACTION]
+        lease_for = self._leases.lease_for
+        stale = self._slots.drop_waiting(lambda e: now - e.claimed <= lease_for(e.job) * PREFETCH_WAIT_FRACTION)
         if stale:
             self._rate = 0.0  # the pace fell (slots stayed busy): prefetch again once jobs start again
-            ids = {j.id for j in stale}
-            self._buffer = deque(e for e in self._buffer if e[0].id not in ids)
-            await self._leases.release(stale)
+            await self._leases.release([e.job for e in stale])
 
     # ------------------------------------------------------------------ pause
     def poke_paused(self) -> None:
@@ -207,14 +200,15 @@ class Claimer:
                 # Wait a few milliseconds for room for a whole batch (all the room, with a buffer: while it holds
                 # more jobs than there are slots, the slots keep busy meanwhile), so one claim carries many jobs.
                 gather = max(1, min(s.batch, s.concurrency + self.allowed()))
-                if more and (len(self._slots) or self._buffer) and free < gather:
+                if more and (len(self._slots) or self._slots.waiting()) and free < gather:
                     free = await self._gather_slots(gather)
                 if not more and self.until_idle and self._claimed_busy:
                     # The empty claim ran beside running jobs (it claimed ahead): a job they enqueue or unblock may
                     # have committed after its snapshot, so idle is only judged by a claim made with nothing running.
                     await asyncio.sleep(UNTIL_IDLE_RECHECK_SECONDS)
                 elif not more:
-                    if self.until_idle and not len(self._slots) and not self._completer.pending and not self._buffer:
+                    idle = not len(self._slots) and not self._slots.waiting() and not self._completer.pending
+                    if self.until_idle and idle:
                         self._stopping.set()
                         break
                     await self._return_conn()  # idle: the pool checks and recycles it meanwhile
@@ -231,7 +225,7 @@ class Claimer:
 
     async def _claim(self, want: int) -> bool:
         """One claim carrying the finished jobs; True when it filled the batch (more work is waiting)."""
-        self._claimed_busy = bool(len(self._slots) or self._buffer)
+        self._claimed_busy = bool(len(self._slots) or self._slots.waiting())
         done = self._completer.take_done()
         try:
             result = await self._control.call("claim", lambda: self._complete_and_claim(done, want))
@@ -253,8 +247,7 @@ class Claimer:
         self._rotate += 1  # the next claim serves another queue first
         if jobs:
             self._empty_streak = 0
-            now = time.monotonic()
-            self._buffer.extend((j, now) for j in jobs)
+            self._admit(jobs)
             self.feed()
         else:
             self.empty_claims += 1
@@ -317,7 +310,7 @@ class Claimer:
                 await self._slots.freed.wait()
         except TimeoutError:
             await self._return_conn()  # all slots busy for a while (maybe hours): the pool has it
-            if self._buffer:
+            if self._slots.waiting():
                 return  # the loop hands back buffered jobs that waited too long
             await self._slots.freed.wait()
 
@@ -325,12 +318,12 @@ class Claimer:
         """Wait a few milliseconds for room for ``wanted`` jobs (fewer if time runs out, or once the buffer runs
         low); returns the room."""
         low = max(self._slots.capacity, self.allowed() // 2)  # what covers the slots while the claim is in flight
-        buffered = len(self._buffer) > low
+        buffered = self._slots.waiting() > low
         with contextlib.suppress(TimeoutError):
             # one timer, no task per wake-up
             async with asyncio.timeout(CLAIM_GATHER_BUFFERED_SECONDS if buffered else CLAIM_GATHER_SECONDS):
                 while self._room() < wanted and not self._stopping.is_set():
-                    if buffered and len(self._buffer) <= low:
+                    if buffered and self._slots.waiting() <= low:
                         break
                     self._slots.freed.clear()
                     await self._slots.freed.wait()

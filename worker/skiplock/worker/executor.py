@@ -3,8 +3,9 @@ fenced unit and report one :data:`Outcome`.
 
 The fenced unit: call the handler with ``job``; a handler that wrote through ``job.conn`` is completed in that
 same transaction (fenced: only while this worker still holds this attempt's lease), one that did not is
-``deferred`` to the completer's batch. Sync handlers run on ``concurrency`` long-lived threads whose results come
-back to the loop in batches (one wake-up for many jobs); async handlers run as tasks. ``job.conn`` is checked out
+``deferred`` to the completer's batch. Sync handlers run on ``concurrency`` long-lived threads that take their next
+job from the slots themselves and post results back to the loop in batches (one wake-up for many jobs); async
+handlers run as tasks. ``job.conn`` is checked out
 on first use only, for both kinds.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -33,14 +33,6 @@ from skiplock.queue import fence_params
 from skiplock.sql import Queries
 
 log = logging.getLogger(__name__)
-
-# While most recent handlers (SHORT_SHARE of them) return within this long, a thread wake-up carries up to CHUNK jobs.
-SHORT_HANDLER_SECONDS = 0.00005
-SHORT_SHARE = 0.8
-CHUNK = 16
-# What a chunk has not run this long after dispatch goes to the threads one job at a time (a slow job in a chunk
-# never keeps the others from an idle thread for longer).
-REBALANCE_SECONDS = 0.002
 
 Outcome = Literal["done", "deferred", "failed", "lease_lost", "released", "cancelled", "timed_out", "snoozed"]
 """done: completed in the handler's transaction; deferred: to be completed in a batch; failed: the handler raised
@@ -150,14 +142,16 @@ class CancelFlag:
         return self._set
 
 
-Item = tuple[Job, Target, CancelFlag]
-"""A job handed to a handler thread, with what runs it and its cancel flag."""
-
-
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Entry:
+    """A claimed job on its way through this worker: waiting for a slot (prefetched), then running."""
+
     job: Job
-    started: float
+    target: Target
+    claimed: float  # time.monotonic() at its claim
+    waited: float = 0.0  # seconds from visible (enqueue or retry due) to its claim
+    started: float = 0.0  # time.monotonic() at its start
+    busy: bool = False  # it takes a slot: from its start until its handler returns (or its entry is dropped)
     handle: asyncio.Task[None] | None = None  # async jobs only; sync ones run on the handler threads
     cancel: CancelFlag = field(default_factory=CancelFlag)  # set when the job is cancelled (job.cancelled)
     stuck: bool = False  # a sync handler past its timeout: its job was failed, its thread still runs
@@ -167,54 +161,170 @@ class Entry:
     def cancelled(self) -> bool:
         return self.cancel.is_set()
 
+    @property
+    def by_thread(self) -> bool:
+        """A handler thread starts it itself (a sync handler without a timeout); the loop starts the others."""
+        return not self.target.is_async and timeout_for(self.job, self.target) is None
+
 
 class Slots:
-    """The jobs running now (at most ``capacity``); ``freed`` is set whenever one ends."""
+    """The jobs this worker holds: claimed ones waiting for a slot (the prefetch buffer) and running ones (at most
+    ``capacity`` busy), shared by the loop and the handler threads under one lock. A handler thread whose job
+    returned starts the next waiting sync job itself: no round trip through the loop between jobs. The loop starts
+    the rest (async handlers, sync ones with a timeout), and collects every result: a running job stays held (its
+    lease renewed) until then, its slot free as soon as its handler returned. ``freed`` is set on the loop whenever
+    results free slots."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
+        self.lock = threading.Condition()
         self._running: dict[int, Entry] = {}
+        self._busy = 0
+        self._by_thread: deque[Entry] = deque()  # waiting: a handler thread starts them
+        self._by_loop: deque[Entry] = deque()  # waiting: the loop starts them
+        self._handed: deque[Entry] = deque()  # started by the loop, for a handler thread to run
+        self.open = True  # False once draining: no waiting job starts any more
+        self.closed = False  # the handler threads exit
+        self.started = 0  # jobs started so far (the pace that sizes the buffer)
         self.freed = asyncio.Event()
         self.per_queue: dict[str, int] = {}  # running jobs by queue (the in-flight gauges, set once per batch)
 
+    # ------------------------------------------------------------------ waiting (the prefetch buffer)
+    def wait(self, entries: list[Entry]) -> None:
+        """Claimed jobs join the buffer; idle handler threads are woken for theirs."""
+        with self.lock:
+            for e in entries:
+                (self._by_thread if e.by_thread else self._by_loop).append(e)
+            self._wake_threads()
+
+    def waiting(self) -> int:
+        return len(self._by_thread) + len(self._by_loop)
+
+    def waiting_entries(self) -> list[Entry]:
+        with self.lock:
+            return [*self._by_thread, *self._by_loop]
+
+    def drop_waiting(self, keep: Callable[[Entry], bool]) -> list[Entry]:
+        """Remove the waiting entries ``keep`` refuses (cancelled, waited too long, shutdown): they never start."""
+        with self.lock:
+            gone = [e for e in (*self._by_thread, *self._by_loop) if not keep(e)]
+            if gone:
+                for q in (self._by_thread, self._by_loop):
+                    kept = [e for e in q if keep(e)]
+                    q.clear()
+                    q.extend(kept)
+            return gone
+
+    def start_for_loop(self) -> list[Entry]:
+        """Start the waiting jobs the loop runs, as slots allow; wake handler threads for theirs."""
+        with self.lock:
+            started = []
+            while self.open and self._by_loop and self._busy < self.capacity:
+                started.append(self._begin(self._by_loop.popleft()))
+            self._wake_threads()
+            return started
+
+    def _wake_threads(self) -> None:
+        n = len(self._handed) + min(len(self._by_thread), self.capacity - self._busy)
+        if n > 0:
+            self.lock.notify(n)
+
+    def _begin(self, e: Entry) -> Entry:
+        e.started = time.monotonic()
+        e.busy = True
+        self._busy += 1
+        self.started += 1
+        self._running[e.job.id] = e
+        self.per_queue[e.job.queue] = self.per_queue.get(e.job.queue, 0) + 1
+        return e
+
+    # ------------------------------------------------------------------ handler threads
+    def hand(self, e: Entry) -> None:
+        """A job the loop started goes to a handler thread."""
+        with self.lock:
+            self._handed.append(e)
+            self.lock.notify()
+
+    def next_for_thread(self) -> Entry | None:
+        """A handler thread's next job: one handed to it, else the next waiting sync job once a slot is free; blocks
+        until there is one; None once closed."""
+        with self.lock:
+            while not self.closed:
+                if self._handed:
+                    e = self._handed.popleft()
+                    if self._running.get(e.job.id) is e:  # else handed back meanwhile (drain)
+                        return e
+                elif self.open and self._by_thread and self._busy < self.capacity:
+                    return self._begin(self._by_thread.popleft())
+                else:
+                    self.lock.wait()
+            return None
+
+    def end(self, e: Entry) -> None:
+        """A handler returned: its slot is free now (its result is collected by the loop later)."""
+        with self.lock:
+            if e.busy:
+                e.busy = False
+                self._busy -= 1
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.lock.notify_all()
+
+    def shut(self) -> None:
+        """Draining: no waiting job starts any more."""
+        with self.lock:
+            self.open = False
+
+    # ------------------------------------------------------------------ running
     def free(self) -> int:
-        return self.capacity - len(self._running)
+        return self.capacity - self._busy
 
     def __len__(self) -> int:
         return len(self._running)
 
-    def add(self, job: Job, started: float) -> Entry:
-        entry = self._running[job.id] = Entry(job, started)
-        self.per_queue[job.queue] = self.per_queue.get(job.queue, 0) + 1
-        return entry
+    def add(self, e: Entry) -> Entry:
+        """Start ``e`` now, on the loop, whatever the buffer holds."""
+        with self.lock:
+            return self._begin(e)
 
     def pop(self, job: Job) -> Entry | None:
         """Forget ``job`` (same attempt only); None when it was handed back meanwhile."""
-        entry = self._running.get(job.id)
-        if entry is None or entry.job.attempts != job.attempts:
-            return None
-        del self._running[job.id]
+        with self.lock:
+            entry = self._running.get(job.id)
+            if entry is None or entry.job.attempts != job.attempts:
+                return None
+            del self._running[job.id]
+            if entry.busy:
+                entry.busy = False
+                self._busy -= 1
+            self.per_queue[job.queue] -= 1
         if entry.timer is not None:
             entry.timer.cancel()
-        self.per_queue[job.queue] -= 1
         self.freed.set()
         return entry
 
     def holds(self, job: Job) -> bool:
-        entry = self._running.get(job.id)
-        return entry is not None and entry.job.attempts == job.attempts and not entry.stuck
+        """Whether this attempt is this worker's: running (not stuck) or waiting."""
+        with self.lock:
+            entry = self.get(job)
+            if entry is not None:
+                return not entry.stuck
+            waiting = (*self._by_thread, *self._by_loop)
+            return any(e.job.id == job.id and e.job.attempts == job.attempts for e in waiting)
 
     def get(self, job: Job) -> Entry | None:
         entry = self._running.get(job.id)
         return entry if entry is not None and entry.job.attempts == job.attempts else None
 
     def stuck(self) -> int:
-        return sum(1 for e in self._running.values() if e.stuck)
+        return sum(1 for e in self.entries() if e.stuck)
 
     def cancel(self, ids: set[int]) -> list[Entry]:
         """Tell the running jobs of ``ids`` they were cancelled: sync handlers see ``job.cancelled``, async ones
         are cancelled. Their results come back as ``cancelled``."""
-        hit = [e for e in self._running.values() if e.job.id in ids and not e.cancelled]
+        hit = [e for e in self.entries() if e.job.id in ids and not e.cancelled]
         for e in hit:
             e.cancel.set()
             if e.handle is not None:
@@ -222,11 +332,18 @@ class Slots:
         return hit
 
     def entries(self) -> list[Entry]:
-        return list(self._running.values())
+        with self.lock:
+            return list(self._running.values())
 
     def jobs(self) -> list[Job]:
-        """Jobs whose lease this worker holds (a stuck one's job was already failed)."""
-        return [e.job for e in self._running.values() if not e.stuck]
+        """Jobs whose lease this worker holds, waiting or running (a stuck one's job was already failed)."""
+        with self.lock:
+            running = [e.job for e in self._running.values() if not e.stuck]
+            return running + [e.job for e in (*self._by_thread, *self._by_loop)]
+
+    def running_in(self, queue: str) -> int:
+        """Jobs of ``queue`` running now (the in-flight gauge, read at each scrape)."""
+        return self.per_queue.get(queue, 0)
 
 
 def _finish_sync(conn: psycopg.Connection[Any] | None, job: Job, worker: str, q: Queries) -> Outcome:
@@ -275,8 +392,9 @@ class AsyncExecutor:
         self._worker = worker
         self._report = report
 
-    def submit(self, job: Job, target: Target, entry: Entry) -> None:
-        entry.handle = asyncio.create_task(self._run(job, target, entry.cancel), name=f"job-{job.id}")
+    def submit(self, entry: Entry) -> None:
+        job = entry.job
+        entry.handle = asyncio.create_task(self._run(job, entry.target, entry.cancel), name=f"job-{job.id}")
 
     async def _run(self, job: Job, target: Target, cancel: CancelFlag) -> None:
         try:
@@ -340,33 +458,28 @@ class AsyncExecutor:
 
 
 class ThreadExecutor:
-    """Runs sync handlers on ``size`` long-lived daemon threads fed by a queue; results are posted back to the loop
-    in batches. Threads cannot be cancelled: a job still running past the grace period is handed back and its late
-    result is dropped (its completion would be fenced out anyway)."""
+    """Runs sync handlers on ``size`` long-lived daemon threads. Each thread takes its next job from the slots itself
+    (:meth:`Slots.next_for_thread`) and posts its result back to the loop, in batches (one loop wake-up for every
+    result posted until it runs). Threads cannot be cancelled: a job still running past the grace period is handed
+    back and its late result is dropped (its completion would be fenced out anyway)."""
 
     def __init__(
         self,
         size: int,
+        slots: Slots,
         pool: ConnectionPool[Any],
         queries: Queries,
         worker: str,
         report: Callable[[list[Result]], None],
     ) -> None:
         self.pool = pool
+        self._slots = slots
         self._q = queries
         self._worker = worker
         self._report = report
         self._loop = asyncio.get_running_loop()
-        self._inbox: queue.SimpleQueue[Item | deque[Item] | None] = queue.SimpleQueue()
-        self._staged: list[Item] = []
-        self._chunks: list[deque[Item]] = []  # dispatched chunks, until the rebalance after REBALANCE_SECONDS
-        self._rebalancing = False
-        # The recent share of handlers that returned within SHORT_HANDLER_SECONDS (an average the threads keep; a
-        # share, not a mean time, so a thread that waited once for the GIL does not switch chunking off). Starts slow.
-        self.short = 0.0
         self._outbox: deque[Result] = deque()
         self._scheduled = False
-        self.skip: Callable[[Job], bool] = lambda job: False  # a job handed back before its thread got to it
         # Daemon threads: one stuck in a handler must not keep the process alive after its job was handed back.
         self._threads = [
             threading.Thread(target=self._thread, name=f"skiplock-handler-{i}", daemon=True) for i in range(size)
@@ -374,80 +487,33 @@ class ThreadExecutor:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, job: Job, target: Target, entry: Entry) -> None:
-        """Stage a job; :meth:`dispatch` hands the staged jobs to the threads."""
-        timeout = timeout_for(job, target)
-        if timeout is not None:  # the thread cannot be interrupted: at the deadline the job is reported timed out
-            entry.timer = self._loop.call_later(timeout, self._expire, job, target, timeout)
-            self._inbox.put((job, target, entry.cancel))  # never queued behind another job: its clock runs
-            return
-        self._staged.append((job, target, entry.cancel))
+    def submit(self, entry: Entry) -> None:
+        """A sync job the loop started (one with a timeout: the thread cannot be interrupted, so at the deadline the
+        job is reported timed out) goes to a thread."""
+        timeout = timeout_for(entry.job, entry.target)
+        if timeout is not None:
+            entry.timer = self._loop.call_later(timeout, self._expire, entry, timeout)
+        self._slots.hand(entry)
 
-    def dispatch(self) -> None:
-        """Hand the staged jobs to the threads: one per wake-up, or, while recent handlers return within
-        ``SHORT_HANDLER_SECONDS`` (trivial work: the GIL runs them one at a time anyway), up to ``CHUNK`` per wake-up,
-        run in turn by one thread: waking a thread costs more than such a handler. A job that turns out slow holds
-        the rest of its chunk for at most ``REBALANCE_SECONDS``; then they go to other threads one by one."""
-        staged, self._staged = self._staged, []
-        if self.short > SHORT_SHARE and len(staged) > 1:
-            for i in range(0, len(staged), CHUNK):
-                chunk = deque(staged[i : i + CHUNK])
-                self._chunks.append(chunk)
-                self._inbox.put(chunk)
-            if not self._rebalancing:
-                self._rebalancing = True
-                self._loop.call_later(REBALANCE_SECONDS, self._rebalance)
-        else:
-            for item in staged:
-                self._inbox.put(item)
-
-    def _rebalance(self) -> None:
-        """Jobs still waiting in a chunk a moment after dispatch (one of its jobs is slow after all) go to the
-        threads one by one, so an idle thread takes them; results a chunk posted so far are collected."""
-        self._rebalancing = False
-        self.collect()
-        chunks, self._chunks = self._chunks, []
-        for chunk in chunks:
-            while True:
-                try:
-                    item = chunk.popleft()  # atomic: each job is taken once, by its chunk's thread or from here
-                except IndexError:
-                    break
-                self._inbox.put(item)
-
-    def _expire(self, job: Job, target: Target, timeout: float) -> None:
-        self._report([Result(job, "timed_out", timed_out_error(timeout), time.monotonic(), target.task, True)])
+    def _expire(self, entry: Entry, timeout: float) -> None:
+        job, task = entry.job, entry.target.task
+        self._report([Result(job, "timed_out", timed_out_error(timeout), time.monotonic(), task, True)])
 
     def _thread(self) -> None:
         clock = time.monotonic
-        while (item := self._inbox.get()) is not None:
-            chunk: deque[Item]
-            if isinstance(item, deque):
-                chunked, chunk = True, item
-            else:
-                chunked, chunk = False, deque((item,))
-            while True:
-                try:
-                    job, target, cancel = chunk.popleft()
-                except IndexError:
-                    break
-                if self.skip(job):
-                    continue
-                t0 = clock()
-                try:
-                    outcome = self._unit(job, target, cancel)
-                    result = Result(job, outcome, None, clock(), target.task)
-                except Snooze as exc:
-                    result = Result(job, "snoozed", exc, clock(), target.task)
-                except BaseException as exc:
-                    result = Result(job, "failed", exc, clock(), target.task)
-                short = result.finished - t0 < SHORT_HANDLER_SECONDS
-                self.short += (short - self.short) * 0.05  # a benign race between threads: an estimate
-                self._outbox.append(result)
-                if not chunked or not short:  # a chunk posts once at its end (or at the rebalance), unless slow
-                    self._post()
-            if chunked:
-                self._post()
+        slots = self._slots
+        while (entry := slots.next_for_thread()) is not None:
+            job, target = entry.job, entry.target
+            try:
+                outcome = self._unit(job, target, entry.cancel)
+                result = Result(job, outcome, None, clock(), target.task)
+            except Snooze as exc:
+                result = Result(job, "snoozed", exc, clock(), target.task)
+            except BaseException as exc:
+                result = Result(job, "failed", exc, clock(), target.task)
+            slots.end(entry)  # the slot is free for the next job now; the job stays held until its result is written
+            self._outbox.append(result)
+            self._post()
 
     def _post(self) -> None:
         """Have the loop collect the posted results (one loop wake-up carries every result posted until it runs)."""
@@ -493,13 +559,9 @@ class ThreadExecutor:
             if lazy.conn is not None:
                 pool.putconn(lazy.conn)
 
-    def busy_threads(self) -> int:
-        return sum(1 for t in self._threads if t.is_alive())
-
     def close(self, *, join: bool) -> None:
         """Stop the threads after their current job; with ``join``, wait for them and close the pool."""
-        for _ in self._threads:
-            self._inbox.put(None)
+        self._slots.close()
         if join:
             for t in self._threads:
                 t.join(timeout=5)
