@@ -177,7 +177,7 @@ def test_each_claimed_payload_is_decoded_on_its_own():
     bad = job_from_row(row)
     assert bad.decode_error and bad.task == "t" and bad.payload is None
     assert payload_depth_exceeded("[" * 201 + "]" * 201) and not payload_depth_exceeded('["[[[[[[["]')
-    bad_claim = job_from_claim((False, 1, "q", "t", "[" * 100_000, 1, 1, 0, None, None, None, None))
+    bad_claim = job_from_claim((False, 1, "q", "t", "[" * 100_000, 1, 1, 0, None, None, None, None, None))
     assert bad_claim.decode_error == bad.decode_error and bad_claim.task == "t" and bad_claim.payload is None
 
 
@@ -188,24 +188,25 @@ def test_a_claim_row_becomes_the_same_job_as_a_dict_row_and_claims_come_back_in_
     from skiplock.queue import completed_and_claimed
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    values = (7, "q", "t", '{"a": 1}', 2, 5, 3, t0, t0 + timedelta(seconds=1), "key", 1.5)
+    values = (7, "q", "t", '{"a": 1}', 2, 5, 3, t0, t0 + timedelta(seconds=1), "key", 1.5, "k1")
     assert job_from_claim((False, *values)) == job_from_row(dict(zip(CLAIM_ROW, values, strict=True)))
     j = job_from_claim((False, *values))
-    assert (j.id, j.payload, j.priority, j.idempotency_key, j.timeout_seconds, j.decode_error) == (
+    assert (j.id, j.payload, j.priority, j.idempotency_key, j.timeout_seconds, j.serial_key, j.decode_error) == (
         7,
         {"a": 1},
         3,
         "key",
         1.5,
+        "k1",
         None,
     )
     handed = j.with_conn("conn", "flag")
     assert handed == j and handed.conn == "conn" and handed._cancel == "flag" and j.conn is None
     rows = [
-        (False, 9, "q", None, "{}", 1, 5, 0, t0, t0, None, None),
-        (True, 4, None, None, None, None, None, None, None, None, None, None),
-        (False, 8, "q", None, "{}", 1, 5, 0, t0, t0, None, None),
-        (False, 10, "q", None, "{}", 1, 5, 5, t0, t0 + timedelta(seconds=9), None, None),
+        (False, 9, "q", None, "{}", 1, 5, 0, t0, t0, None, None, None),
+        (True, 4, None, None, None, None, None, None, None, None, None, None, None),
+        (False, 8, "q", None, "{}", 1, 5, 0, t0, t0, None, None, None),
+        (False, 10, "q", None, "{}", 1, 5, 5, t0, t0 + timedelta(seconds=9), None, None, None),
     ]
     completed, claimed = completed_and_claimed(rows)
     assert completed == {4} and [c.id for c in claimed] == [10, 8, 9], "priority, then due time, then id"

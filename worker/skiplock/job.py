@@ -23,6 +23,7 @@ CLAIM_ROW = (
     "visible_at",
     "idempotency_key",
     "timeout_seconds",
+    "serial_key",
 )
 """The columns a claim returns, in order (after its ``completed`` flag): see ``job_complete_and_claim``.
 A job built from a dict row (:func:`job_from_row`) takes the same names, in any order."""
@@ -149,6 +150,8 @@ class Job:
     """The registered task this job runs (``None``: the queue's default handler)."""
     timeout_seconds: float | None = None
     """Longest run of one attempt set at enqueue (``None``: the task's ``timeout_seconds``, else no limit)."""
+    serial_key: str | None = None
+    """The key this job runs serially with (no two jobs of one key at once, in id order), if any."""
     _conn: Any = field(default=None, compare=False, repr=False)
     _decode_error: str | None = field(default=None, compare=False, repr=False)
     _cancel: Any = field(default=None, compare=False, repr=False)
@@ -241,7 +244,7 @@ _new_job = object.__new__
 def job_from_claim(row: tuple[Any, ...]) -> Job:
     """The Job of a claim's row (``completed``, then ``CLAIM_ROW``), built without the frozen ``__init__`` (which
     sets each field through ``object.__setattr__``): this runs for every claimed job."""
-    _, id_, queue, task, text, attempts, max_attempts, priority, created_at, visible_at, key, timeout = row
+    _, id_, queue, task, text, attempts, max_attempts, priority, created_at, visible_at, key, timeout, serial = row
     payload, error = decode_payload(text)
     job: Job = _new_job(Job)
     job.__dict__.update(
@@ -256,6 +259,7 @@ def job_from_claim(row: tuple[Any, ...]) -> Job:
         idempotency_key=key,
         task=task,
         timeout_seconds=timeout,
+        serial_key=serial,
         _conn=None,
         _decode_error=error,
         _cancel=None,

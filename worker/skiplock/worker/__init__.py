@@ -287,7 +287,7 @@ class Worker:
             cancelled=self._on_cancelled,
             timeouts=self.router.timeouts(),
         )
-        completer.on_written = lambda: self._wake("completed")  # a successor of a serial key may be due now
+        completer.on_written = partial(self._on_written, {x.task for x in limits if x.global_concurrency is not None})
         claimer = self._claimer = Claimer(
             scope, slots, completer, leases, self._admit, self._start_jobs, self.metrics, stopping
         )
@@ -585,6 +585,12 @@ class Worker:
             fn(*args)
         except Exception:
             log.exception("worker callback %r failed", fn, extra={"action": "callback_failed"})
+
+    def _on_written(self, gating: set[str], jobs: list[Job]) -> None:
+        """Jobs ended without a claim: wake the claim loop when one may have held back another (the next job of its
+        serial key, or of its task at its global concurrency); other jobs' ends unblock nothing (no empty claim)."""
+        if any(j.serial_key is not None or j.task in gating for j in jobs):
+            self._wake("completed")
 
     def _wake(self, source: str) -> None:
         if self._claimer is not None:

@@ -61,8 +61,8 @@ class Completer:
         self._writing: list[Job] = []  # a flush in flight: still held (heartbeats, orphan release) until settled
         self._needed = asyncio.Event()
         self._closing = False
-        self.on_written: Callable[[], None] = lambda: None
-        """Called after the flush loop wrote finished jobs on its own (no claim carried them)."""
+        self.on_written: Callable[[list[Job]], None] = lambda jobs: None
+        """Called with the jobs the flush loop ended on its own (no claim carried them)."""
 
     # ------------------------------------------------------------------ buffers
     def defer(self, job: Job) -> None:
@@ -202,12 +202,12 @@ class Completer:
                 if wait <= 0:
                     break
                 await asyncio.sleep(wait)
-            ended = bool(self._done or self._failed)
+            ended = self._done + [f.job for f in self._failed]
             if not await self.flush():
                 await self._control.backoff(stopping)
                 self._needed.set()
             elif ended and not stopping.is_set():
-                self.on_written()  # jobs ended without a claim: one may have held back another (serial keys)
+                self.on_written(ended)  # jobs ended without a claim: one may have held back another (serial keys)
 
     async def flush(self) -> bool:
         ok = True

@@ -133,7 +133,7 @@ claimed AS (
     FROM go, (SELECT count(*) FROM done) AS finished  -- completions first (a serial key passes on)
     WHERE j.id = go.id
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-              j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds
+              j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key
 
 -- name: claim_take_slots
 -- The slots taken by the runs just claimed, written by primary key.
@@ -155,4 +155,4 @@ taken AS MATERIALIZED (
 -- The rows a claim statement returns: the jobs claimed, then the ids completed.
 SELECT false AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
+SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
