@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -184,6 +185,13 @@ def start_skiplock(
             )
         procs.append(Proc(popen, log, "listener connected" if listen else "worker started"))
     return procs
+
+
+def stopped_count(proc: Proc, name: str) -> int | None:
+    """A count the worker logged as it stopped (``name=N`` on its "worker stopped" line); None from a worker that
+    does not log it (an older commit under ``--compare``)."""
+    found = re.findall(rf"worker stopped.*\b{name}=(\d+)", proc.output())
+    return int(found[-1]) if found else None
 
 
 def start_seed(
@@ -530,7 +538,8 @@ def enqueue_chunk(q: Queue, conn: psycopg.Connection[Any], numbers: range, flow:
 def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, Any]:
     """Idle workers; a producer enqueues single jobs at a fixed rate; enqueue call to handler start, per job.
 
-    Also counts the commits per job over the window beyond the producer's own (empty claims of woken workers).
+    Also counts the workers' commits per job over the window beyond the producer's own (each LISTEN backend commits
+    once for each notification it receives, besides the claims), and the claims that found nothing.
     """
     schema = new_schema(cfg, "lat")
     logdir = Path(tempfile.mkdtemp(prefix="bench-latency-"))
@@ -568,6 +577,10 @@ def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, A
         ours += 1  # its flush statement
     worker_commits = after.commits - before.commits - ours - n  # each enqueue is one commit of the producer
     worker_write_tx = after.next_xid - before.next_xid - n
+    # Claims that found nothing, as each worker counts them over its life (a few at start-up too). Not read off the
+    # server's commits: each notification a LISTEN backend receives costs it a transaction of its own.
+    counts = [stopped_count(p, "empty_claims") for p in procs]
+    empty = None if None in counts else sum(c for c in counts if c is not None)
     lat_ms: list[float] = []
     for path in starts.glob("starts-*.txt"):
         for line in path.read_text().splitlines():
@@ -587,7 +600,6 @@ def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, A
         "max_ms": lat_ms[-1],
         "worker_commits_per_job": worker_commits / n,
         "worker_write_tx_per_job": worker_write_tx / n,
-        # read-only worker transactions: the claims that found nothing (heartbeats and completions write)
-        "empty_claims_per_job": max(0, worker_commits - worker_write_tx) / n,
+        "empty_claims_per_job": None if empty is None else empty / n,
         "poll_seconds": None if listen else cfg.poll_seconds,
     }

@@ -135,6 +135,12 @@ class WorkerMetrics:
             ["source"],
             registry=registry,
         )
+        self.claims = Counter(
+            "skiplock_worker_claims",
+            "Claim statements of this worker, by result (jobs: it took at least one job; empty: none was due).",
+            ["result"],
+            registry=registry,
+        )
         self.db_errors = Counter(
             "skiplock_worker_db_errors",
             "Transient database errors survived by the worker, by operation.",

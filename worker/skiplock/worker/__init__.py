@@ -366,8 +366,16 @@ class Worker:
         finally:
             await self._close_executors()
             await control.close()
+            c = self._claimer
             log.info(
-                "worker stopped", extra={"action": "worker_stopped", "queues": self.queues, "released": self.released}
+                "worker stopped",
+                extra={
+                    "action": "worker_stopped",
+                    "queues": self.queues,
+                    "released": self.released,
+                    "claims": c.claims if c is not None else 0,
+                    "empty_claims": c.empty_claims if c is not None else 0,
+                },
             )
         return 0
 

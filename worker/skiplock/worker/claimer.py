@@ -103,6 +103,8 @@ class Claimer:
         self._claimed_busy = False  # the last claim was made while jobs ran or waited in the buffer
         self.claims = 0
         self.empty_claims = 0
+        self._claimed_jobs = metrics.claims.labels("jobs")
+        self._claimed_none = metrics.claims.labels("empty")
 
     def wake(self, source: str = "notify") -> None:
         """Wake the claim loop; ``source`` (notify, recovered) is what its wake-up counter says."""
@@ -246,10 +248,12 @@ class Claimer:
         self.claims += 1
         self._rotate += 1  # the next claim serves another queue first
         if jobs:
+            self._claimed_jobs.inc()
             self._empty_streak = 0
             self._admit(jobs)
             self.feed()
         else:
+            self._claimed_none.inc()
             self.empty_claims += 1
             self._empty_streak += 1
             if self._empty_streak >= EMPTY_STREAK:
