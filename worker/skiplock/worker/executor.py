@@ -185,6 +185,8 @@ class Slots:
         self._handed: deque[Entry] = deque()  # started by the loop, for a handler thread to run
         self.open = True  # False once draining: no waiting job starts any more
         self.closed = False  # the handler threads exit
+        self._sleeping = 0  # handler threads waiting for a job
+        self._waking = 0  # of them, notified but not running yet
         self.started = 0  # jobs started so far (the pace that sizes the buffer)
         self.freed = asyncio.Event()
         self.per_queue: dict[str, int] = {}  # running jobs by queue (the in-flight gauges, set once per batch)
@@ -225,9 +227,13 @@ class Slots:
             return started
 
     def _wake_threads(self) -> None:
-        n = len(self._handed) + min(len(self._by_thread), self.capacity - self._busy)
-        if n > 0:
-            self.lock.notify(n)
+        """Wake one sleeping handler thread when jobs wait for one, unless one is waking already: each thread that
+        takes a job wakes the next while more wait (a chain), so short jobs never wake every thread on each claim."""
+        if self._sleeping > self._waking == 0 and (
+            self._handed or (self._by_thread and self.open and self._busy < self.capacity)
+        ):
+            self._waking += 1
+            self.lock.notify()
 
     def _begin(self, e: Entry) -> Entry:
         e.started = time.monotonic()
@@ -243,21 +249,27 @@ class Slots:
         """A job the loop started goes to a handler thread."""
         with self.lock:
             self._handed.append(e)
-            self.lock.notify()
+            self._wake_threads()
 
     def next_for_thread(self) -> Entry | None:
         """A handler thread's next job: one handed to it, else the next waiting sync job once a slot is free; blocks
         until there is one; None once closed."""
         with self.lock:
             while not self.closed:
+                e: Entry | None = None
                 if self._handed:
                     e = self._handed.popleft()
-                    if self._running.get(e.job.id) is e:  # else handed back meanwhile (drain)
-                        return e
+                    if self._running.get(e.job.id) is not e:  # handed back meanwhile (drain)
+                        continue
                 elif self.open and self._by_thread and self._busy < self.capacity:
-                    return self._begin(self._by_thread.popleft())
-                else:
-                    self.lock.wait()
+                    e = self._begin(self._by_thread.popleft())
+                if e is not None:
+                    self._wake_threads()  # more jobs wait: the next thread, in case this job takes long
+                    return e
+                self._sleeping += 1
+                self.lock.wait()
+                self._sleeping -= 1
+                self._waking = max(0, self._waking - 1)
             return None
 
     def end(self, e: Entry) -> None:
