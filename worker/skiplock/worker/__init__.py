@@ -144,6 +144,7 @@ class Worker:
         self._to_release: list[Job] = []
         self._durations: dict[str, list[float]] | None = None  # run times of a batch of results, by queue
         self._waits: dict[str, list[float]] | None = None  # their waits from visible to start, by queue
+        self._async_results: list[Result] = []  # async results of this loop iteration, collected together
         self._slots: Slots | None = None
         self._control: Control | None = None
         self._claimer: Claimer | None = None
@@ -358,8 +359,7 @@ class Worker:
                 for t in tasks:
                     t.cancel()
                 await _settle(tasks + loops)
-                if self._threads is not None:
-                    self._threads.collect()  # results posted meanwhile are written, not rerun
+                self._collect()  # results posted meanwhile are written, not rerun
                 await completer.close(flusher)
                 await leases.release(self._to_release + claimer.take_buffer())
                 self.released = leases.released
@@ -425,8 +425,7 @@ class Worker:
             slots.freed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(slots.freed.wait(), timeout=max(0.01, deadline - time.monotonic()))
-        if self._threads is not None:
-            self._threads.collect()  # results already posted by the handler threads count as finished
+        self._collect()  # results already posted count as finished
         left = slots.entries()
         if not left:
             return
@@ -490,8 +489,21 @@ class Worker:
         self._refill()
 
     def _on_result(self, r: Result) -> None:
-        self._finish(r)
-        self._refill()
+        """An async job's result: collected with the others of this loop iteration (one batch, one refill)."""
+        if not self._async_results:
+            asyncio.get_running_loop().call_soon(self._collect_async)
+        self._async_results.append(r)
+
+    def _collect_async(self) -> None:
+        results, self._async_results = self._async_results, []
+        if results:
+            self._on_results(results)
+
+    def _collect(self) -> None:
+        """Every result posted so far (drain, exit): counted as finished, not rerun."""
+        if self._threads is not None:
+            self._threads.collect()
+        self._collect_async()
 
     def _refill(self) -> None:
         """Slots freed: start prefetched jobs in them now (the claim loop refills the buffer meanwhile)."""
