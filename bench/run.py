@@ -76,7 +76,7 @@ EXPORTED: set[str] = set()  # temp dirs holding a `git archive` of worker/, remo
 CEILING = "drain noop [ceiling]"  # a tuned plain-SQL loop: claim 200, pipelined completion, NOTIFY
 PGQUEUER = "drain noop [pgqueuer]"
 TX_CEILING = "drain write [plain tx]"  # per job: BEGIN, INSERT, UPDATE, COMMIT
-FLOW_CASES = ("drain noop, 10% serial keys", "drain noop, limited task")
+FLOW_CASES = ("drain noop, 10% serial keys", "drain noop, limited task", "drain noop, 50 queues")
 GROUPS = ("enqueue", "drain", "transactional", "tablesize", "latency", "scale")
 DRAIN_COLUMNS = (
     ("jobs_per_s", "jobs/s", "{:,.0f}"),
@@ -185,6 +185,7 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
     # flow control: what 10 % serial-keyed jobs, and a task with (non-binding) limits, cost the plain drain
     skiplock(FLOW_CASES[0], flow="serial")
     skiplock(FLOW_CASES[1], flow="limited")
+    skiplock(FLOW_CASES[2], flow="queues")  # one worker serving 50 queues (round-robin claims) vs one queue
     big_c = a.big_concurrency  # the RSS case
     add(
         "drain",
@@ -281,6 +282,7 @@ def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
             0.9,
             True,
         ),
+        ("50 queues vs one queue", ">= 0.8x", get(FLOW_CASES[2], "vs_plain"), 0.8, True),
         (f"worker peak RSS at C={big_c} (MB)", "<= 80", get(f"drain noop C={big_c}", "worker_rss_mb"), 80.0, False),
     ]
     out = []

@@ -41,6 +41,11 @@ from skiplock import Queue, Settings
 from skiplock.migrate import migrate
 
 QUEUE = "bench"
+MANY_QUEUES = tuple(f"{QUEUE}-{k}" for k in range(50))  # the 50-queue drain: one worker serves them all
+
+
+def drain_queues(flow: str | None) -> list[str]:
+    return list(MANY_QUEUES) if flow == "queues" else [QUEUE]
 APP = "skiplock-bench"
 PRODUCER_APP = "skiplock-bench-producer"
 WORKER_APPS = ("skiplock-worker", "seed-baseline", "pgqueuer-bench", PRODUCER_APP)  # their exit flushes statistics
@@ -257,17 +262,17 @@ def wait_backends_gone(mon: psycopg.Connection[Any], timeout: float = 15.0) -> i
     return n
 
 
-def wait_drained(mon: psycopg.Connection[Any], schema: str, timeout: float) -> int:
-    """Poll (every 50 ms, two index probes) until no job of the queue is pending or processing."""
+def wait_drained(mon: psycopg.Connection[Any], schema: str, timeout: float, queues: list[str] | None = None) -> int:
+    """Poll (every 50 ms, two index probes) until no job of the queues is pending or processing."""
     ident = sql.Identifier(schema)
     query = sql.SQL(
-        "SELECT EXISTS (SELECT 1 FROM {s}.jobs WHERE queue = %(q)s AND status = 'pending') "
-        "OR EXISTS (SELECT 1 FROM {s}.jobs WHERE queue = %(q)s AND status = 'processing')"
+        "SELECT EXISTS (SELECT 1 FROM {s}.jobs WHERE queue = ANY(%(q)s) AND status = 'pending') "
+        "OR EXISTS (SELECT 1 FROM {s}.jobs WHERE queue = ANY(%(q)s) AND status = 'processing')"
     ).format(s=ident)
     deadline, n = time.monotonic() + timeout, 0
     while True:
         n += 1
-        row = mon.execute(query, {"q": QUEUE}).fetchone()
+        row = mon.execute(query, {"q": queues or [QUEUE]}).fetchone()
         if row and not row[0]:
             return n
         if time.monotonic() > deadline:
@@ -336,7 +341,8 @@ def drain(
     """Start W idle workers, commit N jobs in one transaction, time the drain and read the counters.
 
     ``flow``: ``serial`` gives every tenth job a serial key (200 keys), ``limited`` makes every job one of a task
-    with a global concurrency and a rate limit that do not bind (flow_app.py): the cost of flow control.
+    with a global concurrency and a rate limit that do not bind (flow_app.py): the cost of flow control;
+    ``queues`` spreads the jobs over 50 queues, all served by each worker.
 
     Throughput runs from the enqueue commit (skiplock wakes by NOTIFY) or from the first claim (the seed polls
     every second; its nap is not charged) to the last completion, both read from the jobs' timestamps. The ceiling
@@ -355,6 +361,8 @@ def drain(
         conn.execute("CHECKPOINT")  # every run starts with the same full-page-image debt
     if system == "skiplock":
         app = {"SKIPLOCK_APP": "flow_app:app"} if flow == "limited" else {}
+        if flow == "queues":
+            app = {"SKIPLOCK_QUEUES": ",".join(MANY_QUEUES)}
         procs = start_skiplock(
             cfg,
             schema,
@@ -392,16 +400,16 @@ def drain(
             ours += 1
         pg_cpu0 = server_cpu_seconds(cfg.server.postmaster_pid)
         cpu0 = {p.popen.pid: process_cpu_seconds(p.popen.pid) for p in procs}
-        ours += wait_drained(mon, schema, cfg.drain_timeout)
+        ours += wait_drained(mon, schema, cfg.drain_timeout, drain_queues(flow))
         pg_cpu1, worker_cpu, rss, after, queries = stop_and_measure(cfg, procs, mon, cpu0)
         ours += queries
         row = mon.execute(
             sql.SQL(
                 "SELECT extract(epoch FROM min(locked_at))::float8, extract(epoch FROM max(updated_at))::float8, "
                 "count(*) FILTER (WHERE status = 'done'), count(*), max(attempts) "
-                "FROM {}.jobs WHERE queue = %(q)s AND id >= %(first)s"
+                "FROM {}.jobs WHERE queue = ANY(%(q)s) AND id >= %(first)s"
             ).format(ident),
-            {"q": QUEUE, "first": first_id},
+            {"q": drain_queues(flow), "first": first_id},
         ).fetchone()
     assert row is not None and t_commit_row is not None
     first_claim, last_done, done, total, max_attempts = row
@@ -522,7 +530,13 @@ def drain_pgqueuer(cfg: Config, *, workers: int | None = None) -> dict[str, Any]
 
 
 def enqueue_chunk(q: Queue, conn: psycopg.Connection[Any], numbers: range, flow: str | None) -> list[int]:
-    """One chunk of a drain's jobs: plain, 10 % serial-keyed (keys spread over 200 values), or a limited task's."""
+    """One chunk of a drain's jobs: plain, 10 % serial-keyed (keys spread over 200 values), a limited task's, or
+    spread evenly over 50 queues."""
+    if flow == "queues":
+        ids = []
+        for k, queue in enumerate(MANY_QUEUES):
+            ids += q.enqueue_many(queue, [{"n": i} for i in numbers if i % len(MANY_QUEUES) == k], conn=conn)
+        return sorted(ids)
     if flow == "limited":
         return q.enqueue_many(QUEUE, [{"n": i} for i in numbers], conn=conn, task="bench.limited")
     if flow != "serial":
