@@ -366,3 +366,24 @@ def test_observing_a_batch_gives_the_histogram_of_observing_each_amount():
         return [x for x in generate_latest(r).decode().splitlines() if not x.startswith("t_seconds_created")]
 
     assert lines(one) == lines(many) and 't_seconds_count{queue="q"} 8.0' in lines(many)
+
+
+def test_a_payload_decodes_to_what_json_gives_big_integers_and_odd_numbers_included():
+    import json
+
+    from skiplock.job import decode_payload
+
+    texts = [
+        '{"n": 1, "s": "\\u00e9", "l": [1.5, null, true]}',
+        "123456789012345678901234567890",  # past 64 bits: an int, never a float
+        '{"id": 98765432109876543210}',
+        '"12345678901234567890 in a string"',
+        "1e400",  # jsonb keeps it; json reads inf
+        '"\\ud800"',  # a lone surrogate
+        "[" * 300 + "]" * 300,
+    ]
+    for text in texts:
+        value, error = decode_payload(text)
+        assert error is None and value == json.loads(text) and type(value) is type(json.loads(text)), text
+    assert decode_payload('{"n": 9223372036854775808}')[0]["n"] == 2**63, "one past int64 stays exact"
+    assert decode_payload("nope") == (None, "PayloadError: payload cannot be decoded: JSONDecodeError")
