@@ -1053,8 +1053,10 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         conn: psycopg.Connection[Any] | None = None,
         **options: Unpack[EnqueueManyOptions],
     ) -> EnqueueManyResult:
-        """Add many jobs of one queue in one statement; payloads whose key is taken insert nothing. Returns the new
-        ids (a list, as before) whose ``results`` give each payload its job and whether it was a duplicate."""
+        """Add many jobs of one queue in one transaction (yours with ``conn=``). Without keys the ids are reserved
+        and the jobs written with COPY; with keys, one INSERT where payloads whose key is taken insert nothing.
+        Returns the new ids in payload order (a list, as before) whose ``results`` give each payload its job and
+        whether it was a duplicate."""
         many = self._s.enqueue_many(queue, payloads, options)
         if isinstance(many, CopyJobs):
             with self._on(conn) as on:
