@@ -858,9 +858,23 @@ async def _aexecute(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
         return call.read(Result(await cur.fetchall() if cur.description else [], cur.rowcount))
 
 
+def _idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """No transaction open (nor a statement running, nor the connection broken)."""
+    return conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
 def _outside_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """An autocommit connection with no transaction open: statements that must commit together need their own."""
-    return conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    return conn.autocommit and _idle(conn)
+
+
+def may_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether a call may switch a pool connection to autocommit for its time (and back): one outside autocommit,
+    idle, without transaction characteristics of its own (isolation level, read only, deferrable). A statement then
+    runs in a transaction of its own as between BEGIN and COMMIT, two round trips fewer; statements that must
+    commit together run in an explicit transaction (see :func:`_copy_jobs`)."""
+    plain = conn.isolation_level is None and conn.read_only is None and conn.deferrable is None
+    return plain and not conn.autocommit and _idle(conn)
 
 
 def _copy_jobs(conn: psycopg.Connection[Any], copy: CopyJobs) -> EnqueueManyResult:
@@ -1013,14 +1027,23 @@ class Queue(_QueueState[ConnectionPool[Any]]):
 
     @contextmanager
     def _on(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
-        """The caller's connection (``conn=``), or one of the pool for the time of the call."""
-        if conn is None:
-            with self._connection() as own:
-                yield own
+        """The caller's connection (``conn=``), or one of the pool for the time of the call, in autocommit when
+        :func:`may_autocommit` says so."""
+        if conn is not None:
+            if not isinstance(conn, psycopg.Connection):
+                raise ConfigError(f"conn= of a sync call must be a psycopg.Connection, not {type(conn).__name__}")
+            yield conn
             return
-        if not isinstance(conn, psycopg.Connection):
-            raise ConfigError(f"conn= of a sync call must be a psycopg.Connection, not {type(conn).__name__}")
-        yield conn
+        with self._connection() as own:
+            if not may_autocommit(own):
+                yield own
+                return
+            own.autocommit = True
+            try:
+                yield own
+            finally:
+                if _idle(own):  # else broken: the pool discards it
+                    own.autocommit = False
 
     def _call(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
         with self._on(conn) as on:
@@ -1338,14 +1361,24 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
 
     @asynccontextmanager
     async def _on(self, conn: psycopg.AsyncConnection[Any] | None) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """The caller's connection (``conn=``), or one of the pool for the time of the call."""
-        if conn is None:
-            async with self._connection() as own:
-                yield own
+        """The caller's connection (``conn=``), or one of the pool for the time of the call (see Queue._on)."""
+        if conn is not None:
+            if not isinstance(conn, psycopg.AsyncConnection):
+                raise ConfigError(
+                    f"conn= of an async call must be a psycopg.AsyncConnection, not {type(conn).__name__}"
+                )
+            yield conn
             return
-        if not isinstance(conn, psycopg.AsyncConnection):
-            raise ConfigError(f"conn= of an async call must be a psycopg.AsyncConnection, not {type(conn).__name__}")
-        yield conn
+        async with self._connection() as own:
+            if not may_autocommit(own):
+                yield own
+                return
+            await own.set_autocommit(True)
+            try:
+                yield own
+            finally:
+                if _idle(own):
+                    await own.set_autocommit(False)
 
     async def _call(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
         async with self._on(conn) as on:
