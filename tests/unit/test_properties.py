@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from skiplock import Settings
 from skiplock.backoff import backoff_seconds
 from skiplock.errors import ConfigError, PayloadError
-from skiplock.queue import encode_payload
+from skiplock.job import payload_depth_exceeded
+from skiplock.queue import encode_payload, encode_payloads
 from skiplock.settings import ENV_PREFIX
 
 FIELDS = [f.name for f in fields(Settings)]
@@ -174,3 +175,27 @@ def test_text_with_a_nul_is_always_refused(before: str, after: str):
 def test_non_finite_numbers_are_always_refused(number: float, around: Any):
     with pytest.raises(PayloadError):
         encode_payload({"n": [around, number]}, 10**6)
+
+
+def _outcome(encode: Any) -> Any:
+    try:
+        return encode()
+    except PayloadError as exc:
+        return ("PayloadError", str(exc))
+
+
+bad_payloads = st.sampled_from([math.nan, "nul \x00", "lone \ud800", object(), {(1,): 2}, "x" * 5000, [[[[[[]]]]]]])
+
+
+@given(st.lists(json_values | bad_payloads, max_size=8), st.sampled_from([40, 4096, 10**6]))
+@settings(max_examples=300)
+def test_a_batch_encodes_as_its_payloads_one_by_one(values: list[Any], limit: int):
+    """encode_payloads checks the batch at once: the same texts, or the same first error, as payload by payload."""
+    one_by_one = _outcome(lambda: [encode_payload(v, limit) for v in values])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("skiplock.queue.MAX_PAYLOAD_DEPTH", 4)  # deep payloads are cheap to draw at depth 4
+        mp.setattr("skiplock.queue.payload_depth_exceeded", lambda text: payload_depth_exceeded(text, 4))
+        assert _outcome(lambda: encode_payloads(values, limit)) == _outcome(
+            lambda: [encode_payload(v, limit) for v in values]
+        )
+    assert _outcome(lambda: encode_payloads(values, limit)) == one_by_one

@@ -192,7 +192,7 @@ class Task:
         conn: psycopg.Connection[Any] | None = None,
         **options: Unpack[TaskEnqueueManyOptions],
     ) -> EnqueueManyResult:
-        """Enqueue many jobs of this task in one statement (see :meth:`Queue.enqueue_many`)."""
+        """Enqueue many jobs of this task in one transaction (see :meth:`Queue.enqueue_many`)."""
         queue, merged = self.enqueue_options(options)
         payloads, unique = self.unique_many(payloads)
         return count_duplicates(

@@ -88,6 +88,8 @@ class Queries:
     job_enqueue: LiteralString
     job_find_by_key: LiteralString
     job_enqueue_many: LiteralString
+    job_reserve_ids: LiteralString
+    job_copy_many: LiteralString
     job_find_by_keys: LiteralString
     job_enqueue_unique: LiteralString
     job_find_by_unique_key: LiteralString

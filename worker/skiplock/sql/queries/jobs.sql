@@ -43,6 +43,24 @@ WITH ins AS (
 )
 SELECT ins.id, ins.idempotency_key AS key, (SELECT count(*) FROM woke) AS notified FROM ins ORDER BY ins.id;
 
+-- name: job_reserve_ids
+-- Reserve `n` new job ids (ascending) and the visible_at of the jobs job_copy_many writes next in this transaction; wake the queue's workers (at commit) when that is now.
+WITH seq(s) AS MATERIALIZED (
+    SELECT pg_get_serial_sequence('{schema}.jobs', 'id')::regclass
+), due(visible_at) AS MATERIALIZED (
+    SELECT coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s)
+), woke AS (
+    SELECT pg_notify(%(channel)s, %(queue)s) FROM due WHERE due.visible_at <= now()
+)
+SELECT array(SELECT nextval(seq.s) AS id FROM seq, generate_series(1, %(n)s) ORDER BY id) AS ids, due.visible_at,
+       (SELECT count(*) FROM woke) AS notified
+FROM due;
+
+-- name: job_copy_many
+-- Write jobs with the ids job_reserve_ids reserved, as COPY text rows: id, payload, then the enqueue's options.
+COPY {schema}.jobs (id, payload, queue, task, priority, max_attempts, visible_at, serial_key, serial_skip_on_retry)
+FROM STDIN;
+
 -- name: job_find_by_keys
 -- The job holding each of these idempotency keys of a queue (the live one, else the newest): what the duplicates of enqueue_many are.
 SELECT DISTINCT ON (idempotency_key) idempotency_key AS key, id FROM {schema}.jobs
