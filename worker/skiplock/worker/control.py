@@ -61,12 +61,7 @@ class Control:
         self.metrics = metrics
         # Single statements on autocommit connections: one round trip each, not three (BEGIN, statement, COMMIT).
         self.pool = async_pool(
-            settings.require_dsn(),
-            "skiplock-control",
-            CONTROL_CONNECTIONS,
-            autocommit=True,
-            timeout=10,
-            generic_plans=settings.listen,
+            settings.require_dsn(), "skiplock-control", CONTROL_CONNECTIONS, autocommit=True, timeout=10
         )
         self.queue = AsyncQueue(self.pool, settings, owned=True)
         self.ok = False

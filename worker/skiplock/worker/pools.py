@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -15,12 +14,6 @@ APPLICATION_NAME = "skiplock-worker"
 # The time is stamped at checkout, in the pool's check callback: a reset callback would cost more than the rest of
 # a checkout (about 25 us of the pool's 40).
 IDLE_CHECK_SECONDS = 2.0
-# The worker's own statements are prepared (psycopg prepares a statement on its fifth run), and each has one good plan
-# whatever its parameters (index lookups by id arrays, the claim's ordered index scan). Left to choose, PostgreSQL
-# plans the claim again on every run (its generic plan is estimated dearer than a plan for one LIMIT), which is
-# about a third of the claim's server time. Session state: set only on connections that are the worker's own
-# sessions (LISTEN on; behind a transaction-mode pooler, run with --no-listen and it is not set).
-GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 
 
 def _stale(conn: Any) -> bool:
@@ -45,19 +38,8 @@ def _check(conn: psycopg.Connection[Any]) -> None:
             conn.rollback()
 
 
-async def _generic_plans(conn: psycopg.AsyncConnection[Any]) -> None:
-    await conn.execute(GENERIC_PLANS)
-
-
 def make_pool(
-    dsn: str,
-    name: str,
-    size: int,
-    *,
-    asynchronous: bool,
-    autocommit: bool,
-    timeout: float,
-    configure: Callable[[Any], Any] | None = None,
+    dsn: str, name: str, size: int, *, asynchronous: bool, autocommit: bool, timeout: float
 ) -> AsyncConnectionPool[Any] | ConnectionPool[Any]:
     """The one pool constructor of the worker, unopened: control calls (async, autocommit) and ``job.conn``
     (the handler's colour; autocommit too, since the executor opens the job's transaction itself at checkout
@@ -72,17 +54,12 @@ def make_pool(
         reconnect_timeout=0,
         timeout=timeout,
         check=_acheck if asynchronous else _check,
-        configure=configure,
         kwargs={"application_name": APPLICATION_NAME, "autocommit": autocommit},
     )
 
 
-def async_pool(
-    dsn: str, name: str, size: int, *, timeout: float, autocommit: bool = True, generic_plans: bool = False
-) -> AsyncConnectionPool[Any]:
-    """``generic_plans``: the session plans its prepared statements once (see GENERIC_PLANS)."""
-    configure = _generic_plans if generic_plans else None
-    pool = make_pool(dsn, name, size, asynchronous=True, autocommit=autocommit, timeout=timeout, configure=configure)
+def async_pool(dsn: str, name: str, size: int, *, timeout: float, autocommit: bool = True) -> AsyncConnectionPool[Any]:
+    pool = make_pool(dsn, name, size, asynchronous=True, autocommit=autocommit, timeout=timeout)
     assert isinstance(pool, AsyncConnectionPool)
     return pool
 
