@@ -130,8 +130,10 @@ claimed AS (
         lease_expires_at = coalesce(%(now)s::timestamptz, now())
             + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)),
         slot = go.cslot
-    FROM go, (SELECT count(*) FROM done) AS finished  -- completions first (a serial key passes on)
-    WHERE j.id = go.id
+    FROM go
+    -- completions first (a serial key passes on): an init plan, run once before the first row (joined as a
+    -- subquery, the planner re-read the completed rows once for every claimed one)
+    WHERE j.id = go.id AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
               j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key
 
