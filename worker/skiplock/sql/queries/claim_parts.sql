@@ -47,6 +47,16 @@ AND (jobs.serial_key IS NULL OR (
                       AND NOT (k.serial_skip_on_retry AND k.status = 'pending' AND k.attempts > 0
                                AND k.visible_at > coalesce(%(now)s::timestamptz, now())))))
 
+-- name: claim_limit_all
+-- For a worker none of whose tasks has a limit: every limited task counts as full (its jobs are left to the workers that know its limits).
+limit_full AS (
+    SELECT task FROM {schema}.task_limits
+
+-- name: claim_go_all
+-- For a worker none of whose tasks has a limit: the claim takes every picked job, with no slot.
+go AS (
+    SELECT id, NULL::integer AS cslot FROM picked
+
 -- name: claim_pick_many
 -- The picked jobs of several queues: at most `per_queue` of each, round-robin from the queue after `rotate`, none of a paused queue or of a task in limit_full.
 candidates AS (

@@ -162,12 +162,9 @@ WITH /* include: claim_done */
 -- name: job_complete_and_claim_unlimited
 -- job_complete_and_claim for a worker none of whose tasks has a global concurrency or rate limit: the same completion, round-robin, serial keys and lease, without the slot bookkeeping (a third of the planning); jobs of limited tasks are left pending for the workers that know their limits.
 WITH /* include: claim_done */
-), limit_full AS (
-    -- every limited task: its jobs are left to the workers that know its limits
-    SELECT task FROM {schema}.task_limits
+), /* include: claim_limit_all */
 ), /* include: claim_pick_many */
-), go AS (
-    SELECT id, NULL::integer AS cslot FROM picked
+), /* include: claim_go_all */
 ), /* include: claim_update */
 )
 /* include: claim_result */
@@ -175,12 +172,9 @@ WITH /* include: claim_done */
 -- name: job_complete_and_claim_unlimited_one
 -- job_complete_and_claim_one for a worker none of whose tasks has a global concurrency or rate limit (see job_complete_and_claim_unlimited).
 WITH /* include: claim_done */
-), limit_full AS (
-    -- every limited task: its jobs are left to the workers that know its limits
-    SELECT task FROM {schema}.task_limits
+), /* include: claim_limit_all */
 ), /* include: claim_pick_one */
-), go AS (
-    SELECT id, NULL::integer AS cslot FROM picked
+), /* include: claim_go_all */
 ), /* include: claim_update */
 )
 /* include: claim_result */
