@@ -1,6 +1,10 @@
--- Parts of the claim statements of jobs.sql, each included where a statement says
--- /* include: <name> */ (the loader pastes the part in before rendering the schema). The claim statements differ
--- only in how they pick (one queue, or round-robin over several) and in whether they take flow-limit slots.
+-- Parts of the statements of jobs.sql, each included where a statement says /* include: <name> */ (the loader pastes
+-- the part in before rendering the schema). The claim statements differ only in how they pick (one queue, or
+-- round-robin over several) and in whether they take flow-limit slots.
+
+-- name: processing_by_id
+-- The status a fence compares a row found by primary key with: an init plan, not a constant, so the planner cannot answer the test by scanning a processing partial index instead (an ANALYZE taken while few jobs ran makes that index look empty, and such a plan walked every entry, dead ones included, against every id: 5x the statement).
+(SELECT 'processing'::text)
 
 -- name: claim_done
 -- The completions a claim carries (fenced by worker and attempt) and the runs they end: the CTEs every claim statement starts with.
@@ -9,7 +13,7 @@ done AS (
     SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
         updated_at = coalesce(%(now)s::timestamptz, now())
     FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
-    WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
+    WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = /* include: processing_by_id */ AND j.locked_by = %(worker)s
     RETURNING j.id
 ), finishing AS (
     -- the runs this statement completes (their serial key and concurrency slot pass to the next job)

@@ -184,7 +184,8 @@ WITH /* include: claim_done */
 UPDATE {schema}.jobs AS j
 SET status = 'done', locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
-WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
+WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = /* include: processing_by_id */
+  AND j.locked_by = %(worker)s
 RETURNING j.id;
 
 -- name: job_confirm_done
@@ -209,7 +210,8 @@ SET status = CASE WHEN f.retry AND j.attempts < j.max_attempts THEN 'pending' EL
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[], %(delays)s::float8[],
             %(retry)s::boolean[]) AS f(id, attempts, error, delay, retry)
-WHERE j.id = f.id AND j.attempts = f.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
+WHERE j.id = f.id AND j.attempts = f.attempts AND j.status = /* include: processing_by_id */
+  AND j.locked_by = %(worker)s
 RETURNING j.id, j.status, j.visible_at;
 
 -- name: job_snooze
@@ -219,7 +221,8 @@ SET status = 'pending', attempts = j.attempts - 1,
     visible_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => s.delay),
     locked_by = NULL, locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::float8[]) AS s(id, attempts, delay)
-WHERE j.id = s.id AND j.attempts = s.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
+WHERE j.id = s.id AND j.attempts = s.attempts AND j.status = /* include: processing_by_id */
+  AND j.locked_by = %(worker)s
 RETURNING j.id;
 
 -- name: job_release
@@ -228,7 +231,8 @@ UPDATE {schema}.jobs AS j
 SET status = 'pending', attempts = j.attempts - 1, visible_at = coalesce(%(now)s::timestamptz, now()),
     locked_by = NULL, locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS r(id, attempts)
-WHERE j.id = r.id AND j.attempts = r.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s
+WHERE j.id = r.id AND j.attempts = r.attempts AND j.status = /* include: processing_by_id */
+  AND j.locked_by = %(worker)s
 RETURNING j.id;
 
 -- name: job_release_orphans
@@ -248,7 +252,7 @@ WITH h AS (
 ), mine AS (
     SELECT j.id, h.lease, j.updated_at + make_interval(secs => h.timeout) AS timeout_at
     FROM {schema}.jobs AS j JOIN h ON j.id = h.id AND j.attempts = h.attempts
-    WHERE j.status = 'processing' AND j.locked_by = %(worker)s
+    WHERE j.status = /* include: processing_by_id */ AND j.locked_by = %(worker)s
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 ), renewed AS (
@@ -262,7 +266,8 @@ WITH h AS (
 SELECT h.id FROM h
 WHERE NOT EXISTS (
     SELECT 1 FROM {schema}.jobs AS j
-    WHERE j.id = h.id AND j.attempts = h.attempts AND j.status = 'processing' AND j.locked_by = %(worker)s);
+    WHERE j.id = h.id AND j.attempts = h.attempts AND j.status = /* include: processing_by_id */
+      AND j.locked_by = %(worker)s);
 
 -- name: job_recover_expired
 -- Put processing jobs whose stored lease deadline passed back to pending (failed when exhausted), skipping locked rows; rows without a deadline (claimed before it was stored) use locked_at plus `lease_seconds`.
