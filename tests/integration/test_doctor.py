@@ -58,7 +58,6 @@ def test_expected_indexes_follow_the_migrations() -> None:
     assert expected_indexes() == (
         "jobs_pkey",
         "jobs_claim_idx",
-        "jobs_recover_idx",
         "jobs_failed_idx",
         "jobs_retention_idx",
         "jobs_idempotency_idx",
@@ -201,14 +200,14 @@ def test_unmigrated_schema_is_critical_and_skips_table_checks(pg_dsn: str, conn:
 
 
 def test_missing_and_invalid_indexes(conn: psycopg.Connection[Any], settings: Settings, schema: str) -> None:
-    conn.execute(f'DROP INDEX "{schema}".jobs_recover_idx')
+    conn.execute(f'DROP INDEX "{schema}".jobs_lease_deadline_idx')
     conn.execute(  # what an interrupted CREATE INDEX CONCURRENTLY leaves behind
         "UPDATE pg_index SET indisvalid = false WHERE indexrelid = to_regclass(%s)",
         [f'"{schema}".jobs_failed_idx'],
     )
     check = by_name(run_checks(conn, settings, thresholds=FAST))["indexes"]
     assert (check.ok, check.severity) == (False, "critical")
-    assert "missing: jobs_recover_idx" in check.detail
+    assert "missing: jobs_lease_deadline_idx" in check.detail
     assert "invalid: jobs_failed_idx" in check.detail
 
 
