@@ -447,7 +447,9 @@ class Worker:
         """A claim's jobs: each routed to what runs it and buffered in the slots (a payload no handler can receive,
         or a task this worker does not know, is failed at once)."""
         assert self._slots is not None and self._completer is not None
-        now = datetime.now(UTC)
+        # the clock in the rows' own time zone: datetimes sharing one tzinfo subtract without asking it for offsets
+        zone = jobs[0].visible_at.tzinfo if jobs and jobs[0].visible_at is not None else None
+        now = datetime.now(zone or UTC)
         claimed = time.monotonic()
         self._callback(self.on_claimed, len(jobs))
         by_queue: dict[str, int] = {}

@@ -177,7 +177,10 @@ class Slots:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.lock = threading.Condition()
+        # One plain lock, taken directly (a C-level context manager, not Condition.__enter__, which runs Python code
+        # on every job); the condition on it is only for the handler threads' sleep and wake-up.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._running: dict[int, Entry] = {}
         self._busy = 0
         self._by_thread: deque[Entry] = deque()  # waiting: a handler thread starts them
@@ -194,7 +197,7 @@ class Slots:
     # ------------------------------------------------------------------ waiting (the prefetch buffer)
     def wait(self, entries: list[Entry]) -> None:
         """Claimed jobs join the buffer; idle handler threads are woken for theirs."""
-        with self.lock:
+        with self._mutex:
             for e in entries:
                 (self._by_thread if e.by_thread else self._by_loop).append(e)
             self._wake_threads()
@@ -203,12 +206,12 @@ class Slots:
         return len(self._by_thread) + len(self._by_loop)
 
     def waiting_entries(self) -> list[Entry]:
-        with self.lock:
+        with self._mutex:
             return [*self._by_thread, *self._by_loop]
 
     def drop_waiting(self, keep: Callable[[Entry], bool]) -> list[Entry]:
         """Remove the waiting entries ``keep`` refuses (cancelled, waited too long, shutdown): they never start."""
-        with self.lock:
+        with self._mutex:
             gone = [e for e in (*self._by_thread, *self._by_loop) if not keep(e)]
             if gone:
                 for q in (self._by_thread, self._by_loop):
@@ -219,7 +222,7 @@ class Slots:
 
     def start_for_loop(self) -> list[Entry]:
         """Start the waiting jobs the loop runs, as slots allow; wake handler threads for theirs."""
-        with self.lock:
+        with self._mutex:
             started = []
             while self.open and self._by_loop and self._busy < self.capacity:
                 started.append(self._begin(self._by_loop.popleft()))
@@ -233,7 +236,7 @@ class Slots:
             self._handed or (self._by_thread and self.open and self._busy < self.capacity)
         ):
             self._waking += 1
-            self.lock.notify()
+            self._cond.notify()
 
     def _begin(self, e: Entry) -> Entry:
         e.started = time.monotonic()
@@ -247,14 +250,14 @@ class Slots:
     # ------------------------------------------------------------------ handler threads
     def hand(self, e: Entry) -> None:
         """A job the loop started goes to a handler thread."""
-        with self.lock:
+        with self._mutex:
             self._handed.append(e)
             self._wake_threads()
 
     def next_for_thread(self) -> Entry | None:
         """A handler thread's next job: one handed to it, else the next waiting sync job once a slot is free; blocks
         until there is one; None once closed."""
-        with self.lock:
+        with self._mutex:
             while not self.closed:
                 e: Entry | None = None
                 if self._handed:
@@ -267,26 +270,26 @@ class Slots:
                     self._wake_threads()  # more jobs wait: the next thread, in case this job takes long
                     return e
                 self._sleeping += 1
-                self.lock.wait()
+                self._cond.wait()
                 self._sleeping -= 1
                 self._waking = max(0, self._waking - 1)
             return None
 
     def end(self, e: Entry) -> None:
         """A handler returned: its slot is free now (its result is collected by the loop later)."""
-        with self.lock:
+        with self._mutex:
             if e.busy:
                 e.busy = False
                 self._busy -= 1
 
     def close(self) -> None:
-        with self.lock:
+        with self._mutex:
             self.closed = True
-            self.lock.notify_all()
+            self._cond.notify_all()
 
     def shut(self) -> None:
         """Draining: no waiting job starts any more."""
-        with self.lock:
+        with self._mutex:
             self.open = False
 
     # ------------------------------------------------------------------ running
@@ -298,12 +301,12 @@ class Slots:
 
     def add(self, e: Entry) -> Entry:
         """Start ``e`` now, on the loop, whatever the buffer holds."""
-        with self.lock:
+        with self._mutex:
             return self._begin(e)
 
     def pop(self, job: Job) -> Entry | None:
         """Forget ``job`` (same attempt only); None when it was handed back meanwhile."""
-        with self.lock:
+        with self._mutex:
             entry = self._running.get(job.id)
             if entry is None or entry.job.attempts != job.attempts:
                 return None
@@ -319,7 +322,7 @@ class Slots:
 
     def holds(self, job: Job) -> bool:
         """Whether this attempt is this worker's: running (not stuck) or waiting."""
-        with self.lock:
+        with self._mutex:
             entry = self.get(job)
             if entry is not None:
                 return not entry.stuck
@@ -344,12 +347,12 @@ class Slots:
         return hit
 
     def entries(self) -> list[Entry]:
-        with self.lock:
+        with self._mutex:
             return list(self._running.values())
 
     def jobs(self) -> list[Job]:
         """Jobs whose lease this worker holds, waiting or running (a stuck one's job was already failed)."""
-        with self.lock:
+        with self._mutex:
             running = [e.job for e in self._running.values() if not e.stuck]
             return running + [e.job for e in (*self._by_thread, *self._by_loop)]
 
