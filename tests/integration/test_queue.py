@@ -483,3 +483,12 @@ async def test_a_detached_queue_runs_only_on_the_callers_connection(settings: Se
         await adetached.stats()
     with Queue(settings=settings) as q:
         assert status_of(q, job_id)["status"] == "pending"
+
+
+def test_queue_names_reach_the_claim_as_a_text_array_literal_whatever_they_hold(pg_dsn):
+    from skiplock.queue import text_array
+
+    names = ("default", "a.b:c-d", 'we"ird', "back\\slash", "com,ma", "{x}", " sp ", "NULL")
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute("SELECT %s::text[]", [text_array(names)]).fetchone()
+    assert row is not None and tuple(row[0]) == names

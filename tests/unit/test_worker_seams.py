@@ -177,7 +177,7 @@ def test_each_claimed_payload_is_decoded_on_its_own():
     bad = job_from_row(row)
     assert bad.decode_error and bad.task == "t" and bad.payload is None
     assert payload_depth_exceeded("[" * 201 + "]" * 201) and not payload_depth_exceeded('["[[[[[[["]')
-    bad_claim = job_from_claim((False, 1, "q", "t", "[" * 100_000, 1, 1, 0, None, None, None, None, None))
+    bad_claim = job_from_claim((None, 1, "q", "t", "[" * 100_000, 1, 1, 0, None, None, None, None, None))
     assert bad_claim.decode_error == bad.decode_error and bad_claim.task == "t" and bad_claim.payload is None
 
 
@@ -189,8 +189,8 @@ def test_a_claim_row_becomes_the_same_job_as_a_dict_row_and_claims_come_back_in_
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     values = (7, "q", "t", '{"a": 1}', 2, 5, 3, t0, t0 + timedelta(seconds=1), "key", 1.5, "k1")
-    assert job_from_claim((False, *values)) == job_from_row(dict(zip(CLAIM_ROW, values, strict=True)))
-    j = job_from_claim((False, *values))
+    assert job_from_claim((None, *values)) == job_from_row(dict(zip(CLAIM_ROW, values, strict=True)))
+    j = job_from_claim((None, *values))
     assert (j.id, j.payload, j.priority, j.idempotency_key, j.timeout_seconds, j.serial_key, j.decode_error) == (
         7,
         {"a": 1},
@@ -203,13 +203,13 @@ def test_a_claim_row_becomes_the_same_job_as_a_dict_row_and_claims_come_back_in_
     handed = j.with_conn("conn", "flag")
     assert handed == j and handed.conn == "conn" and handed._cancel == "flag" and j.conn is None
     rows = [
-        (False, 9, "q", None, "{}", 1, 5, 0, t0, t0, None, None, None),
-        (True, 4, None, None, None, None, None, None, None, None, None, None, None),
-        (False, 8, "q", None, "{}", 1, 5, 0, t0, t0, None, None, None),
-        (False, 10, "q", None, "{}", 1, 5, 5, t0, t0 + timedelta(seconds=9), None, None, None),
+        (None, 9, "q", None, "{}", 1, 5, 0, t0, t0, None, None, None),
+        (None, 8, "q", None, "{}", 1, 5, 0, t0, t0, None, None, None),
+        (None, 10, "q", None, "{}", 1, 5, 5, t0, t0 + timedelta(seconds=9), None, None, None),
+        ([4, 6], None, None, None, None, None, None, None, None, None, None, None, None),
     ]
     completed, claimed = completed_and_claimed(rows)
-    assert completed == {4} and [c.id for c in claimed] == [10, 8, 9], "priority, then due time, then id"
+    assert completed == {4, 6} and [c.id for c in claimed] == [10, 8, 9], "priority, then due time, then id"
 
 
 # ---------------------------------------------------------------------------------------------- lazy job.conn

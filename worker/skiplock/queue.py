@@ -6,6 +6,7 @@ run the same SQL with the same parameters. No loops, sleeps or metrics here: tha
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -343,6 +344,14 @@ def _names(queues: str | Sequence[str]) -> list[str]:
     return [queues] if isinstance(queues, str) else list(queues)
 
 
+@functools.lru_cache(maxsize=64)
+def text_array(names: tuple[str, ...]) -> str:
+    """``names`` as a text[] literal (cast in the statement): a claimer sends the same queues with every claim, and
+    psycopg's list dumper costs more than the statement's own use of them."""
+    quoted = ['"' + n.replace("\\", "\\\\").replace('"', '\\"') + '"' for n in names]
+    return "{" + ",".join(quoted) + "}"
+
+
 def claim_params(
     queues: str | Sequence[str],
     limit: int,
@@ -357,7 +366,7 @@ def claim_params(
     ``per_queue_limit(limit, queues)`` of each), the claimer's lease and per-task lease overrides."""
     names = _names(queues)
     return {
-        "queues": names,
+        "queues": text_array(tuple(names)),
         "limit": limit,
         "per_queue": per_queue_limit(limit, len(names)),
         "rotate": rotate % max(1, len(names)),
@@ -421,14 +430,15 @@ def recover_params(
 def completed_and_claimed(rows: list[tuple[Any, ...]]) -> tuple[set[int], list[Job]]:
     """The ids completed and the jobs claimed (in claim order: priority, then due time, then id), from the rows
     of ``job_complete_and_claim`` as tuples (``completed``, then ``CLAIM_ROW``; an UPDATE returns its rows in no
-    particular order). Tuples, not dicts: this runs for every claimed job."""
+    particular order): a claimed job's ``completed`` is NULL, and one more row carries the completed ids as an
+    array. Tuples, not dicts: this runs for every claimed job."""
     completed: set[int] = set()
     claimed: list[tuple[Any, ...]] = []
     for r in rows:
-        if r[0]:
-            completed.add(r[1])
-        else:
+        if r[0] is None:
             claimed.append(r)
+        else:
+            completed.update(r[0])
     claimed.sort(key=_claim_order)
     return completed, [job_from_claim(r) for r in claimed]
 
@@ -709,7 +719,7 @@ class Statements:
         params = complete_and_claim_params(
             done, queues, limit, worker, now, lease_seconds=lease, leases=leases, rotate=rotate
         )
-        one = len(params["queues"]) == 1
+        one = isinstance(queues, str) or len(queues) == 1
         if limited:
             query = self.q.job_complete_and_claim_one if one else self.q.job_complete_and_claim
         else:
@@ -846,16 +856,23 @@ class Statements:
         return Call(self.q.job_purge_batch, params, lambda r: r.rowcount)
 
 
+def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether the statement returned rows (read off the result's status: ``cursor.description`` builds a column
+    object for each column on every call)."""
+    result = cur.pgresult
+    return result is not None and result.status == psycopg.pq.ExecStatus.TUPLES_OK
+
+
 def _execute(conn: psycopg.Connection[Any], call: Call[T]) -> T:
     with conn.cursor(row_factory=tuple_row if call.tuples else dict_row) as cur:
         cur.execute(call.query, call.params)
-        return call.read(Result(cur.fetchall() if cur.description else [], cur.rowcount))
+        return call.read(Result(cur.fetchall() if _has_rows(cur) else [], cur.rowcount))
 
 
 async def _aexecute(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
     async with conn.cursor(row_factory=tuple_row if call.tuples else dict_row) as cur:
         await cur.execute(call.query, call.params)
-        return call.read(Result(await cur.fetchall() if cur.description else [], cur.rowcount))
+        return call.read(Result(await cur.fetchall() if _has_rows(cur) else [], cur.rowcount))
 
 
 def _idle(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

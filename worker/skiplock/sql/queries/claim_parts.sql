@@ -168,7 +168,7 @@ taken AS MATERIALIZED (
     WHERE s.task = t.task AND s.kind = 'rate' AND s.n = t.rslot
 
 -- name: claim_result
--- The rows a claim statement returns: the jobs claimed, then the ids completed.
-SELECT false AS completed, c.* FROM claimed AS c
+-- The rows a claim statement returns: the jobs claimed (completed NULL), then one row whose completed holds the ids the statement completed (one array, not a row each).
+SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT true, d.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done AS d;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
