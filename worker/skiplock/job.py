@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -236,8 +235,10 @@ def decode_payload(text: Any) -> tuple[Any, str | None]:
         return text, None
     try:
         if len(text) < LONG_INTEGER_DIGITS or _LONG_INTEGER.search(text) is None:
-            with contextlib.suppress(orjson.JSONDecodeError):
+            try:  # not contextlib.suppress: this runs for every claimed job
                 return orjson.loads(text), None
+            except orjson.JSONDecodeError:
+                pass
         return json.loads(text), None
     except (ValueError, RecursionError) as exc:
         return None, f"PayloadError: payload cannot be decoded: {type(exc).__name__}"

@@ -477,11 +477,17 @@ class Worker:
             executor.submit(entry)
 
     def _on_results(self, results: list[Result]) -> None:
+        assert self._slots is not None
         durations = self._durations = {}  # observed once per batch and queue
         waits = self._waits = {}
         try:
-            for r in results:
-                self._finish(r)
+            timed_out = [r for r in results if r.outcome == "timed_out"]
+            for r in timed_out:
+                self._on_timeout(r)
+            ended = [r for r in results if r.outcome != "timed_out"] if timed_out else results
+            for r, entry in zip(ended, self._slots.pop_many([r.job for r in ended]), strict=True):
+                if entry is not None:  # None: handed back meanwhile (drain), the late result is dropped
+                    self._finish(r, entry)
         finally:
             self._durations = self._waits = None
             for queue, values in durations.items():
@@ -512,15 +518,10 @@ class Worker:
         if self._claimer is not None:
             self._claimer.feed()
 
-    def _finish(self, r: Result) -> None:
-        assert self._slots is not None and self._completer is not None
+    def _finish(self, r: Result, entry: Entry) -> None:
+        """A result whose entry the slots just gave up (timed-out ones go to :meth:`_on_timeout`)."""
+        assert self._completer is not None
         job = r.job
-        if r.outcome == "timed_out":
-            self._on_timeout(r)
-            return
-        entry = self._slots.pop(job)
-        if entry is None:  # handed back meanwhile (drain): the late result is dropped
-            return
         m = self._bound[job.queue]
         wait = entry.waited + entry.started - entry.claimed
         if self._durations is not None and self._waits is not None:

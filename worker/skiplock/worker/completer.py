@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
+from operator import attrgetter
 
 from skiplock.app import Task
 from skiplock.backoff import backoff_seconds
@@ -22,6 +23,7 @@ from skiplock.worker.executor import UnknownTaskError
 
 log = logging.getLogger(__name__)
 FLUSH_MAX = 500
+BY_ID = attrgetter("id")
 # Finished jobs wait up to this long for the next claim to carry their completion; then they are flushed alone.
 FLUSH_DELAY_SECONDS = 0.02
 
@@ -89,7 +91,7 @@ class Completer:
         """Done jobs for the next claim to carry (give them back with :meth:`give_back` if it fails)."""
         taken, self._done = self._done[:limit], self._done[limit:]
         self._done_since = time.monotonic() if self._done else None
-        taken.sort(key=_by_id)  # rows are locked in id order by every writer of this worker
+        taken.sort(key=BY_ID)  # rows are locked in id order by every writer of this worker
         return taken
 
     def give_back(self, jobs: list[Job]) -> None:
@@ -305,10 +307,6 @@ class Completer:
             self.pending,
             extra={"action": "results_lost"},
         )
-
-
-def _by_id(job: Job) -> int:
-    return job.id
 
 
 def warn_lost(job: Job, why: str) -> None:

@@ -306,19 +306,30 @@ class Slots:
 
     def pop(self, job: Job) -> Entry | None:
         """Forget ``job`` (same attempt only); None when it was handed back meanwhile."""
+        return self.pop_many([job])[0]
+
+    def pop_many(self, jobs: list[Job]) -> list[Entry | None]:
+        """:meth:`pop` for each of ``jobs`` (a batch of results), under one lock."""
+        popped: list[Entry | None] = []
         with self._mutex:
-            entry = self._running.get(job.id)
-            if entry is None or entry.job.attempts != job.attempts:
-                return None
-            del self._running[job.id]
-            if entry.busy:
-                entry.busy = False
-                self._busy -= 1
-            self.per_queue[job.queue] -= 1
-        if entry.timer is not None:
-            entry.timer.cancel()
-        self.freed.set()
-        return entry
+            running = self._running
+            for job in jobs:
+                entry = running.get(job.id)
+                if entry is None or entry.job.attempts != job.attempts:
+                    popped.append(None)
+                    continue
+                del running[job.id]
+                if entry.busy:
+                    entry.busy = False
+                    self._busy -= 1
+                self.per_queue[job.queue] -= 1
+                popped.append(entry)
+        for entry in popped:
+            if entry is not None and entry.timer is not None:
+                entry.timer.cancel()
+        if any(e is not None for e in popped):
+            self.freed.set()
+        return popped
 
     def holds(self, job: Job) -> bool:
         """Whether this attempt is this worker's: running (not stuck) or waiting."""
