@@ -30,7 +30,7 @@ async def test_slots_tell_only_the_named_running_jobs_and_cancel_async_ones():
     with pytest.raises(asyncio.CancelledError):
         await a.handle
     assert slots.cancel({1}) == [], "told once"
-    seen = job(1).with_conn(None, a.cancel)
+    seen = job(1).with_conn(None, a)
     assert seen.cancelled and not job(1).cancelled, "job.cancelled reads the slot's event"
 
 

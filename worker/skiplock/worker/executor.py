@@ -79,6 +79,11 @@ class Target:
     func: Callable[..., Any]
     is_async: bool
     task: Task | None = None
+    by_thread: bool = field(init=False)  # a sync handler whose task sets no timeout (its jobs may set their own)
+
+    def __post_init__(self) -> None:
+        no_timeout = self.task is None or self.task.options.timeout_seconds is None
+        object.__setattr__(self, "by_thread", not self.is_async and no_timeout)
 
 
 @dataclass(slots=True)
@@ -126,22 +131,6 @@ class Router:
         return {t.name: t.options.timeout_seconds for t in (self.app or ()) if t.options.timeout_seconds is not None}
 
 
-class CancelFlag:
-    """``job.cancelled``: a flag one thread sets and another reads (a threading.Event costs a lock and a
-    condition per job; nothing here ever waits on it)."""
-
-    __slots__ = ("_set",)
-
-    def __init__(self) -> None:
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-
-    def is_set(self) -> bool:
-        return self._set
-
-
 @dataclass(slots=True, eq=False)
 class Entry:
     """A claimed job on its way through this worker: waiting for a slot (prefetched), then running."""
@@ -153,18 +142,19 @@ class Entry:
     started: float = 0.0  # time.monotonic() at its start
     busy: bool = False  # it takes a slot: from its start until its handler returns (or its entry is dropped)
     handle: asyncio.Task[None] | None = None  # async jobs only; sync ones run on the handler threads
-    cancel: CancelFlag = field(default_factory=CancelFlag)  # set when the job is cancelled (job.cancelled)
+    cancelled: bool = False  # the job was cancelled while it ran (job.cancelled)
     stuck: bool = False  # a sync handler past its timeout: its job was failed, its thread still runs
     timer: asyncio.TimerHandle | None = None  # the sync handler's timeout
 
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel.is_set()
+    def is_set(self) -> bool:
+        """What ``job.cancelled`` reads in the handler (the entry is the job's cancel flag: one thread sets it and
+        another reads it, nothing waits on it, so no Event and no object of its own per job)."""
+        return self.cancelled
 
     @property
     def by_thread(self) -> bool:
         """A handler thread starts it itself (a sync handler without a timeout); the loop starts the others."""
-        return not self.target.is_async and timeout_for(self.job, self.target) is None
+        return self.target.by_thread and self.job.timeout_seconds is None
 
 
 class Slots:
@@ -352,7 +342,7 @@ class Slots:
         are cancelled. Their results come back as ``cancelled``."""
         hit = [e for e in self.entries() if e.job.id in ids and not e.cancelled]
         for e in hit:
-            e.cancel.set()
+            e.cancelled = True
             if e.handle is not None:
                 e.handle.cancel()
         return hit
@@ -420,9 +410,9 @@ class AsyncExecutor:
 
     def submit(self, entry: Entry) -> None:
         job = entry.job
-        entry.handle = asyncio.create_task(self._run(job, entry.target, entry.cancel), name=f"job-{job.id}")
+        entry.handle = asyncio.create_task(self._run(job, entry.target, entry), name=f"job-{job.id}")
 
-    async def _run(self, job: Job, target: Target, cancel: CancelFlag) -> None:
+    async def _run(self, job: Job, target: Target, cancel: Entry) -> None:
         try:
             outcome = await self._unit(job, target, cancel)
             result = Result(job, outcome, None, time.monotonic(), target.task)
@@ -450,7 +440,7 @@ class AsyncExecutor:
             raise
         return conn
 
-    async def _unit(self, job: Job, target: Target, cancel: CancelFlag) -> Outcome:
+    async def _unit(self, job: Job, target: Target, cancel: Entry) -> Outcome:
         pool = self.pool
         lazy = AsyncLazyConnection(self._checkout)
         timeout = timeout_for(job, target)
@@ -531,7 +521,7 @@ class ThreadExecutor:
         while (entry := slots.next_for_thread()) is not None:
             job, target = entry.job, entry.target
             try:
-                outcome = self._unit(job, target, entry.cancel)
+                outcome = self._unit(job, target, entry)
                 result = Result(job, outcome, None, clock(), target.task)
             except Snooze as exc:
                 result = Result(job, "snoozed", exc, clock(), target.task)
@@ -567,7 +557,7 @@ class ThreadExecutor:
             raise
         return conn
 
-    def _unit(self, job: Job, target: Target, cancel: CancelFlag) -> Outcome:
+    def _unit(self, job: Job, target: Target, cancel: Entry) -> Outcome:
         pool = self.pool
         lazy = LazyConnection(self._checkout)
         try:
