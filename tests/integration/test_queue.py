@@ -492,3 +492,32 @@ def test_queue_names_reach_the_claim_as_a_text_array_literal_whatever_they_hold(
     with psycopg.connect(pg_dsn) as conn:
         row = conn.execute("SELECT %s::text[]", [text_array(names)]).fetchone()
     assert row is not None and tuple(row[0]) == names
+
+
+def test_fenced_statements_find_their_rows_by_primary_key_after_an_analyze_that_saw_none_running(queue: Queue, pg_dsn):
+    """Statistics gathered while no job ran make the processing partial index look empty; a fenced statement that
+    let the planner answer its status test from that index walked every entry of it once per id (5x the
+    statement). The status is compared with an init plan, so the rows are found by primary key."""
+    schema = queue.settings.schema
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'''INSERT INTO "{schema}".jobs (queue, payload, status)
+                        SELECT 'q', '{{}}', 'done' FROM generate_series(1, 50000)''')
+        conn.execute(f'ANALYZE "{schema}".jobs')  # no job running: processing looks empty
+        ids = [
+            r[0]
+            for r in conn.execute(
+                f'''INSERT INTO "{schema}".jobs (queue, payload, status, attempts, locked_by, locked_at,
+                                                 lease_expires_at)
+                    SELECT 'q', '{{}}', 'processing', 1, 'w', now(), now() + interval '1 minute'
+                    FROM generate_series(1, 300) RETURNING id'''
+            )
+        ][:100]
+        params = {"ids": ids, "attempts": [1] * len(ids), "worker": "w", "now": None}
+        for name in ("job_complete", "job_release"):
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + getattr(queue.queries, name), params))
+            assert "jobs_pkey" in plan and "jobs_lease_deadline_idx" not in plan, (name, plan)
+        claim = queue.queries.job_complete_and_claim_unlimited_one
+        claim_params = {"queues": "{q}", "limit": 10, "per_queue": 10, "rotate": 0, "lease_seconds": 60.0}
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + claim, params | claim_params | {"leases": None}))
+        done_part = plan.split("CTE done")[1].split("CTE ")[0]
+        assert "jobs_pkey" in done_part and "jobs_lease_deadline_idx" not in done_part, plan

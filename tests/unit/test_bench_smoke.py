@@ -103,3 +103,28 @@ def test_targets_are_reported(bench_lines: list[dict[str, Any]]) -> None:
     targets = [line for line in bench_lines if line["type"] == "target"]
     assert len(targets) >= 13
     assert all(t["value"] is not None and t["met"] in (True, False) for t in targets)
+
+
+def test_instruction_counts_come_from_callgrind(pg_dsn: str) -> None:
+    """bench/instructions.py drains a few jobs under callgrind and reports instructions per job (needs valgrind,
+    which CI installs; skipped elsewhere without it, failed in CI)."""
+    import shutil
+
+    from support.ci import missing
+
+    if shutil.which("valgrind") is None:
+        missing("valgrind not installed (apt-get install -y --no-install-recommends valgrind)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "instructions.py"), "--jobs", "300", "--repeat", "1", "--dsn", pg_dsn],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [median] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"type": "median"')]
+    assert median["variant"] == "tree" and 1_000 < median["instructions_per_job"] < 10_000_000, median
+    assert "| tree |" in proc.stdout
