@@ -550,7 +550,8 @@ def enqueue_chunk(q: Queue, conn: psycopg.Connection[Any], numbers: range, flow:
 
 # ---------------------------------------------------------------------------------------------- latency
 def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, Any]:
-    """Idle workers; a producer enqueues single jobs at a fixed rate; enqueue call to handler start, per job.
+    """Idle workers; a producer enqueues single jobs at a fixed rate; from the enqueue's commit (the call returned:
+    it runs in autocommit) to the handler's start, per job, and from the enqueue call to the start.
 
     Also counts the workers' commits per job over the window beyond the producer's own (each LISTEN backend commits
     once for each notification it receives, besides the claims), and the claims that found nothing.
@@ -577,12 +578,14 @@ def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, A
             wait_drained(mon, schema, cfg.poll_seconds + 30)
             time.sleep(cfg.settle_seconds)
             before = db_counters(mon)
+            committed: dict[int, float] = {}  # job id -> the time its enqueue returned
             t0 = time.perf_counter()
             for i in range(n):
                 delay = t0 + i / cfg.latency_rate - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
-                q.enqueue(QUEUE, {"t": time.time()})
+                job_id = q.enqueue(QUEUE, {"t": time.time()}).id
+                committed[job_id] = time.time()
             produced = n / (time.perf_counter() - t0)
         ours = 1 + wait_drained(mon, schema, cfg.poll_seconds + 30)
         stop(procs)
@@ -595,14 +598,17 @@ def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, A
     # server's commits: each notification a LISTEN backend receives costs it a transaction of its own.
     counts = [stopped_count(p, "empty_claims") for p in procs]
     empty = None if None in counts else sum(c for c in counts if c is not None)
-    lat_ms: list[float] = []
+    lat_ms: list[float] = []  # from the commit
+    call_ms: list[float] = []  # from the call
     for path in starts.glob("starts-*.txt"):
         for line in path.read_text().splitlines():
             job, enqueued, started = line.split()
             if int(job) != warm:
-                lat_ms.append((float(started) - float(enqueued)) * 1000)
+                lat_ms.append((float(started) - committed[int(job)]) * 1000)
+                call_ms.append((float(started) - float(enqueued)) * 1000)
     shutil.rmtree(logdir, ignore_errors=True)
     lat_ms.sort()
+    call_ms.sort()
     if len(lat_ms) != n:
         raise BenchError(f"latency: {len(lat_ms)} handler starts recorded, expected {n}")
     return {
@@ -612,6 +618,8 @@ def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, A
         "p95_ms": percentile(lat_ms, 95),
         "p99_ms": percentile(lat_ms, 99),
         "max_ms": lat_ms[-1],
+        "p50_call_ms": percentile(call_ms, 50),
+        "p99_call_ms": percentile(call_ms, 99),
         "worker_commits_per_job": worker_commits / n,
         "worker_write_tx_per_job": worker_write_tx / n,
         "empty_claims_per_job": None if empty is None else empty / n,
