@@ -199,3 +199,38 @@ def test_a_batch_encodes_as_its_payloads_one_by_one(values: list[Any], limit: in
             lambda: [encode_payload(v, limit) for v in values]
         )
     assert _outcome(lambda: encode_payloads(values, limit)) == one_by_one
+
+
+odd_values = st.sampled_from(
+    [
+        {7: "int key", 2.5: "float key", False: "bool key", None: "none key"},
+        (1, "tuple"),
+        2**80,
+        -(2**70),
+        1e16,
+        1.5e-300,
+        "é \u2028 \U0001f600",
+        ["\\", '"', "\t"],
+        {"nested": [{"a": (1, [2, {"b": None}])}]},
+    ]
+)
+
+
+@given(st.lists(json_values | odd_values, max_size=8))
+@settings(max_examples=300)
+def test_the_batch_encoder_writes_what_the_payload_encoder_writes(values: list[Any]):
+    """batch_encoder (the C encoder built once a batch) against _JSON.encode (one built per payload)."""
+    from skiplock.queue import _JSON, batch_encoder
+
+    encode = batch_encoder()
+    assert [encode(v) for v in values] == [_JSON.encode(v) for v in values]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, object(), {(1,): 2}, {"set": {1}}])
+def test_the_batch_encoder_refuses_what_the_payload_encoder_refuses(bad: Any):
+    from skiplock.queue import _JSON, batch_encoder
+
+    with pytest.raises((TypeError, ValueError)) as expected:
+        _JSON.encode(["ok", bad])
+    with pytest.raises(expected.type):
+        batch_encoder()(["ok", bad])
