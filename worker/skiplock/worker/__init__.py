@@ -279,6 +279,7 @@ class Worker:
         limits = await flow.register_limits(control, self.app, self.identity) if self.app is not None else ()
         scope = Scope(control, s, self.identity, self.queues, self.router.lease_overrides(), limits)
         completer = self._completer = Completer(scope, self._bound, self._observe)
+        completer.observing = lambda: self.observe is not _ignore
         leases = self._leases = Leases(
             scope,
             self._bound,
@@ -522,14 +523,17 @@ class Worker:
         """A result whose entry the slots just gave up (timed-out ones go to :meth:`_on_timeout`)."""
         assert self._completer is not None
         job = r.job
-        m = self._bound[job.queue]
         wait = entry.waited + entry.started - entry.claimed
         if self._durations is not None and self._waits is not None:
             self._durations.setdefault(job.queue, []).append(r.finished - entry.started)
             self._waits.setdefault(job.queue, []).append(wait)
         else:
-            m.duration.observe(r.finished - entry.started)
-            m.wait.observe(wait)
+            self._bound[job.queue].duration.observe(r.finished - entry.started)
+            self._bound[job.queue].wait.observe(wait)
+        if r.outcome == "deferred" and not (entry.stuck or entry.cancelled):  # the common case first
+            self._completer.defer(job)
+            return
+        m = self._bound[job.queue]
         if entry.stuck:  # the thread of a timed-out job returned: its slot is free again
             m.stuck.dec()
             if r.outcome == "done":  # it committed before the timeout was recorded (that write was refused)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
@@ -24,6 +25,7 @@ from skiplock.worker.executor import UnknownTaskError
 log = logging.getLogger(__name__)
 FLUSH_MAX = 500
 BY_ID = attrgetter("id")
+QUEUE_OF = attrgetter("queue")
 # Finished jobs wait up to this long for the next claim to carry their completion; then they are flushed alone.
 FLUSH_DELAY_SECONDS = 0.02
 
@@ -63,6 +65,8 @@ class Completer:
         self._writing: list[Job] = []  # a flush in flight: still held (heartbeats, orphan release) until settled
         self._needed = asyncio.Event()
         self._closing = False
+        self.observing: Callable[[], bool] = lambda: True
+        """Whether anyone is told of each written outcome (else a batch of completions is counted per queue)."""
         self.on_written: Callable[[list[Job]], None] = lambda jobs: None
         """Called with the jobs the flush loop ended on its own (no claim carried them)."""
 
@@ -136,8 +140,12 @@ class Completer:
 
     def count_done(self, done: list[Job], completed: set[int], cancelled: Collection[int] = ()) -> None:
         """Count a written batch: one counter update per queue, a log line per job only at DEBUG."""
-        by_queue: dict[str, int] = {}
         debug = log.isEnabledFor(logging.DEBUG)
+        if len(completed) == len(done) and not debug and not self.observing():  # all written, nobody to tell
+            for queue, n in Counter(map(QUEUE_OF, done)).items():
+                self._m[queue].finished["done"].inc(n)
+            return
+        by_queue: dict[str, int] = {}
         for job in done:
             if job.id in completed:
                 by_queue[job.queue] = by_queue.get(job.queue, 0) + 1
