@@ -17,27 +17,32 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-RUN = REPO / "bench" / "run.py"
 
 
 def _positive(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value) and value > 0
 
 
-@pytest.fixture(scope="module")
-def bench_lines(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("bench") / "bench.jsonl"
+def _bench(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a bench/ script as a user would (without the tests' SKIPLOCK_* settings); it must succeed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
     proc = subprocess.run(
-        [sys.executable, str(RUN), "--quick", "--repeat", "1", "--dsn", pg_dsn, "--json-out", str(out)],
+        [sys.executable, str(REPO / "bench" / script), *args],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def bench_lines(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench") / "bench.jsonl"
+    proc = _bench("run.py", "--quick", "--repeat", "1", "--dsn", pg_dsn, "--json-out", str(out), timeout=240)
     assert "| drain (median)" in proc.stdout and "| target " in proc.stdout
     return [json.loads(line) for line in out.read_text().splitlines()]
 
@@ -114,17 +119,7 @@ def test_instruction_counts_come_from_callgrind(pg_dsn: str) -> None:
 
     if shutil.which("valgrind") is None:
         missing("valgrind not installed (apt-get install -y --no-install-recommends valgrind)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "instructions.py"), "--jobs", "300", "--repeat", "1", "--dsn", pg_dsn],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = _bench("instructions.py", "--jobs", "300", "--repeat", "1", "--dsn", pg_dsn, timeout=300)
     [median] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"type": "median"')]
     assert median["variant"] == "tree" and 1_000 < median["instructions_per_job"] < 10_000_000, median
     assert "| tree |" in proc.stdout
