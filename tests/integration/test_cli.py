@@ -132,6 +132,30 @@ def test_four_concurrent_migrations_apply_each_version_once(pg_dsn):
         drop_schema(pg_dsn, name)
 
 
+def test_dropping_the_second_processing_index_gives_up_rather_than_queue_claims_behind_a_long_transaction(pg_dsn):
+    """Migration 0007's DROP INDEX needs an exclusive lock on jobs: behind an application's open transaction that
+    enqueued a job it fails after its lock timeout (changing nothing), and applies once that transaction is over."""
+    name = f"m_{uuid.uuid4().hex[:10]}"
+    try:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            migrate(conn, name)
+            index = "jobs_recover_idx ON {}.jobs (queue, locked_at) WHERE status = 'processing'"
+            conn.execute("CREATE INDEX " + index.format(f'"{name}"'))
+            conn.execute(f'DELETE FROM "{name}".schema_migrations WHERE version = 7')
+        with psycopg.connect(pg_dsn) as app:  # an application transaction that enqueued a job and stays open
+            Queue(settings=Settings(dsn=pg_dsn, schema=name)).enqueue("q", {}, conn=app)
+            with psycopg.connect(pg_dsn, autocommit=True) as conn, pytest.raises(psycopg.errors.LockNotAvailable):
+                migrate(conn, name)
+            app.commit()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            assert current_version(conn, name) == 6
+            assert migrate(conn, name).applied == ("0007_one_processing_index",)
+            gone = conn.execute("SELECT to_regclass(%s)", [f'"{name}".jobs_recover_idx']).fetchone()
+            assert gone == (None,)
+    finally:
+        drop_schema(pg_dsn, name)
+
+
 def test_demo_runs_end_to_end_on_the_given_database(pg_dsn):
     out = run("demo", "--jobs", "300", "--workers", "2", "--concurrency", "8", dsn=pg_dsn, timeout=240)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
