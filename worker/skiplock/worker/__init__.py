@@ -142,8 +142,6 @@ class Worker:
         self._task: asyncio.Task[int] | None = None
         self._last_tick = time.monotonic()
         self._to_release: list[Job] = []
-        self._durations: dict[str, list[float]] | None = None  # run times of a batch of results, by queue
-        self._waits: dict[str, list[float]] | None = None  # their waits from visible to start, by queue
         self._async_results: list[Result] = []  # async results of this loop iteration, collected together
         self._slots: Slots | None = None
         self._control: Control | None = None
@@ -479,18 +477,20 @@ class Worker:
 
     def _on_results(self, results: list[Result]) -> None:
         assert self._slots is not None
-        durations = self._durations = {}  # observed once per batch and queue
-        waits = self._waits = {}
+        durations: dict[str, list[float]] = {}  # run times, observed once per batch and queue
+        waits: dict[str, list[float]] = {}  # waits from visible to start, likewise
         try:
             timed_out = [r for r in results if r.outcome == "timed_out"]
             for r in timed_out:
                 self._on_timeout(r)
             ended = [r for r in results if r.outcome != "timed_out"] if timed_out else results
             for r, entry in zip(ended, self._slots.pop_many([r.job for r in ended]), strict=True):
-                if entry is not None:  # None: handed back meanwhile (drain), the late result is dropped
-                    self._finish(r, entry)
+                if entry is None:  # handed back meanwhile (drain): the late result is dropped
+                    continue
+                durations.setdefault(r.job.queue, []).append(r.finished - entry.started)
+                waits.setdefault(r.job.queue, []).append(entry.waited + entry.started - entry.claimed)
+                self._finish(r, entry)
         finally:
-            self._durations = self._waits = None
             for queue, values in durations.items():
                 observe_many(self._bound[queue].duration, values)
             for queue, values in waits.items():
@@ -523,14 +523,7 @@ class Worker:
         """A result whose entry the slots just gave up (timed-out ones go to :meth:`_on_timeout`)."""
         assert self._completer is not None
         job = r.job
-        wait = entry.waited + entry.started - entry.claimed
-        if self._durations is not None and self._waits is not None:
-            self._durations.setdefault(job.queue, []).append(r.finished - entry.started)
-            self._waits.setdefault(job.queue, []).append(wait)
-        else:
-            self._bound[job.queue].duration.observe(r.finished - entry.started)
-            self._bound[job.queue].wait.observe(wait)
-        if r.outcome == "deferred" and not (entry.stuck or entry.cancelled):  # the common case first
+        if r.outcome == "deferred" and not (entry.stuck or entry.cancelled):  # the common case, first and only here
             self._completer.defer(job)
             return
         m = self._bound[job.queue]
@@ -547,8 +540,6 @@ class Worker:
         elif r.outcome == "snoozed":
             assert isinstance(r.error, Snooze)
             self._completer.snooze(job, r.error.seconds)
-        elif r.outcome == "deferred":
-            self._completer.defer(job)
         elif r.outcome == "failed":
             assert r.error is not None
             self._completer.fail(failure_for(job, r.error, r.task, self.settings))
