@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -11,6 +12,17 @@ import pytest
 from skiplock import AsyncQueue, Queue, Settings
 from skiplock.migrate import migrate
 from support.pg import drop_schema, find_postgres
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored() -> Iterator[None]:
+    """A test that runs the CLI in-process configures logging: its handler writes to the stderr pytest captured for
+    that test, closed after it. The root logger gets its handlers and level back, so later tests log nowhere stale."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

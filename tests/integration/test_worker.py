@@ -53,6 +53,17 @@ def counts(pg_dsn: str, schema: str) -> dict[str, int]:
     return dict(rows)
 
 
+def handlers_inside(pg_dsn: str, schema: str) -> int:
+    """Handlers that wrote their effect and have not returned yet: their connections sit in the job's open
+    transaction. (A job whose status is processing may still wait in the prefetch buffer for a thread.)"""
+    with psycopg.connect(pg_dsn) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'idle in transaction' AND position(%s in query) > 0",
+            (f'"{schema}".effects',),
+        ).fetchone()[0]
+
+
 def effects(pg_dsn: str, schema: str) -> list[tuple[int, int]]:
     with psycopg.connect(pg_dsn) as conn:
         return conn.execute(f'SELECT job_id, count(*) FROM "{schema}".effects GROUP BY job_id').fetchall()
@@ -120,7 +131,7 @@ def test_a_slow_job_with_heartbeats_is_not_stolen(workers, queue: Queue, pg_dsn,
 def test_sigterm_drains_in_flight_jobs_and_exits_zero(workers, queue: Queue, pg_dsn, schema):
     queue.enqueue_many("w", [{"sleep": 1} for _ in range(4)])
     w = spawn(workers, pg_dsn, schema, "support.handlers:write_effect", concurrency=4, shutdown_grace_seconds=20)
-    wait_for(lambda: counts(pg_dsn, schema).get("processing", 0) == 4, timeout=20, what="4 in flight")
+    wait_for(lambda: handlers_inside(pg_dsn, schema) == 4, timeout=20, what="4 handlers running")
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0, w.output()
     assert counts(pg_dsn, schema) == {"done": 4}
