@@ -46,6 +46,8 @@ MANY_QUEUES = tuple(f"{QUEUE}-{k}" for k in range(50))  # the 50-queue drain: on
 
 def drain_queues(flow: str | None) -> list[str]:
     return list(MANY_QUEUES) if flow == "queues" else [QUEUE]
+
+
 APP = "skiplock-bench"
 PRODUCER_APP = "skiplock-bench-producer"
 WORKER_APPS = ("skiplock-worker", "seed-baseline", "pgqueuer-bench", PRODUCER_APP)  # their exit flushes statistics
@@ -282,9 +284,12 @@ def wait_drained(mon: psycopg.Connection[Any], schema: str, timeout: float, queu
 
 # ---------------------------------------------------------------------------------------------- enqueue
 def enqueue(cfg: Config) -> dict[str, Any]:
-    """Single jobs (one transaction each) versus ``enqueue_many`` in chunks, and raw COPY as the ceiling."""
+    """Single jobs (one transaction each) against a plain INSERT and NOTIFY; ``enqueue_many`` in chunks against raw
+    COPY of the same rows, like for like: in chunks, each a transaction of its own (a call of ``enqueue_many``; a COPY
+    and a NOTIFY), and all the jobs in one transaction (one call of ``enqueue_many``; one COPY and a NOTIFY)."""
     out: dict[str, Any] = {}
     schema = new_schema(cfg, "enq")
+    chunks = [range(s, min(cfg.bulk_jobs, s + cfg.bulk_chunk)) for s in range(0, cfg.bulk_jobs, cfg.bulk_chunk)]
     with queue_for(cfg, schema) as q:
         q.enqueue(QUEUE, {"warm": True})
         t = time.perf_counter()
@@ -292,9 +297,12 @@ def enqueue(cfg: Config) -> dict[str, Any]:
             q.enqueue(QUEUE, {"n": i})
         out["single_jobs_per_s"] = cfg.single_jobs / (time.perf_counter() - t)
         t = time.perf_counter()
-        for start in range(0, cfg.bulk_jobs, cfg.bulk_chunk):
-            q.enqueue_many(QUEUE, [{"n": i} for i in range(start, min(cfg.bulk_jobs, start + cfg.bulk_chunk))])
+        for numbers in chunks:
+            q.enqueue_many(QUEUE, [{"n": i} for i in numbers])
         out["bulk_jobs_per_s"] = cfg.bulk_jobs / (time.perf_counter() - t)
+        t = time.perf_counter()
+        q.enqueue_many(QUEUE, [{"n": i} for i in range(cfg.bulk_jobs)])
+        out["bulk_tx_jobs_per_s"] = cfg.bulk_jobs / (time.perf_counter() - t)
     with connect(cfg, autocommit=False) as conn:
         # the single-enqueue ceiling: a plain INSERT and NOTIFY in one transaction per job
         insert = sql.SQL("INSERT INTO {}.jobs (queue, payload) VALUES (%s, %s::jsonb)").format(sql.Identifier(schema))
@@ -305,21 +313,31 @@ def enqueue(cfg: Config) -> dict[str, Any]:
             conn.execute("SELECT pg_notify(%s, %s)", (channel, QUEUE), prepare=True)
             conn.commit()
         out["plain_single_jobs_per_s"] = cfg.single_jobs / (time.perf_counter() - t)
-        t = time.perf_counter()
         copy_sql = sql.SQL("COPY {}.jobs (queue, payload) FROM STDIN").format(sql.Identifier(schema))
+        t = time.perf_counter()
+        for numbers in chunks:
+            with conn.cursor() as cur, cur.copy(copy_sql) as copy:
+                for i in numbers:
+                    copy.write_row((QUEUE, f'{{"n":{i}}}'))
+            conn.execute("SELECT pg_notify(%s, %s)", (channel, QUEUE), prepare=True)
+            conn.commit()
+        out["copy_chunked_jobs_per_s"] = cfg.bulk_jobs / (time.perf_counter() - t)
+        t = time.perf_counter()
         with conn.cursor() as cur, cur.copy(copy_sql) as copy:
             for i in range(cfg.bulk_jobs):
                 copy.write_row((QUEUE, f'{{"n":{i}}}'))
+        conn.execute("SELECT pg_notify(%s, %s)", (channel, QUEUE), prepare=True)
         conn.commit()
         out["copy_jobs_per_s"] = cfg.bulk_jobs / (time.perf_counter() - t)
     with connect(cfg) as conn:
         row = conn.execute(sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(schema))).fetchone()
-    expected = 1 + 2 * cfg.single_jobs + 2 * cfg.bulk_jobs
+    expected = 1 + 2 * cfg.single_jobs + 4 * cfg.bulk_jobs
     if not row or row[0] != expected:
         raise BenchError(f"enqueue: {row and row[0]} rows, expected {expected}")
     out["bulk_over_single"] = out["bulk_jobs_per_s"] / out["single_jobs_per_s"]
     out["single_vs_plain"] = out["single_jobs_per_s"] / out["plain_single_jobs_per_s"]
-    out["bulk_vs_copy"] = out["bulk_jobs_per_s"] / out["copy_jobs_per_s"]
+    out["bulk_vs_copy"] = out["bulk_jobs_per_s"] / out["copy_chunked_jobs_per_s"]
+    out["bulk_tx_vs_copy"] = out["bulk_tx_jobs_per_s"] / out["copy_jobs_per_s"]
     out["jobs"] = expected
     return out
 

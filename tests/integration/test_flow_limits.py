@@ -230,6 +230,26 @@ def test_rate_and_concurrency_together(queue: Queue) -> None:
     assert queue.limits()[0]["recent_starts"] == 2
 
 
+def test_a_concurrency_slot_is_found_by_its_primary_key_before_any_statistics(queue: Queue, pg_dsn, schema) -> None:
+    """The claim takes a concurrency slot, and the trigger frees it, by (task, kind, n). Before task_slots has
+    statistics (a new limit, autovacuum off or not yet run), no other index may look as good for that: one on
+    (task, kind, free_at) did (every concurrency slot's free_at is -infinity), and each run started and ended read
+    all its task's slots, 1,000 of them here."""
+    limit(queue, concurrency=1000, rate=RateLimit(1000, 1.0))
+    lookup = (
+        f'UPDATE "{schema}".task_slots AS s SET job_id = NULL, attempts = NULL, worker = NULL '
+        "WHERE s.task = $1 AND s.kind = 'concurrency' AND s.n = $2 AND s.job_id = $3 AND s.attempts = $4"
+    )
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        table = f'"{schema}".task_slots'
+        [(rows,)] = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [table]).fetchall()
+        assert rows <= 0, "task_slots was analysed: the test needs a table without statistics"
+        conn.execute(f"PREPARE free_slot AS {lookup}")
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN EXECUTE free_slot('t', 7, 1, 1)"))
+    assert "task_slots_pkey" in plan and "n = $2" in plan, plan
+
+
 # ---------------------------------------------------------------------------------------------- registration
 def test_the_latest_registration_wins_and_slots_follow_it(queue: Queue) -> None:
     [row] = queue.register_limits([TaskLimits("t", 3)], worker="old")

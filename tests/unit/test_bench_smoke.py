@@ -74,7 +74,16 @@ def test_every_case_ran_once(bench_lines: list[dict[str, Any]]) -> None:
 
 def test_enqueue_figures_are_sane(bench_lines: list[dict[str, Any]]) -> None:
     m = _by(bench_lines, "median")["enqueue"]
-    keys = ("single_jobs_per_s", "bulk_jobs_per_s", "copy_jobs_per_s", "plain_single_jobs_per_s", "bulk_vs_copy")
+    keys = (
+        "single_jobs_per_s",
+        "bulk_jobs_per_s",
+        "bulk_tx_jobs_per_s",
+        "copy_jobs_per_s",
+        "copy_chunked_jobs_per_s",
+        "plain_single_jobs_per_s",
+        "bulk_vs_copy",
+        "bulk_tx_vs_copy",
+    )
     for key in keys:
         assert _positive(m[key]), key
 

@@ -65,10 +65,10 @@ go AS (
 -- The picked jobs of several queues: at most `per_queue` of each, round-robin from the queue after `rotate`, none of a paused queue or of a task in limit_full.
 candidates AS (
     SELECT c.id, q.n, row_number() OVER (PARTITION BY q.n ORDER BY c.priority DESC, c.visible_at, c.id) AS turn,
-           c.task, c.priority, c.visible_at  -- flow limits
+           c.task, c.priority, c.visible_at, c.attempts  -- flow limits
     FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
     CROSS JOIN LATERAL (
-        SELECT id, task, priority, visible_at FROM {schema}.jobs
+        SELECT id, task, priority, visible_at, attempts FROM {schema}.jobs
         WHERE queue = q.queue AND status = 'pending'
           AND visible_at <= coalesce(%(now)s::timestamptz, now())
           /* include: claim_serial_head */
@@ -80,14 +80,14 @@ candidates AS (
     ) AS c
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = q.queue AND p.paused)
 ), picked AS (
-    SELECT id, task, priority, visible_at FROM candidates
+    SELECT id, task, priority, visible_at, attempts FROM candidates
     ORDER BY turn, (n + cardinality(%(queues)s::text[]) - 1 - %(rotate)s) %% cardinality(%(queues)s::text[])
     LIMIT %(limit)s
 
 -- name: claim_pick_one
 -- The picked jobs of one queue: a plain index scan (no window function, sort or rotation), none if the queue is paused, none of a task in limit_full.
 picked AS (
-    SELECT id, task, priority, visible_at FROM {schema}.jobs
+    SELECT id, task, priority, visible_at, attempts FROM {schema}.jobs
     WHERE queue = (%(queues)s::text[])[1] AND status = 'pending'
       AND visible_at <= coalesce(%(now)s::timestamptz, now())
       AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = (%(queues)s::text[])[1] AND p.paused)
@@ -101,16 +101,19 @@ picked AS (
 -- name: claim_slots
 -- The flow-limit slots of the picked jobs of limited tasks; `go` is what the claim takes.
 limited AS (
-    -- flow limits: the picked jobs of limited tasks, numbered per task in claim order, then a slot of each kind
-    -- they need (locked FOR UPDATE SKIP LOCKED and rechecked by the slot's own columns); a job without its slots
-    -- stays pending. `go` is what the claim takes.
-    SELECT p.id, p.task, l.global_concurrency, l.rate_limit, l.rate_period_seconds AS period,
-           row_number() OVER (PARTITION BY p.task ORDER BY p.priority DESC, p.visible_at, p.id) AS k
-    FROM picked AS p JOIN {schema}.task_limits AS l ON l.task = p.task
+    -- every picked job with its task's limits (none: is_limited false) and its place k among the picked jobs of
+    -- its task in claim order; a limited one takes the k-th slot of each kind it needs
+    SELECT p.id, p.attempts, p.task, l.task IS NOT NULL AS is_limited, l.global_concurrency, l.rate_limit,
+           l.rate_period_seconds AS period,
+           row_number() OVER (PARTITION BY p.task ORDER BY p.priority DESC, p.visible_at, p.id)::integer AS k
+    FROM picked AS p LEFT JOIN {schema}.task_limits AS l ON l.task = p.task
 ), wanted AS (
-    SELECT task, count(*) AS n FROM limited GROUP BY task
+    SELECT task, count(*) AS n FROM limited WHERE is_limited GROUP BY task
 ), cslot AS (
-    SELECT w.task, s.n, row_number() OVER (PARTITION BY w.task ORDER BY s.n) AS k
+    -- per limited task, one row: the free slots of each kind it gets (locked FOR UPDATE SKIP LOCKED and rechecked
+    -- by the slot's own columns), as an array in the order they are handed out. A job finds its slot by its place
+    -- k, with no join of job rows against slot rows (the planner, which expects one row from a CTE, nested those)
+    SELECT w.task, array_agg(s.n ORDER BY s.n) AS ns
     FROM wanted AS w CROSS JOIN LATERAL (
         SELECT s.n FROM {schema}.task_slots AS s
         WHERE s.task = w.task AND s.kind = 'concurrency'
@@ -118,22 +121,24 @@ limited AS (
         ORDER BY s.n LIMIT w.n
         FOR UPDATE SKIP LOCKED
     ) AS s
+    GROUP BY w.task
 ), rslot AS (
-    SELECT w.task, s.n, row_number() OVER (PARTITION BY w.task ORDER BY s.free_at, s.n) AS k
+    SELECT w.task, array_agg(s.n ORDER BY s.free_at, s.n) AS ns
     FROM wanted AS w CROSS JOIN LATERAL (
         SELECT s.n, s.free_at FROM {schema}.task_slots AS s
         WHERE s.task = w.task AND s.kind = 'rate' AND s.free_at <= coalesce(%(now)s::timestamptz, now())
         ORDER BY s.free_at LIMIT w.n
         FOR UPDATE SKIP LOCKED
     ) AS s
+    GROUP BY w.task
 ), go AS (
-    SELECT p.id, c.n AS cslot, r.n AS rslot, l.period
-    FROM picked AS p
-    LEFT JOIN limited AS l ON l.id = p.id
-    LEFT JOIN cslot AS c ON c.task = l.task AND c.k = l.k
-    LEFT JOIN rslot AS r ON r.task = l.task AND r.k = l.k
-    WHERE l.id IS NULL
-       OR ((l.global_concurrency IS NULL OR c.n IS NOT NULL) AND (l.rate_limit IS NULL OR r.n IS NOT NULL))
+    -- a job of a limited task without its slots stays pending
+    SELECT l.id, l.attempts, l.task, c.ns[l.k] AS cslot, r.ns[l.k] AS rslot, l.period
+    FROM limited AS l
+    LEFT JOIN cslot AS c ON c.task = l.task
+    LEFT JOIN rslot AS r ON r.task = l.task
+    WHERE NOT l.is_limited
+       OR ((l.global_concurrency IS NULL OR c.ns[l.k] IS NOT NULL) AND (l.rate_limit IS NULL OR r.ns[l.k] IS NOT NULL))
 
 -- name: claim_update
 -- The claim itself: what `go` holds becomes processing under this worker, with its lease (after the completions, so a key passes on).
@@ -154,9 +159,10 @@ claimed AS (
 -- name: claim_take_slots
 -- The slots taken by the runs just claimed, written by primary key.
 taken AS MATERIALIZED (
-    -- flow limits: the slots taken by the runs just claimed (written by primary key below)
-    SELECT c.id, c.attempts, c.task, go.cslot, go.rslot, go.period FROM claimed AS c JOIN go ON go.id = c.id
-    WHERE go.cslot IS NOT NULL OR go.rslot IS NOT NULL
+    -- flow limits: the slots taken by the runs just claimed (written by primary key below). Every job of `go` is
+    -- claimed (its row is locked), with its attempts plus one.
+    SELECT id, attempts + 1 AS attempts, task, cslot, rslot, period FROM go
+    WHERE cslot IS NOT NULL OR rslot IS NOT NULL
 ), took_cslot AS (
     UPDATE {schema}.task_slots AS s SET job_id = t.id, attempts = t.attempts, worker = %(worker)s
     FROM taken AS t
