@@ -373,8 +373,11 @@ async def test_a_sync_job_past_its_own_timeout_is_abandoned_its_slot_stuck_until
             timeout=20,
             what="slot reported stuck",
         )
-        r = row(pg_dsn, schema, job_id)
-        assert r["status"] == "pending" and r["errors"][0]["error"].startswith("TimeoutError: the handler ran past")
+        # the slot is marked stuck as the timeout fires; the failure it records is written just after
+        r = await await_for(
+            lambda: (x := row(pg_dsn, schema, job_id))["status"] == "pending" and x, timeout=10, what="timeout written"
+        )
+        assert r["errors"][0]["error"].startswith("TimeoutError: the handler ran past")
         ready, why = worker._ready()
         assert not ready and "stuck" in why, "every slot is stuck: not ready"
         assert worker.registry.get_sample_value("skiplock_jobs_timed_out_total", {"queue": "q"}) == 1
