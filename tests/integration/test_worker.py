@@ -17,6 +17,7 @@ from skiplock import Queue, Settings
 from skiplock.errors import HandlerImportError
 from skiplock.handlers import Handler, load_handler
 from skiplock.worker import APPLICATION_NAME, Worker
+from skiplock.worker import claimer as claimer_module
 from support.pg import await_for, wait_for
 from support.workers import WorkerProcess, make_effects_table
 
@@ -377,6 +378,37 @@ async def test_an_async_handler_raising_a_base_exception_frees_its_slot_and_fail
             await asyncio.sleep(0.1)
         assert await both_failed(), "the one slot was lost after the first job"
         assert worker.in_flight == 0
+    finally:
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+
+async def test_claims_are_planned_again_on_new_connections_once_the_jobs_table_has_grown(
+    settings: Settings, aqueue, monkeypatch
+):
+    """A claim prepared while the table was small keeps that plan (a scan of the whole table for the completions
+    it carries) until an ANALYZE: once the table has grown REPLAN_GROWTH times over, the control connections are
+    replaced, the claimer's kept one included, and every job still runs once."""
+    monkeypatch.setattr(claimer_module, "REPLAN_CHECK_SECONDS", 0.05)
+    monkeypatch.setattr(claimer_module, "REPLAN_FLOOR_BYTES", 0)
+    ran: list[int] = []
+    worker, task = await _run_worker(
+        settings.replace(concurrency=4, batch=4), Handler("t", lambda job: ran.append(job.id), False)
+    )
+    try:
+        first: list[int] = []
+        for _ in range(8):  # small claims on a small table: the claim statement gets prepared
+            first.extend(await aqueue.enqueue_many("default", [{} for _ in range(4)]))
+            await await_for(lambda: set(first) <= set(ran), timeout=10, what="trickle done")
+        claimer = worker._claimer
+        assert claimer is not None and claimer.replans == 0
+        pool = claimer._control.pool
+        opened = pool.get_stats().get("connections_num", 0)
+        more = await aqueue.enqueue_many("default", [{"pad": "x" * 200} for _ in range(3000)])
+        await await_for(lambda: len(ran) == len(first) + len(more), timeout=60, what="backlog done")
+        assert claimer.replans >= 1
+        assert pool.get_stats()["connections_num"] > opened, "the drained connections were replaced by new ones"
+        assert sorted(ran) == sorted(first + more)
     finally:
         worker.request_stop()
         assert await asyncio.wait_for(task, 30) == 0

@@ -848,6 +848,10 @@ class Statements:
         params = {"queues": list(queues) if queues is not None else None}
         return Call(self.q.queue_paused, params, lambda r: [x["queue"] for x in r.rows])
 
+    def jobs_table_bytes(self) -> Call[int]:
+        table = f'"{self.settings.schema}".jobs'
+        return Call(self.q.jobs_table_bytes, {"table": table}, lambda r: int(r.rows[0]["bytes"]))
+
     def statuses(self, ids: Sequence[int]) -> Call[dict[int, str]]:
         return Call(self.q.job_get_many, {"ids": list(ids)}, lambda r: {x["id"]: x["status"] for x in r.rows})
 
@@ -1295,6 +1299,10 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         """The paused queues (of ``queues``, or all)."""
         return self._call(self._s.paused(queues))
 
+    def jobs_table_bytes(self) -> int:
+        """The size of the jobs table's file, in bytes."""
+        return self._call(self._s.jobs_table_bytes())
+
     def statuses(self, ids: Sequence[int]) -> dict[int, str]:
         """The status of each existing job of ``ids`` (what cancel and retry report for the ones they left)."""
         return self._call(self._s.statuses(ids))
@@ -1602,6 +1610,10 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
 
     async def paused(self, queues: Sequence[str] | None = None) -> list[str]:
         return await self._call(self._s.paused(queues))
+
+    async def jobs_table_bytes(self) -> int:
+        """The size of the jobs table's file, in bytes."""
+        return await self._call(self._s.jobs_table_bytes())
 
     async def statuses(self, ids: Sequence[int]) -> dict[int, str]:
         return await self._call(self._s.statuses(ids))

@@ -124,6 +124,7 @@ class Queries:
     retention_unlock: LiteralString
     queue_stats: LiteralString
     queue_set_paused: LiteralString
+    jobs_table_bytes: LiteralString
     queue_paused: LiteralString
     queue_next_due: LiteralString
     queue_waiting: LiteralString

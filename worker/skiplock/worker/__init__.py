@@ -314,6 +314,7 @@ class Worker:
                 asyncio.create_task(self._ticker(), name="ticker"),
                 asyncio.create_task(leases.cancellations(), name="cancellations"),
                 asyncio.create_task(claimer.watch_paused(self._bound), name="paused"),
+                asyncio.create_task(claimer.watch_table(), name="replan"),
             ]
             upkeep: list[asyncio.Task[None]] = []  # purge and ticks: they stop when the drain starts
             if not until_idle:

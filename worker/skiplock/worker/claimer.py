@@ -30,6 +30,16 @@ from skiplock.worker.executor import Entry, Slots
 from skiplock.worker.leases import Leases
 
 log = logging.getLogger(__name__)
+# A prepared statement keeps the plan made for the jobs table as it was when it was prepared, until an ANALYZE of
+# the table invalidates it. A worker that prepared its claim while the table was small (idle, or jobs trickling in)
+# went on reading the whole table for the completions each claim carries once a backlog arrived: 100,000 jobs
+# drained at a quarter of the speed, for as long as autovacuum took to analyze the table (for ever with it off). So
+# whenever the table's file has grown REPLAN_GROWTH times over since, the control connections are replaced (the
+# pool's drain) and the next claims are planned for the table as it is: a plan is never made for less than half
+# the table. Below REPLAN_FLOOR_BYTES every plan is cheap. The size is read without touching a row.
+REPLAN_GROWTH = 2
+REPLAN_FLOOR_BYTES = 1 << 20
+REPLAN_CHECK_SECONDS = 1.0
 # With jobs in flight and work waiting, wait up to this long for room for a whole batch before claiming, so one
 # claim statement carries many jobs instead of one per finished job. A prefetch buffer that runs low (half its
 # allowed size, at least one job per slot) ends the wait at once: the next claim must land before the slots run dry.
@@ -103,6 +113,8 @@ class Claimer:
         self._claimed_busy = False  # the last claim was made while jobs ran or waited in the buffer
         self.claims = 0
         self.empty_claims = 0
+        self.replans = 0  # times the control connections were replaced for a grown table
+        self._replan = False  # the kept connection goes back to the (drained) pool before the next claim
         self._claimed_jobs = metrics.claims.labels("jobs")
         self._claimed_none = metrics.claims.labels("empty")
 
@@ -187,6 +199,27 @@ class Claimer:
             self._paused_changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._paused_changed.wait(), timeout=every)
+
+    async def watch_table(self) -> None:
+        """Replace the control connections, and with them their prepared plans, whenever the jobs table has grown
+        REPLAN_GROWTH times over since they were planned (see REPLAN_GROWTH)."""
+        planned: int | None = None
+        while True:
+            size = await self._control.call("claim", self._control.queue.jobs_table_bytes)
+            if size is not None and planned is not None and size > REPLAN_GROWTH * max(planned, REPLAN_FLOOR_BYTES):
+                await self._control.pool.drain()  # the idle ones now; the claimer's kept one when it comes back
+                self._replan = True
+                self.replans += 1
+                log.info(
+                    "jobs table grew from %d to %d bytes: claims are planned again",
+                    planned,
+                    size,
+                    extra={"action": "replanned"},
+                )
+                planned = size
+            elif planned is None:
+                planned = size
+            await asyncio.sleep(REPLAN_CHECK_SECONDS)
 
     async def run(self) -> None:
         s = self._settings
@@ -281,6 +314,9 @@ class Claimer:
         """The hot path, on the connection kept between claims (a pool checkout per claim cost as much client CPU
         as the statement). A connection that fails goes back to the pool (which drops it if broken)."""
         aq = self._control.queue
+        if self._replan:
+            self._replan = False
+            await self._return_conn()  # the drained pool closes it; the claim is planned again on a new one
         if self._conn is None:
             self._conn = await aq.pool.getconn()
         try:

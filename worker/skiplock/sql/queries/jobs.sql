@@ -403,6 +403,10 @@ WITH upsert AS (
 )
 SELECT u.queue, u.paused, (SELECT count(*) FROM told) AS told FROM upsert AS u;
 
+-- name: jobs_table_bytes
+-- The size of the jobs table's file (no row is read): a worker compares it with the size its prepared plans were made for.
+SELECT pg_relation_size(%(table)s::regclass) AS bytes;
+
 -- name: queue_paused
 -- The paused queues among the given ones (all when NULL).
 SELECT queue, updated_at FROM {schema}.queues
