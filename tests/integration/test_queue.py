@@ -521,3 +521,46 @@ def test_fenced_statements_find_their_rows_by_primary_key_after_an_analyze_that_
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + claim, params | claim_params | {"leases": None}))
         done_part = plan.split("CTE done")[1].split("CTE ")[0]
         assert "jobs_pkey" in done_part and "jobs_lease_deadline_idx" not in done_part, plan
+
+
+def test_a_claim_after_a_job_takes_only_the_later_jobs_of_its_priority(queue: Queue):
+    """``after``: the claim starts at a claimed job's place in claim order (same priority, later due time or id);
+    what sorts before it (a higher priority, an older due time) is left to a claim from the start."""
+    low = queue.enqueue("q", "low", priority=-1).id
+    a, b, c = queue.enqueue_many("q", [{"i": 0}, {"i": 1}, {"i": 2}])
+    high = queue.enqueue("q", "high", priority=10).id
+    claimed = queue.claim("q", limit=2, worker="w")
+    assert [j.id for j in claimed] == [high, a]
+    late = queue.enqueue("q", "late", run_at=T0 - timedelta(days=3650)).id  # due long before a: sorts first
+    _, after = queue.complete_and_claim([], "q", limit=10, worker="w", after=claimed[-1])
+    assert [j.id for j in after] == [b, c]
+    _, rest = queue.complete_and_claim([], "q", limit=10, worker="w")
+    assert [j.id for j in rest] == [late, low]
+    with pytest.raises(ValueError, match="one queue"):
+        queue.complete_and_claim([], ["q", "r"], limit=10, worker="w", after=claimed[-1])
+
+
+def test_a_claim_after_a_job_starts_its_index_scan_there(queue: Queue, pg_dsn):
+    """The position is an index condition of the claim index, so the scan skips the dead entries that claimed jobs
+    leave at the head of the index until a VACUUM (a filter would still walk them all)."""
+    params = {
+        "ids": "{}",
+        "attempts": "{}",
+        "worker": "w",
+        "now": None,
+        "queues": "{q}",
+        "limit": 10,
+        "per_queue": 10,
+        "rotate": 0,
+        "lease_seconds": 60.0,
+        "leases": None,
+        "after_priority": 0,
+        "after_at": T0,
+        "after_id": 1,
+    }
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for name in ("job_complete_and_claim_one_after", "job_complete_and_claim_unlimited_one_after"):
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + getattr(queue.queries, name), params))
+            scan = plan.split("Index Scan using jobs_claim_idx")[1].split("->")[0]
+            cond = scan.split("Index Cond:")[1].splitlines()[0]  # the condition line, not the Filter after it
+            assert "ROW(visible_at, id) >" in cond, plan

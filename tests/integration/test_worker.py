@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -409,6 +410,33 @@ async def test_claims_are_planned_again_on_new_connections_once_the_jobs_table_h
         assert claimer.replans >= 1
         assert pool.get_stats()["connections_num"] > opened, "the drained connections were replaced by new ones"
         assert sorted(ran) == sorted(first + more)
+    finally:
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+
+async def test_a_backlog_is_claimed_from_the_last_position_and_jobs_sorting_before_it_still_run_soon(
+    settings: Settings, aqueue
+):
+    """While a backlog drains, claims start after the last job claimed (the dead index entries before it are not
+    walked again); a job that sorts before that position (a higher priority, an old due time) waits at most for
+    the next claim from the start, not for the end of the backlog."""
+    ran: list[int] = []
+    worker, task = await _run_worker(
+        settings.replace(concurrency=4, batch=4), Handler("t", lambda job: ran.append(job.id), False)
+    )
+    try:
+        backlog = await aqueue.enqueue_many("default", [{} for _ in range(3000)])
+        await await_for(lambda: len(ran) >= 300, timeout=60, what="backlog under way")
+        urgent = (await aqueue.enqueue("default", {}, priority=5)).id
+        old = (await aqueue.enqueue("default", {}, run_at=datetime(2000, 1, 1, tzinfo=UTC))).id
+        await await_for(lambda: len(ran) == len(backlog) + 2, timeout=60, what="backlog done")
+        assert ran.index(urgent) < len(backlog) - 1000 and ran.index(old) < len(backlog) - 1000, (
+            ran.index(urgent),
+            ran.index(old),
+        )
+        claimer = worker._claimer
+        assert claimer is not None and claimer.claims_after > 0
     finally:
         worker.request_stop()
         assert await asyncio.wait_for(task, 30) == 0

@@ -52,9 +52,9 @@ def test_parts_are_included_and_a_missing_part_fails():
     q = queries_for("s")
     for name in Queries.__annotations__:
         assert "/* include:" not in getattr(q, name), name
-    # the claim statements share their parts: the serial-key condition is in all four
+    # the claim statements share their parts: the serial-key condition is in all six
     claims = [getattr(q, n) for n in Queries.__annotations__ if n.startswith("job_complete_and_claim")]
-    assert len(claims) == 4 and all("k.serial_skip_on_retry" in c for c in claims)
+    assert len(claims) == 6 and all("k.serial_skip_on_retry" in c for c in claims)
 
 
 def test_parts_may_include_parts_but_not_in_a_cycle():

@@ -730,15 +730,26 @@ class Statements:
         leases: Mapping[str, float] | None = None,
         rotate: int = 0,
         limited: bool = True,
+        after: Job | None = None,
     ) -> Call[tuple[set[int], list[Job]]]:
         """``limited=False``: the claimer knows no task limits, so it leaves jobs of limited tasks alone and skips
-        the slot bookkeeping (the cheaper statement)."""
+        the slot bookkeeping (the cheaper statement). ``after``: claim only jobs of its priority that come after it
+        in claim order (one queue; the index scan starts there)."""
         lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
         params = complete_and_claim_params(
             done, queues, limit, worker, now, lease_seconds=lease, leases=leases, rotate=rotate
         )
         one = isinstance(queues, str) or len(queues) == 1
-        if limited:
+        if after is not None:
+            if not one or after.visible_at is None:
+                raise ValueError("after= needs one queue and a claimed job (with its visible_at)")
+            params |= {"after_priority": after.priority, "after_at": after.visible_at, "after_id": after.id}
+            query = (
+                self.q.job_complete_and_claim_one_after
+                if limited
+                else self.q.job_complete_and_claim_unlimited_one_after
+            )
+        elif limited:
             query = self.q.job_complete_and_claim_one if one else self.q.job_complete_and_claim
         else:
             query = self.q.job_complete_and_claim_unlimited_one if one else self.q.job_complete_and_claim_unlimited
@@ -1155,14 +1166,19 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         leases: Mapping[str, float] | None = None,
         rotate: int = 0,
         limited: bool = True,
+        after: Job | None = None,
         conn: psycopg.Connection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
         """Mark ``done`` jobs done (fenced, as :meth:`complete`) and claim up to ``limit`` new ones of one queue or
         several (round-robin across queues), in one statement and one commit. Returns the ids completed and the
         jobs claimed. ``leases`` maps task names to their own lease; ``rotate`` picks the queue served first
         (at most ``per_queue_limit`` jobs of each queue); ``limited=False`` leaves the jobs of tasks with a
-        global concurrency or rate limit to other claimers (a cheaper statement). ``conn`` must autocommit."""
-        call = self._s.complete_and_claim(done, queue, limit, worker, now, lease_seconds, leases, rotate, limited)
+        global concurrency or rate limit to other claimers (a cheaper statement); ``after`` (a job claimed from one
+        queue) claims only jobs of its priority after it in claim order, starting the index scan there (the worker
+        uses it while a backlog drains). ``conn`` must autocommit."""
+        call = self._s.complete_and_claim(
+            done, queue, limit, worker, now, lease_seconds, leases, rotate, limited, after
+        )
         return self._call(call, conn)
 
     def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int]:
@@ -1485,10 +1501,13 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
         leases: Mapping[str, float] | None = None,
         rotate: int = 0,
         limited: bool = True,
+        after: Job | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
         """See :meth:`Queue.complete_and_claim`: the worker's hot path."""
-        call = self._s.complete_and_claim(done, queue, limit, worker, now, lease_seconds, leases, rotate, limited)
+        call = self._s.complete_and_claim(
+            done, queue, limit, worker, now, lease_seconds, leases, rotate, limited, after
+        )
         return await self._call(call, conn)
 
     async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int]:

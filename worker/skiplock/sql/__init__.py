@@ -101,6 +101,8 @@ class Queries:
     job_complete_and_claim_one: LiteralString
     job_complete_and_claim_unlimited: LiteralString
     job_complete_and_claim_unlimited_one: LiteralString
+    job_complete_and_claim_one_after: LiteralString
+    job_complete_and_claim_unlimited_one_after: LiteralString
     job_complete: LiteralString
     job_confirm_done: LiteralString
     job_fail: LiteralString

@@ -375,6 +375,7 @@ class Worker:
                     "released": self.released,
                     "claims": c.claims if c is not None else 0,
                     "empty_claims": c.empty_claims if c is not None else 0,
+                    "claims_after": c.claims_after if c is not None else 0,
                 },
             )
         return 0

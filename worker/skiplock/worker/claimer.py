@@ -40,6 +40,15 @@ log = logging.getLogger(__name__)
 REPLAN_GROWTH = 2
 REPLAN_FLOOR_BYTES = 1 << 20
 REPLAN_CHECK_SECONDS = 1.0
+# A claim walks the claim index from its start, and every job claimed since the table's last VACUUM left a dead
+# entry there: 850,000 jobs into a backlog, a claim of 100 read 3,000 index pages (9 ms). So while a backlog of one
+# queue drains (the last claim filled its batch), a claim starts after the last job this worker claimed (same
+# priority, later in claim order: the scan starts there), and a claim from the start is made again once
+# AFTER_WINDOW_FACTOR times the last one's duration has passed (at most AFTER_MAX_SECONDS), or at once when a claim
+# from the position comes back short. A job that sorts before the position (a higher priority, a handed-back job,
+# a serial key's next job, one committed by a long transaction) waits at most that window longer.
+AFTER_WINDOW_FACTOR = 10
+AFTER_MAX_SECONDS = 0.5
 # With jobs in flight and work waiting, wait up to this long for room for a whole batch before claiming, so one
 # claim statement carries many jobs instead of one per finished job. A prefetch buffer that runs low (half its
 # allowed size, at least one job per slot) ends the wait at once: the next claim must land before the slots run dry.
@@ -114,6 +123,9 @@ class Claimer:
         self.claims = 0
         self.empty_claims = 0
         self.replans = 0  # times the control connections were replaced for a grown table
+        self.claims_after = 0  # claims that started after the last job claimed (see AFTER_WINDOW_FACTOR)
+        self._after: Job | None = None  # the last job of a full batch of one queue: where the next claim may start
+        self._after_until = 0.0  # claims start after it until then (monotonic)
         self._replan = False  # the kept connection goes back to the (drained) pool before the next claim
         self._claimed_jobs = metrics.claims.labels("jobs")
         self._claimed_none = metrics.claims.labels("empty")
@@ -262,11 +274,14 @@ class Claimer:
         """One claim carrying the finished jobs; True when it filled the batch (more work is waiting)."""
         self._claimed_busy = bool(len(self._slots) or self._slots.waiting())
         done = self._completer.take_done()
+        started = time.monotonic()
+        after = self._after if started < self._after_until else None
         try:
-            result = await self._control.call("claim", lambda: self._complete_and_claim(done, want))
+            result = await self._control.call("claim", lambda: self._complete_and_claim(done, want, after))
         except BaseException:
             self._completer.give_back(done)
             raise
+        self._after = None
         if self._control.uncertain:  # a try failed in flight: it may have claimed jobs whose reply was lost
             self._orphans_possible = True
         if result is None:
@@ -277,6 +292,12 @@ class Claimer:
             await self._control.backoff(self._stopping)
             return True
         completed, jobs = result
+        if after is None:  # from the start: the next claims may start after its last job, for a while
+            self._after_until = started + min(AFTER_MAX_SECONDS, AFTER_WINDOW_FACTOR * (time.monotonic() - started))
+        else:
+            self.claims_after += 1
+        if len(jobs) == want and len(self._queues) == 1:
+            self._after = jobs[-1]
         await self._completer.settle(done, completed)
         self.claims += 1
         self._rotate += 1  # the next claim serves another queue first
@@ -299,6 +320,7 @@ class Claimer:
         # (a claim of one job, as an idle worker makes for each NOTIFY, is not followed by another).
         full = (
             len(jobs) == want
+            or after is not None  # short from a position: jobs before it may be due, so claim from the start next
             or len(jobs) >= MORE_AFTER_JOBS
             or (self._limited and bool(jobs))
             or (
@@ -310,7 +332,7 @@ class Claimer:
             self._metrics.wakeups.labels("busy").inc()
         return full
 
-    async def _complete_and_claim(self, done: list[Job], want: int) -> tuple[set[int], list[Job]]:
+    async def _complete_and_claim(self, done: list[Job], want: int, after: Job | None) -> tuple[set[int], list[Job]]:
         """The hot path, on the connection kept between claims (a pool checkout per claim cost as much client CPU
         as the statement). A connection that fails goes back to the pool (which drops it if broken)."""
         aq = self._control.queue
@@ -329,6 +351,7 @@ class Claimer:
                 leases=self._leases_by_task,
                 rotate=self._rotate,
                 limited=self._limited,
+                after=after,
                 conn=self._conn,
             )
         except BaseException:

@@ -89,6 +89,19 @@ candidates AS (
 picked AS (
     SELECT id, task, priority, visible_at, attempts FROM {schema}.jobs
     WHERE queue = (%(queues)s::text[])[1] AND status = 'pending'
+      /* include: claim_pick_one_rest */
+
+-- name: claim_pick_one_after
+-- claim_pick_one from a position in claim order: only jobs of priority `after_priority` after (`after_at`, `after_id`), so the index scan starts there (an index condition, not a filter) instead of walking the entries the jobs claimed since the last VACUUM left behind.
+picked AS (
+    SELECT id, task, priority, visible_at, attempts FROM {schema}.jobs
+    WHERE queue = (%(queues)s::text[])[1] AND status = 'pending'
+      AND priority = %(after_priority)s::smallint
+      AND (visible_at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
+      /* include: claim_pick_one_rest */
+
+-- name: claim_pick_one_rest
+-- The rest of the one-queue pick: due, queue not paused, serial-key head, no task in limit_full, in claim order.
       AND visible_at <= coalesce(%(now)s::timestamptz, now())
       AND NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = (%(queues)s::text[])[1] AND p.paused)
       /* include: claim_serial_head */

@@ -179,6 +179,27 @@ WITH /* include: claim_done */
 )
 /* include: claim_result */
 
+-- name: job_complete_and_claim_one_after
+-- job_complete_and_claim_one from a position in claim order (claim_pick_one_after): the claimer's claim while a backlog drains.
+WITH /* include: claim_done */
+), /* include: claim_limit_full */
+), /* include: claim_pick_one_after */
+), /* include: claim_slots */
+), /* include: claim_update */
+), /* include: claim_take_slots */
+)
+/* include: claim_result */
+
+-- name: job_complete_and_claim_unlimited_one_after
+-- job_complete_and_claim_unlimited_one from a position in claim order (claim_pick_one_after).
+WITH /* include: claim_done */
+), /* include: claim_limit_all */
+), /* include: claim_pick_one_after */
+), /* include: claim_go_all */
+), /* include: claim_update */
+)
+/* include: claim_result */
+
 -- name: job_complete
 -- Mark claimed jobs done, fenced (the UPDATE of job_complete_and_claim, alone: that statement costs a handler's transaction 1.2x).
 UPDATE {schema}.jobs AS j
