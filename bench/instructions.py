@@ -8,6 +8,7 @@ counts work, not contention: compare variants with it, read throughput off ``run
 
     .venv/bin/python bench/instructions.py                      # the working tree's worker
     .venv/bin/python bench/instructions.py --ref 60b41ee        # and that commit's, alternated with it
+    .venv/bin/python bench/instructions.py --queues             # the jobs spread over 50 queues
 
 Prints JSON lines (one per run, then the medians) and a table; needs valgrind (``apt-get install valgrind``).
 """
@@ -32,15 +33,16 @@ import scenario
 COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-def count(cfg: scenario.Config, jobs: int, src: str | None) -> int:
-    """Instructions (callgrind's Ir) of one worker draining ``jobs`` no-op jobs."""
+def count(cfg: scenario.Config, jobs: int, src: str | None, flow: str | None = None) -> int:
+    """Instructions (callgrind's Ir) of one worker draining ``jobs`` no-op jobs (``flow="queues"``: spread over 50
+    queues, all served by the worker)."""
     schema = scenario.new_schema(cfg, "instr")
     log = Path(tempfile.mkdtemp(prefix="bench-instr-")) / "worker.log"
     env = scenario._env(
         {
             "SKIPLOCK_DSN": cfg.dsn,
             "SKIPLOCK_SCHEMA": schema,
-            "SKIPLOCK_QUEUE": scenario.QUEUE,
+            "SKIPLOCK_QUEUES": ",".join(scenario.drain_queues(flow)),
             "SKIPLOCK_HANDLER": "handlers:noop",
             "SKIPLOCK_LOG_LEVEL": "INFO",
         },
@@ -57,10 +59,10 @@ def count(cfg: scenario.Config, jobs: int, src: str | None) -> int:
         subprocess.run(["callgrind_control", "-i", "on", str(worker.pid)], check=True, capture_output=True)
         with scenario.queue_for(cfg, schema) as q, scenario.connect(cfg, autocommit=False) as conn:
             for start in range(0, jobs, scenario.ENQUEUE_CHUNK):
-                scenario.enqueue_chunk(q, conn, range(start, min(jobs, start + scenario.ENQUEUE_CHUNK)), None)
+                scenario.enqueue_chunk(q, conn, range(start, min(jobs, start + scenario.ENQUEUE_CHUNK)), flow)
             conn.commit()
         with scenario.connect(cfg) as mon:
-            scenario.wait_drained(mon, schema, timeout=3600)
+            scenario.wait_drained(mon, schema, timeout=3600, queues=scenario.drain_queues(flow))
         subprocess.run(["callgrind_control", "-i", "off", str(worker.pid)], check=True, capture_output=True)
     finally:
         scenario.stop([proc])
@@ -78,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain (default 20,000)")
     p.add_argument("--repeat", type=int, default=2, help="runs per variant, alternated (default 2)")
     p.add_argument("--ref", help="also count this commit's worker/ (git ref, or a directory holding skiplock/)")
+    p.add_argument("--queues", action="store_const", const="queues", help="spread the jobs over 50 queues")
     a = p.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind not found (apt-get install valgrind)", file=sys.stderr)
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(a.repeat):
                 for name, src in variants:
                     t = time.monotonic()
-                    ir = count(cfg, a.jobs, src)
+                    ir = count(cfg, a.jobs, src, a.queues)
                     per_job[name].append(ir / a.jobs)
                     record: dict[str, Any] = {"type": "run", "variant": name, "rep": rep + 1, "jobs": a.jobs}
                     print(json.dumps(record | {"instructions_per_job": round(ir / a.jobs)}), flush=True)
@@ -105,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             scenario.drop_schemas(cfg)
     for name, values in per_job.items():
         print(json.dumps({"type": "median", "variant": name, "instructions_per_job": round(statistics.median(values))}))
-    print("\n| worker (one, C=10, no-op) | instructions/job (median) | runs |\n|---|---:|---|")
+    shape = "50 queues" if a.queues else "one queue"
+    print(f"\n| worker (one, C=10, no-op, {shape}) | instructions/job (median) | runs |\n|---|---:|---|")
     for name, values in per_job.items():
         runs = ", ".join(f"{v:,.0f}" for v in values)
         print(f"| {name} | {statistics.median(values):,.0f} | {runs} |")

@@ -368,6 +368,34 @@ def test_observing_a_batch_gives_the_histogram_of_observing_each_amount():
     assert lines(one) == lines(many) and 't_seconds_count{queue="q"} 8.0' in lines(many)
 
 
+def test_the_tally_applies_its_counts_before_any_read_of_the_registry_and_once_enough_amounts_wait():
+    from prometheus_client import CollectorRegistry
+
+    from skiplock.metrics import WorkerMetrics
+
+    registry = CollectorRegistry()
+    m = WorkerMetrics(registry)
+    bound = m.describe_worker(["a", "b"], 1, "t")
+
+    def count(metric, suffix: str, **labels) -> float | None:  # read without a flush: the metric's own collect
+        samples = (s for f in metric.collect() for s in f.samples)
+        return next((s.value for s in samples if s.labels == labels and s.name.endswith(suffix)), None)
+
+    m.tally.add(counts=[(bound["a"].claimed, 3), (bound["b"].claimed, 2), (bound["a"].claimed, 1)])
+    m.tally.add(amounts=[(bound["a"].duration, [0.1, 0.2]), (bound["b"].wait, [5.0])])
+    assert count(m.jobs_claimed, "_total", queue="a") == 0, "held until the registry is read"
+    assert registry.get_sample_value("skiplock_jobs_claimed_total", {"queue": "a"}) == 4
+    assert registry.get_sample_value("skiplock_jobs_claimed_total", {"queue": "b"}) == 2
+    assert registry.get_sample_value("skiplock_job_duration_seconds_count", {"queue": "a"}) == 2
+    assert registry.get_sample_value("skiplock_job_duration_seconds_sum", {"queue": "a"}) == pytest.approx(0.3)
+    assert registry.get_sample_value("skiplock_job_wait_seconds_count", {"queue": "b"}) == 1
+    m.tally.FLUSH_AT = 3  # bounded memory when nobody scrapes: applied once that many amounts wait
+    m.tally.add(amounts=[(bound["b"].duration, [1.0, 2.0])])
+    assert count(m.job_duration, "_count", queue="b") == 0
+    m.tally.add(amounts=[(bound["b"].duration, [3.0])])
+    assert count(m.job_duration, "_count", queue="b") == 3
+
+
 def test_a_payload_decodes_to_what_json_gives_big_integers_and_odd_numbers_included():
     import json
 

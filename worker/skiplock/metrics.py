@@ -60,6 +60,8 @@ class WorkerMetrics:
 
     def __init__(self, registry: CollectorRegistry = prometheus_client.REGISTRY) -> None:
         self.registry = registry
+        self.tally = Tally()
+        registry.register(self.tally)  # first: a read of the registry applies what it holds before the rest is read
         self.jobs_claimed = Counter(
             "skiplock_jobs_claimed", "Jobs claimed by this worker.", ["queue"], registry=registry
         )
@@ -210,10 +212,58 @@ def observe_many(histogram: Histogram, amounts: Sequence[float]) -> None:
         buckets[i].inc(n)
 
 
+class Tally:
+    """Counts and amounts of the hot path, applied to their Prometheus children in bulk: whenever the registry is
+    read (the tally is registered before the metrics, so a scrape or ``get_sample_value`` sees every count added
+    before it) and once ``FLUSH_AT`` amounts wait. A batch of results from many queues made one locked update per
+    queue and metric, and a histogram's ``observe_many`` per queue: with 50 queues 8 µs of a job's 28."""
+
+    FLUSH_AT = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[Any, float] = {}  # Counter children
+        self._amounts: dict[Any, list[float]] = {}  # Histogram children
+        self._waiting = 0
+
+    def add(self, counts: Iterable[tuple[Any, float]] = (), amounts: Iterable[tuple[Any, list[float]]] = ()) -> None:
+        """``counts``: (counter child, increment) pairs; ``amounts``: (histogram child, observations) pairs."""
+        with self._lock:
+            pending = self._counts
+            for child, n in counts:
+                pending[child] = pending.get(child, 0) + n
+            for child, values in amounts:
+                self._amounts.setdefault(child, []).extend(values)
+                self._waiting += len(values)
+            if self._waiting >= self.FLUSH_AT:
+                self._apply()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._apply()
+
+    def _apply(self) -> None:
+        counts, self._counts = self._counts, {}
+        amounts, self._amounts = self._amounts, {}
+        self._waiting = 0
+        for child, n in counts.items():
+            child.inc(n)
+        for child, values in amounts.items():
+            observe_many(child, values)
+
+    def collect(self) -> Iterator[Any]:
+        self.flush()
+        return iter(())
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())
+
+
 class BoundMetrics:
     """The per-queue children, looked up once (``labels()`` takes a lock and a dict lookup per call)."""
 
     def __init__(self, m: WorkerMetrics, queue: str) -> None:
+        self.tally = m.tally
         self.claimed = m.jobs_claimed.labels(queue)
         self.finished = {outcome: m.jobs_finished.labels(queue, outcome) for outcome in OUTCOMES}
         self.failed = {reason: m.jobs_failed.labels(queue, reason) for reason in FAILURE_REASONS}

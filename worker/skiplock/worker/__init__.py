@@ -34,7 +34,7 @@ from skiplock.errors import ConfigError, Snooze
 from skiplock.handlers import Handler
 from skiplock.job import Job
 from skiplock.listener import Listener
-from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetrics, observe_many, serve
+from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetrics, serve
 from skiplock.queue import Failure, check_connect
 from skiplock.settings import Settings
 from skiplock.worker import flow
@@ -466,8 +466,8 @@ class Worker:
                 continue
             waited = max(0.0, (now - job.visible_at).total_seconds()) if job.visible_at is not None else 0.0
             entries.append(Entry(job, target, claimed, waited))
-        for queue, n in by_queue.items():
-            self._bound[queue].claimed.inc(n)
+        bound = self._bound
+        self.metrics.tally.add(counts=[(bound[queue].claimed, n) for queue, n in by_queue.items()])
         self._slots.wait(entries)
 
     def _start_jobs(self, entries: list[Entry]) -> None:
@@ -479,7 +479,7 @@ class Worker:
 
     def _on_results(self, results: list[Result]) -> None:
         assert self._slots is not None
-        durations: dict[str, list[float]] = {}  # run times, observed once per batch and queue
+        durations: dict[str, list[float]] = {}  # run times by queue, handed to the tally once per batch
         waits: dict[str, list[float]] = {}  # waits from visible to start, likewise
         try:
             timed_out = [r for r in results if r.outcome == "timed_out"]
@@ -493,10 +493,13 @@ class Worker:
                 waits.setdefault(r.job.queue, []).append(entry.waited + entry.started - entry.claimed)
                 self._finish(r, entry)
         finally:
-            for queue, values in durations.items():
-                observe_many(self._bound[queue].duration, values)
-            for queue, values in waits.items():
-                observe_many(self._bound[queue].wait, values)
+            bound = self._bound
+            self.metrics.tally.add(
+                amounts=[
+                    *((bound[queue].duration, values) for queue, values in durations.items()),
+                    *((bound[queue].wait, values) for queue, values in waits.items()),
+                ]
+            )
         self._refill()
 
     def _on_result(self, r: Result) -> None:

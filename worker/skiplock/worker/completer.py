@@ -140,10 +140,14 @@ class Completer:
 
     def count_done(self, done: list[Job], completed: set[int], cancelled: Collection[int] = ()) -> None:
         """Count a written batch: one counter update per queue, a log line per job only at DEBUG."""
+        if not done:
+            return
         debug = log.isEnabledFor(logging.DEBUG)
+        m = self._m
+        tally = m[done[0].queue].tally  # one for all queues: a batch's counts are applied together
         if len(completed) == len(done) and not debug and not self.observing():  # all written, nobody to tell
-            for queue, n in Counter(map(QUEUE_OF, done)).items():
-                self._m[queue].finished["done"].inc(n)
+            counts = Counter(map(QUEUE_OF, done)).items()
+            tally.add(counts=[(m[queue].finished["done"], n) for queue, n in counts])
             return
         by_queue: dict[str, int] = {}
         for job in done:
@@ -155,12 +159,10 @@ class Completer:
             elif job.id in cancelled:
                 self.count_cancelled(job)
             else:
-                m = self._m[job.queue]
-                m.finished["lease_lost"].inc()
+                m[job.queue].finished["lease_lost"].inc()
                 self._observe(job, "lease_lost")
                 warn_lost(job, "completion refused: the lease was lost before it was written")
-        for queue, n in by_queue.items():
-            self._m[queue].finished["done"].inc(n)
+        tally.add(counts=[(m[queue].finished["done"], n) for queue, n in by_queue.items()])
 
     def count_cancelled(self, job: Job) -> None:
         self._m[job.queue].finished["cancelled"].inc()
