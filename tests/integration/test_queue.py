@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import multiprocessing as mp
+import re
 import select
 from datetime import UTC, datetime, timedelta
 
@@ -14,9 +15,11 @@ import pytest
 from skiplock import AsyncQueue, Job, PayloadError, Queue, Settings
 from skiplock.errors import ConfigError, DatabaseUnavailableError, NonRetryableError
 from skiplock.queue import Failure
+from skiplock.sql import Queries
 from support.procs import claim_all
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
+PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 def status_of(queue: Queue, job_id: int) -> dict:
@@ -564,3 +567,50 @@ def test_a_claim_after_a_job_starts_its_index_scan_there(queue: Queue, pg_dsn):
             scan = plan.split("Index Scan using jobs_claim_idx")[1].split("->")[0]
             cond = scan.split("Index Cond:")[1].splitlines()[0]  # the condition line, not the Filter after it
             assert "ROW(visible_at, id) >" in cond, plan
+
+
+def test_every_claim_statement_has_a_generic_plan_that_finds_its_rows_by_primary_key(queue: Queue, pg_dsn):
+    """The claimer's connection keeps generic plans of its claims (a custom plan is 0.7 ms of planning a claim). A
+    generic plan cannot know the LIMIT; it expected a tenth of the table to be claimed and hash-joined the claim
+    with a scan of the whole table: the claimed rows are found by primary key instead."""
+    schema = queue.settings.schema
+    values = {
+        "ids": "'{}'",
+        "attempts": "'{}'",
+        "worker": "'w'",
+        "now": "NULL",
+        "queues": "'{q}'",
+        "limit": "10",
+        "per_queue": "10",
+        "rotate": "0",
+        "lease_seconds": "60.0",
+        "leases": "NULL",
+        "after_priority": "0",
+        "after_at": "'2030-01-01T00:00:00Z'",
+        "after_id": "1",
+    }
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f"""INSERT INTO "{schema}".jobs (queue, payload) SELECT 'q', '{{}}' FROM generate_series(1, 20000)"""
+        )
+        conn.execute(f'ANALYZE "{schema}".jobs')
+        conn.execute("SET jit_above_cost = 0")  # as if every plan were costly enough to compile: the session says no
+        conn.execute(queue.queries.session_generic_plans)
+        names = [n for n in Queries.__annotations__ if n.startswith("job_complete_and_claim")]
+        assert len(names) == 6
+        for name in names:
+            order: list[str] = []
+
+            def number(m: re.Match[str], order: list[str] = order) -> str:
+                order.extend([m[1]] if m[1] not in order else [])
+                return f"${order.index(m[1]) + 1}"
+
+            numbered = PLACEHOLDER.sub(number, getattr(queue.queries, name)).replace("%%", "%")
+            conn.execute(f"PREPARE claim AS {numbered}")
+            args = ", ".join(values[n] for n in order)
+            plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE claim({args})"))
+            conn.execute("DEALLOCATE claim")
+            bad = [line for line in plan.splitlines() if "Seq Scan on jobs" in line or "JIT:" in line]
+            assert not bad, (name, bad, plan)
+            claimed = plan.split("CTE claimed")[1].split("\n  CTE ")[0]  # up to the next top-level CTE
+            assert "jobs_pkey" in claimed, (name, claimed)

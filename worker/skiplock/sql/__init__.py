@@ -126,6 +126,8 @@ class Queries:
     retention_unlock: LiteralString
     queue_stats: LiteralString
     queue_set_paused: LiteralString
+    session_generic_plans: LiteralString
+    session_reset_plans: LiteralString
     jobs_table_bytes: LiteralString
     queue_paused: LiteralString
     queue_next_due: LiteralString

@@ -164,8 +164,10 @@ claimed AS (
         slot = go.cslot
     FROM go
     -- completions first (a serial key passes on): an init plan, run once before the first row (joined as a
-    -- subquery, the planner re-read the completed rows once for every claimed one)
-    WHERE j.id = go.id AND (SELECT count(*) FROM done) >= 0
+    -- subquery, the planner re-read the completed rows once for every claimed one). The ids again as an array
+    -- (an init plan): a generic plan, which cannot know the LIMIT, expected a tenth of the table in `go` and
+    -- hash-joined it with a scan of the whole table; with the array the rows are found by primary key.
+    WHERE j.id = go.id AND j.id = ANY(ARRAY(SELECT id FROM go)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
               j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key
 
