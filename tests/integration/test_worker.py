@@ -443,17 +443,23 @@ async def test_a_backlog_is_claimed_from_the_last_position_and_jobs_sorting_befo
 
 
 async def test_the_claimers_connection_goes_back_to_the_pool_with_the_servers_plan_settings(settings: Settings, aqueue):
-    """The claimer's kept connection plans its claims once (force_generic_plan, no JIT); before it goes back to the
-    pool (the worker idles) both settings are reset, so the pool's other users plan as the server says."""
+    """Once its claims fill their batch, the claimer's kept connection plans them once (force_generic_plan, no JIT);
+    before it goes back to the pool (the worker idles) both settings are reset, so the pool's other users plan as
+    the server says."""
     ran: list[int] = []
     worker, task = await _run_worker(
         settings.replace(concurrency=4), Handler("t", lambda job: ran.append(job.id), False)
     )
     try:
-        ids = await aqueue.enqueue_many("default", [{} for _ in range(50)])
-        await await_for(lambda: len(ran) == len(ids), timeout=30, what="jobs done")
+        ids = await aqueue.enqueue_many("default", [{} for _ in range(3000)])
+        await await_for(
+            lambda: worker._claimer is not None and worker._claimer._generic_plans,
+            timeout=30,
+            what="claims filling their batch: generic plans",
+        )
         claimer = worker._claimer
         assert claimer is not None
+        await await_for(lambda: len(ran) == len(ids), timeout=60, what="jobs done")
         await await_for(lambda: claimer._conn is None, timeout=30, what="claim connection returned when idle")
         pool = claimer._control.pool
         held = [await pool.getconn() for _ in range(pool.get_stats()["pool_size"])]

@@ -49,8 +49,9 @@ REPLAN_CHECK_SECONDS = 1.0
 # a serial key's next job, one committed by a long transaction) waits at most that window longer.
 AFTER_WINDOW_FACTOR = 10
 AFTER_MAX_SECONDS = 0.5
-# CLAIM_PLANS: the claimer's kept connection plans its claims once (plan_cache_mode = force_generic_plan, reset
-# before it returns to the pool). Once the jobs table has statistics PostgreSQL planned every claim afresh (a
+# CLAIM_PLANS: once a claim fills its batch (busy), the claimer's kept connection plans its claims once
+# (plan_cache_mode = force_generic_plan, jit = off; reset before it returns to the pool; an idle worker's claims of
+# a job or two pay no extra round trips). Once the jobs table has statistics PostgreSQL planned every claim afresh (a
 # custom plan was estimated cheaper than the generic one, whose LIMIT is unknown): 0.7 ms a claim, 7 µs a job of
 # a batch of 100. The generic claim finds its rows by primary key (claim_update), and a plan made for a much
 # smaller table is replaced (REPLAN_GROWTH).
@@ -113,6 +114,7 @@ class Claimer:
         self._paused_changed = asyncio.Event()
         self.paused: set[str] = set()  # this worker's view of its paused queues (for metrics and logs)
         self._conn: psycopg.AsyncConnection[Any] | None = None  # kept between claims: no pool checkout per claim
+        self._generic_plans = False  # the kept connection was set to plan its claims once (CLAIM_PLANS)
         self._orphans_possible = False
         self._quiet_until = 0.0
         self._empty_streak = 0
@@ -347,8 +349,7 @@ class Claimer:
         try:
             if self._conn is None:
                 self._conn = await aq.pool.getconn()
-                await self._conn.execute(aq.queries.session_generic_plans, prepare=False)  # see CLAIM_PLANS
-            return await aq.complete_and_claim(
+            result = await aq.complete_and_claim(
                 done,
                 self._queues,
                 limit=want,
@@ -360,6 +361,13 @@ class Claimer:
                 after=after,
                 conn=self._conn,
             )
+            if not self._generic_plans and want > 1 and len(result[1]) == want:  # busy: see CLAIM_PLANS
+                try:
+                    self._generic_plans = True  # from here on the connection is reset before it goes back
+                    await self._conn.execute(aq.queries.session_generic_plans, prepare=False)
+                except psycopg.Error:  # the jobs claimed stand; the connection goes (closed if it kept a setting)
+                    await self._return_conn()
+            return result
         except BaseException:
             await self._return_conn()
             raise
@@ -371,6 +379,10 @@ class Claimer:
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        if not self._generic_plans:
+            await self._control.queue.pool.putconn(conn)
+            return
+        self._generic_plans = False
         reset = False
         try:
             with contextlib.suppress(psycopg.Error):
