@@ -11,6 +11,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from skiplock import AsyncQueue, PayloadError, Queue, Settings
+from skiplock.queue import COPY_CHUNK
 
 TRICKY = [
     {"tab\there": "new\nline", "cr": "a\rb", "bs": "C:\\dir\\", "quote": '"', "nul_text": "\\u0000"},
@@ -128,6 +129,32 @@ def test_a_bad_payload_leaves_the_callers_transaction_usable(queue: Queue, pg_ds
     assert queue.stats()[0].ready == 2
 
 
+def test_a_batch_of_several_chunks_is_stored_in_order_and_a_bad_payload_in_a_late_chunk_writes_nothing(
+    queue: Queue, pg_dsn, schema
+):
+    n = 3 * COPY_CHUNK + 7
+    ids = queue.enqueue_many("q", [{"n": i} for i in range(n)])
+    assert len(ids) == n and ids == sorted(ids)
+    assert [r["payload"] for r in _rows(pg_dsn, schema, ids)] == [{"n": i} for i in range(n)]
+    bad = [{"n": i} for i in range(n)]
+    bad[2 * COPY_CHUNK + 3] = {"late": float("nan")}
+    with psycopg.connect(pg_dsn, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{queue.settings.channel}"')
+        # In the call's own transaction the COPY has sent two chunks when the third fails: all rolled back.
+        with pytest.raises(PayloadError, match="not JSON-serialisable"):
+            queue.enqueue_many("q", bad)
+        assert _notified(listener, 0.3) == [], "notification from a rolled-back batch"
+        with psycopg.connect(pg_dsn) as conn:  # in the caller's, every payload is checked before anything is sent
+            ok = queue.enqueue("q", {"first": True}, conn=conn).id
+            with pytest.raises(PayloadError, match="not JSON-serialisable"):
+                queue.enqueue_many("q", bad, conn=conn)
+            conn.commit()
+        assert _notified(listener, 2.0) == ["q"]
+    assert queue.get(ok) is not None
+    assert queue.stats()[0].ready == n + 1
+    assert len(queue.enqueue_many("q", [{"after": True}])) == 1  # the pool's connection came back usable
+
+
 def test_keys_that_are_all_none_take_the_copy_and_report_each_payload(queue: Queue):
     ids = queue.enqueue_many("q", [{}, {}], idempotency_keys=[None, None])
     assert len(ids) == 2 and [r.id for r in ids.results] == ids and not any(r.duplicate for r in ids.results)
@@ -150,3 +177,13 @@ async def test_the_async_twin_copies_in_order_and_rolls_back_with_the_caller(aqu
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         kept = await aqueue.enqueue_many("q", [{"k": 1}], conn=conn)
     assert [r["payload"] for r in _rows(pg_dsn, schema, kept)] == [{"k": 1}]
+
+
+async def test_the_async_twin_writes_nothing_when_a_late_chunk_holds_a_bad_payload(aqueue: AsyncQueue, pg_dsn, schema):
+    bad: list[Any] = [{"n": i} for i in range(2 * COPY_CHUNK)]
+    bad[-1] = "nul \x00 char"
+    with pytest.raises(PayloadError, match="NUL"):
+        await aqueue.enqueue_many("q", bad)
+    assert await aqueue.stats() == []
+    ids = await aqueue.enqueue_many("q", bad[:-1])
+    assert [r["payload"] for r in _rows(pg_dsn, schema, ids)] == bad[:-1]

@@ -322,25 +322,36 @@ def enqueue_many_params(
 ) -> dict[str, Any]:
     """Parameters of ``job_enqueue_many``, or :class:`EnqueueError` (nothing is written)."""
     params = _common_params(settings, queue, options, ENQUEUE_MANY_OPTIONS)
-    encoded = encode_payloads(payloads, settings.max_payload_bytes)
+    values = list(payloads)
     given = options.get("idempotency_keys")
-    keys: list[str | None] = list(given) if given is not None else [None] * len(encoded)
-    if len(keys) != len(encoded):
-        raise EnqueueError(f"{len(keys)} idempotency keys for {len(encoded)} payloads")
+    keys: list[str | None] = list(given) if given is not None else [None] * len(values)
+    if len(keys) != len(values):
+        raise EnqueueError(f"{len(keys)} idempotency keys for {len(values)} payloads")
     for key in given or ():
         check_idempotency_key(key)
     unique = options.get("unique_keys")
-    if unique is not None or options.get("unique_states") is not None or options.get("unique_conflict") is not None:
+    keyed = any(k is not None for k in keys)
+    uniques = (
+        unique is not None or options.get("unique_states") is not None or options.get("unique_conflict") is not None
+    )
+    if values and not keyed and not uniques:  # a COPY: it encodes the payloads as it writes them (see CopyJobs)
+        return params | {"keys": None, "values": values}
+    encoded = encode_payloads(values, settings.max_payload_bytes)
+    if uniques:
         if unique is None or len(unique) != len(encoded):
             raise EnqueueError(f"unique_keys must give one key for each of the {len(encoded)} payloads")
-        params |= unique_params(options, unique, idempotency=given is not None and any(k is not None for k in keys))
+        params |= unique_params(options, unique, idempotency=keyed)
         firsts = sorted({k: i for i, k in reversed(list(enumerate(unique)))}.values())  # a repeated key: its first
         encoded = [encoded[i] for i in firsts]
         params["keys"] = [unique[i] for i in firsts]
         return params | {"payloads": "[" + ",".join(encoded) + "]", "payload_keys": list(unique), "encoded": encoded}
     # One JSON array of already-encoded payloads: no per-element array escaping (2x faster than jsonb[]).
-    keyed = keys if any(k is not None for k in keys) else None
-    return params | {"payloads": "[" + ",".join(encoded) + "]", "keys": keyed, "payload_keys": keys, "encoded": encoded}
+    return params | {
+        "payloads": "[" + ",".join(encoded) + "]",
+        "keys": keys if keyed else None,
+        "payload_keys": keys,
+        "encoded": encoded,
+    }
 
 
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -653,18 +664,33 @@ def _reserved(r: Result) -> tuple[list[int], datetime]:
     return r.rows[0]["ids"], r.rows[0]["visible_at"]
 
 
-@dataclass(frozen=True)
+COPY_CHUNK = 500
+"""Payloads encoded and written to a COPY at a time: PostgreSQL reads one chunk while the next is encoded."""
+
+
+@dataclass
 class CopyJobs:
     """One ``enqueue_many`` without keys: reserve the ids (``job_reserve_ids``, which also wakes the workers at
-    commit when the jobs are due now), then COPY the rows with them (``job_copy_many``), in one transaction."""
+    commit when the jobs are due now), then COPY the rows with them (``job_copy_many``), in one transaction.
+
+    The payloads are encoded chunk by chunk as the COPY goes, so the server stores one chunk while the client
+    encodes the next; a bad payload then fails the COPY, and with it the transaction the call opened. In a
+    transaction that is not the call's own, :meth:`encode_all` checks them all before anything is sent."""
 
     reserve: Call[tuple[list[int], datetime]]
     query: Any
     params: dict[str, Any]
+    encoded: list[str] | None = None
 
-    def rows(self, ids: list[int], visible_at: datetime | str) -> str:
-        """The COPY text of the jobs: per payload, in order, its id and JSON text, then the options of all.
-        JSON text escapes every control character, so only its backslashes need escaping here."""
+    def encode_all(self) -> None:
+        """Encode (and so check) every payload now: a bad one raises :class:`PayloadError`, nothing sent."""
+        if self.encoded is None:
+            self.encoded = encode_payloads(self.params["values"], self.params["max_bytes"])
+
+    def chunks(self, ids: list[int], visible_at: datetime | str) -> Iterator[str]:
+        """The COPY text of the jobs, :data:`COPY_CHUNK` rows at a time: per payload, in order, its id and JSON text,
+        then the options of all. JSON text escapes every control character, so only its backslashes need escaping
+        here."""
         p = self.params
         if p["run_at"] is None and not p["delay"]:
             visible_at = "now"  # the transaction's start, as now(): the same value, and 3x cheaper to parse
@@ -678,8 +704,12 @@ class CopyJobs:
             p["serial_skip_on_retry"],
         )
         tail = "\t".join([copy_text(v) for v in options])
-        payloads = [t.replace("\\", "\\\\") for t in p["encoded"]]
-        return "".join([f"{i}\t{t}\t{tail}\n" for i, t in zip(ids, payloads, strict=True)])
+        values, limit = p["values"], p["max_bytes"]
+        for start in range(0, len(values), COPY_CHUNK):
+            end = start + COPY_CHUNK
+            texts = self.encoded[start:end] if self.encoded is not None else encode_payloads(values[start:end], limit)
+            escaped = [t.replace("\\", "\\\\") for t in texts]
+            yield "".join([f"{i}\t{t}\t{tail}\n" for i, t in zip(ids[start:end], escaped, strict=True)])
 
 
 class Statements:
@@ -704,9 +734,9 @@ class Statements:
     def enqueue_many(self, queue: str, payloads: Iterable[Any], options: Mapping[str, Any]) -> ManyEnqueue | CopyJobs:
         """Without keys (idempotency or unique), a COPY of the jobs; with keys, one INSERT that skips the taken."""
         params = enqueue_many_params(self.settings, queue, payloads, options)
-        if params["keys"] is None and params["encoded"]:
-            reserve = Call(self.q.job_reserve_ids, params | {"n": len(params["encoded"])}, _reserved)
-            return CopyJobs(reserve, self.q.job_copy_many, params)
+        if "values" in params:
+            reserve = Call(self.q.job_reserve_ids, params | {"n": len(params["values"])}, _reserved)
+            return CopyJobs(reserve, self.q.job_copy_many, params | {"max_bytes": self.settings.max_payload_bytes})
         unique = "unique_states" in params
         insert = Call(self.q.job_enqueue_many_unique if unique else self.q.job_enqueue_many, params, _rows)
         find = self.q.job_find_by_unique_keys if unique else self.q.job_find_by_keys
@@ -930,18 +960,26 @@ def may_autocommit(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
 def _copy_jobs(conn: psycopg.Connection[Any], copy: CopyJobs) -> EnqueueManyResult:
     """Reserve the ids, then COPY the jobs: in the connection's transaction (the caller's, or the pool's), or in
     one of their own on an autocommit connection. Nothing is visible, and no worker woken, before it commits."""
-    with conn.transaction() if _outside_transaction(conn) else nullcontext():
+    own = _outside_transaction(conn)
+    if not own:
+        copy.encode_all()  # a bad payload must not fail the caller's transaction
+    with conn.transaction() if own else nullcontext():
         ids, visible_at = _execute(conn, copy.reserve)
         with conn.cursor() as cur, cur.copy(copy.query) as writer:
-            writer.write(copy.rows(ids, visible_at))
+            for text in copy.chunks(ids, visible_at):
+                writer.write(text)
     return EnqueueManyResult(ids)
 
 
 async def _acopy_jobs(conn: psycopg.AsyncConnection[Any], copy: CopyJobs) -> EnqueueManyResult:
-    async with conn.transaction() if _outside_transaction(conn) else nullcontext():
+    own = _outside_transaction(conn)
+    if not own:
+        copy.encode_all()
+    async with conn.transaction() if own else nullcontext():
         ids, visible_at = await _aexecute(conn, copy.reserve)
         async with conn.cursor() as cur, cur.copy(copy.query) as writer:
-            await writer.write(copy.rows(ids, visible_at))
+            for text in copy.chunks(ids, visible_at):
+                await writer.write(text)
     return EnqueueManyResult(ids)
 
 
