@@ -569,6 +569,18 @@ def test_a_claim_after_a_job_starts_its_index_scan_there(queue: Queue, pg_dsn):
             assert "ROW(visible_at, id) >" in cond, plan
 
 
+def _prepare_claim(conn: psycopg.Connection, query: str, values: dict[str, str]) -> str:
+    """PREPARE ``query`` as ``claim`` with its named parameters numbered; the arguments of its EXECUTE."""
+    order: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        order.extend([m[1]] if m[1] not in order else [])
+        return f"${order.index(m[1]) + 1}"
+
+    conn.execute(f"PREPARE claim AS {PLACEHOLDER.sub(number, query).replace('%%', '%')}")
+    return ", ".join(values[n] for n in order)
+
+
 def test_every_claim_statement_has_a_generic_plan_that_finds_its_rows_by_primary_key(queue: Queue, pg_dsn):
     """The claimer's connection keeps generic plans of its claims (a custom plan is 0.7 ms of planning a claim). A
     generic plan cannot know the LIMIT; it expected a tenth of the table to be claimed and hash-joined the claim
@@ -599,18 +611,36 @@ def test_every_claim_statement_has_a_generic_plan_that_finds_its_rows_by_primary
         names = [n for n in Queries.__annotations__ if n.startswith("job_complete_and_claim")]
         assert len(names) == 6
         for name in names:
-            order: list[str] = []
-
-            def number(m: re.Match[str], order: list[str] = order) -> str:
-                order.extend([m[1]] if m[1] not in order else [])
-                return f"${order.index(m[1]) + 1}"
-
-            numbered = PLACEHOLDER.sub(number, getattr(queue.queries, name)).replace("%%", "%")
-            conn.execute(f"PREPARE claim AS {numbered}")
-            args = ", ".join(values[n] for n in order)
+            args = _prepare_claim(conn, getattr(queue.queries, name), values)
             plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE claim({args})"))
             conn.execute("DEALLOCATE claim")
             bad = [line for line in plan.splitlines() if "Seq Scan on jobs" in line or "JIT:" in line]
             assert not bad, (name, bad, plan)
             claimed = plan.split("CTE claimed")[1].split("\n  CTE ")[0]  # up to the next top-level CTE
             assert "jobs_pkey" in claimed, (name, claimed)
+
+
+def test_a_claim_without_flow_limits_finds_its_rows_in_one_index_scan_not_one_for_each_job(queue: Queue, pg_dsn):
+    """Joined with the picked rows as well as matched against the array of their ids, the claimed rows were found by
+    a nested loop that rescanned the primary key once for each job, sorting the array at each rescan (a fifth of the
+    server's time a job in a drain): the claims of a worker without limits match the array alone."""
+    schema = queue.settings.schema
+    values = {"ids": "'{}'", "attempts": "'{}'", "worker": "'w'", "now": "NULL", "queues": "'{q}'", "limit": "50"}
+    values |= {"per_queue": "50", "rotate": "0", "lease_seconds": "60.0", "leases": "NULL", "after_priority": "0"}
+    values |= {"after_at": "'-infinity'", "after_id": "0"}
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f"""INSERT INTO "{schema}".jobs (queue, payload) SELECT 'q', '{{}}' FROM generate_series(1, 500)"""
+        )
+        conn.execute(queue.queries.session_generic_plans)
+        names = [n for n in Queries.__annotations__ if n.startswith("job_complete_and_claim_unlimited")]
+        assert len(names) == 3
+        for name in names:
+            args = _prepare_claim(conn, getattr(queue.queries, name), values)
+            with conn.transaction(force_rollback=True):
+                plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN (ANALYZE, COSTS OFF) EXECUTE claim({args})"))
+            conn.execute("DEALLOCATE claim")
+            claimed = plan.split("CTE claimed")[1].split("\n  CTE ")[0]
+            assert " rows=50 loops=1)" in claimed.splitlines()[1], (name, plan)  # the UPDATE claimed 50
+            scans = [line for line in claimed.splitlines() if "on jobs_pkey" in line or "on jobs j" in line]
+            assert scans and all("loops=1)" in line for line in scans), (name, claimed)

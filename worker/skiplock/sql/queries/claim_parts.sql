@@ -56,11 +56,6 @@ AND (jobs.serial_key IS NULL OR (
 limit_full AS (
     SELECT task FROM {schema}.task_limits
 
--- name: claim_go_all
--- For a worker none of whose tasks has a limit: the claim takes every picked job, with no slot.
-go AS (
-    SELECT id, NULL::integer AS cslot FROM picked
-
 -- name: claim_pick_many
 -- The picked jobs of several queues: at most `per_queue` of each, round-robin from the queue after `rotate`, none of a paused queue or of a task in limit_full.
 candidates AS (
@@ -157,18 +152,33 @@ limited AS (
 -- The claim itself: what `go` holds becomes processing under this worker, with its lease (after the completions, so a key passes on).
 claimed AS (
     UPDATE {schema}.jobs AS j
-    SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
-        locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
-        lease_expires_at = coalesce(%(now)s::timestamptz, now())
-            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)),
-        slot = go.cslot
+    /* include: claim_set */, slot = go.cslot
     FROM go
     -- completions first (a serial key passes on): an init plan, run once before the first row (joined as a
     -- subquery, the planner re-read the completed rows once for every claimed one). The ids again as an array
     -- (an init plan): a generic plan, which cannot know the LIMIT, expected a tenth of the table in `go` and
     -- hash-joined it with a scan of the whole table; with the array the rows are found by primary key.
     WHERE j.id = go.id AND j.id = ANY(ARRAY(SELECT id FROM go)) AND (SELECT count(*) FROM done) >= 0
-    RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
+    /* include: claim_returning */
+
+-- name: claim_update_all
+-- claim_update for a worker none of whose tasks has a limit: every picked job, with no slot, found by primary key from the array of their ids alone (joined with the picked rows as well, a generic plan rescanned the index once for each job and sorted the array at each rescan).
+claimed AS (
+    UPDATE {schema}.jobs AS j
+    /* include: claim_set */, slot = NULL
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND (SELECT count(*) FROM done) >= 0
+    /* include: claim_returning */
+
+-- name: claim_set
+-- What a claim writes: processing under this worker, one more attempt, and the lease (the task's own length, else the worker's).
+SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
+        locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
+        lease_expires_at = coalesce(%(now)s::timestamptz, now())
+            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s))
+
+-- name: claim_returning
+-- The claimed rows as a claim returns them (CLAIM_ROW, after `completed`).
+RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
               j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key
 
 -- name: claim_take_slots

@@ -164,8 +164,7 @@ WITH /* include: claim_done */
 WITH /* include: claim_done */
 ), /* include: claim_limit_all */
 ), /* include: claim_pick_many */
-), /* include: claim_go_all */
-), /* include: claim_update */
+), /* include: claim_update_all */
 )
 /* include: claim_result */
 
@@ -174,8 +173,7 @@ WITH /* include: claim_done */
 WITH /* include: claim_done */
 ), /* include: claim_limit_all */
 ), /* include: claim_pick_one */
-), /* include: claim_go_all */
-), /* include: claim_update */
+), /* include: claim_update_all */
 )
 /* include: claim_result */
 
@@ -195,8 +193,7 @@ WITH /* include: claim_done */
 WITH /* include: claim_done */
 ), /* include: claim_limit_all */
 ), /* include: claim_pick_one_after */
-), /* include: claim_go_all */
-), /* include: claim_update */
+), /* include: claim_update_all */
 )
 /* include: claim_result */
 
