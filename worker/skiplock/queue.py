@@ -664,7 +664,7 @@ def _reserved(r: Result) -> tuple[list[int], datetime]:
     return r.rows[0]["ids"], r.rows[0]["visible_at"]
 
 
-COPY_CHUNK = 500
+COPY_CHUNK = 125
 """Payloads encoded and written to a COPY at a time: PostgreSQL reads one chunk while the next is encoded."""
 
 
