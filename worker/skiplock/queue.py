@@ -335,7 +335,7 @@ def enqueue_many_params(
         unique is not None or options.get("unique_states") is not None or options.get("unique_conflict") is not None
     )
     if values and not keyed and not uniques:  # a COPY: it encodes the payloads as it writes them (see CopyJobs)
-        return params | {"keys": None, "values": values}
+        return params | {"keys": None, "values": values, "max_bytes": settings.max_payload_bytes}
     encoded = encode_payloads(values, settings.max_payload_bytes)
     if uniques:
         if unique is None or len(unique) != len(encoded):
@@ -736,7 +736,7 @@ class Statements:
         params = enqueue_many_params(self.settings, queue, payloads, options)
         if "values" in params:
             reserve = Call(self.q.job_reserve_ids, params | {"n": len(params["values"])}, _reserved)
-            return CopyJobs(reserve, self.q.job_copy_many, params | {"max_bytes": self.settings.max_payload_bytes})
+            return CopyJobs(reserve, self.q.job_copy_many, params)
         unique = "unique_states" in params
         insert = Call(self.q.job_enqueue_many_unique if unique else self.q.job_enqueue_many, params, _rows)
         find = self.q.job_find_by_unique_keys if unique else self.q.job_find_by_keys
