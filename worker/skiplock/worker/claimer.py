@@ -191,9 +191,10 @@ class Claimer:
 
     async def _expire_buffer(self) -> None:
         """Hand back buffered jobs that waited longer than their share of the lease (their slots stayed busy)."""
-        if not self._slots.waiting():
-            return
+        oldest = self._slots.oldest_claim()
         now = time.monotonic()
+        if oldest is None or now - oldest <= self._leases.shortest * PREFETCH_WAIT_FRACTION:
+            return  # none waited its share of even the shortest lease: no scan of the buffer on every loop
         lease_for = self._leases.lease_for
         stale = self._slots.drop_waiting(lambda e: now - e.claimed <= lease_for(e.job) * PREFETCH_WAIT_FRACTION)
         if stale:

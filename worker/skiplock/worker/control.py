@@ -8,7 +8,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import PoolTimeout
@@ -61,12 +61,21 @@ class Control:
         self.metrics = metrics
         # Single statements on autocommit connections: one round trip each, not three (BEGIN, statement, COMMIT).
         self.pool = async_pool(
-            settings.require_dsn(), "skiplock-control", CONTROL_CONNECTIONS, autocommit=True, timeout=10
+            settings.require_dsn(),
+            "skiplock-control",
+            CONTROL_CONNECTIONS,
+            autocommit=True,
+            timeout=10,
+            configure=self._configure,
         )
         self.queue = AsyncQueue(self.pool, settings, owned=True)
         self.ok = False
         self.failures = 0
         self.uncertain = False  # a try of the last call failed in flight: it may have committed unseen
+
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """A new control connection works in UTC (see ``session_utc``): the claim's timestamps load unconverted."""
+        await conn.execute(self.queue.queries.session_utc, prepare=False)
 
     async def open(self) -> None:
         await self.pool.open()

@@ -195,6 +195,12 @@ class Slots:
     def waiting(self) -> int:
         return len(self._by_thread) + len(self._by_loop)
 
+    def oldest_claim(self) -> float | None:
+        """When the longest-waiting buffered job was claimed (each queue of waiting jobs is in claim order)."""
+        with self._mutex:  # handler threads take from the front
+            heads = [q[0].claimed for q in (self._by_thread, self._by_loop) if q]
+        return min(heads) if heads else None
+
     def waiting_entries(self) -> list[Entry]:
         with self._mutex:
             return [*self._by_thread, *self._by_loop]

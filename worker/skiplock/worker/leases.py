@@ -44,6 +44,7 @@ class Leases:
         self.released = 0
         lease = settings.lease_seconds
         shortest = min([lease, *lease_overrides.values()])
+        self.shortest = shortest  # the shortest lease of any job this worker runs
         assert settings.heartbeat_seconds is not None and settings.recover_seconds is not None
         # A task with a shorter lease than the worker's renews as often as its lease needs.
         self.heartbeat_seconds = min(settings.heartbeat_seconds, shortest / 4 if shortest < lease else lease)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -39,7 +40,14 @@ def _check(conn: psycopg.Connection[Any]) -> None:
 
 
 def make_pool(
-    dsn: str, name: str, size: int, *, asynchronous: bool, autocommit: bool, timeout: float
+    dsn: str,
+    name: str,
+    size: int,
+    *,
+    asynchronous: bool,
+    autocommit: bool,
+    timeout: float,
+    configure: Callable[[Any], Awaitable[None]] | None = None,
 ) -> AsyncConnectionPool[Any] | ConnectionPool[Any]:
     """The one pool constructor of the worker, unopened: control calls (async, autocommit) and ``job.conn``
     (the handler's colour; autocommit too, since the executor opens the job's transaction itself at checkout
@@ -54,12 +62,22 @@ def make_pool(
         reconnect_timeout=0,
         timeout=timeout,
         check=_acheck if asynchronous else _check,
+        configure=configure,
         kwargs={"application_name": APPLICATION_NAME, "autocommit": autocommit},
     )
 
 
-def async_pool(dsn: str, name: str, size: int, *, timeout: float, autocommit: bool = True) -> AsyncConnectionPool[Any]:
-    pool = make_pool(dsn, name, size, asynchronous=True, autocommit=autocommit, timeout=timeout)
+def async_pool(
+    dsn: str,
+    name: str,
+    size: int,
+    *,
+    timeout: float,
+    autocommit: bool = True,
+    configure: Callable[[Any], Awaitable[None]] | None = None,
+) -> AsyncConnectionPool[Any]:
+    """``configure``: run on each new connection before the pool hands it out."""
+    pool = make_pool(dsn, name, size, asynchronous=True, autocommit=autocommit, timeout=timeout, configure=configure)
     assert isinstance(pool, AsyncConnectionPool)
     return pool
 

@@ -429,6 +429,10 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('j
 -- Back to the session's defaults before the claimer's connection returns to the pool.
 SELECT set_config(name, reset_val, false) FROM pg_settings WHERE name IN ('plan_cache_mode', 'jit');
 
+-- name: session_utc
+-- Every control connection of a worker works in UTC: the timestamps of a claim's rows then load without a time zone conversion (converting two timestamps a row to the server's zone was 7 % of a worker's instructions), so `job.created_at` and `job.visible_at` are UTC.
+SELECT set_config('TimeZone', 'UTC', false);
+
 -- name: jobs_table_bytes
 -- The size of the jobs table's file (no row is read): a worker compares it with the size its prepared plans were made for.
 SELECT pg_relation_size(%(table)s::regclass) AS bytes;
