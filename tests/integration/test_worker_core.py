@@ -13,11 +13,13 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from skiplock import Settings
 from skiplock.app import App
@@ -215,6 +217,29 @@ def test_run_jobs_stops_at_its_bound(settings, pg_dsn, schema):
     insert(pg_dsn, schema, "loop", [{}], task="again")
     report = run_jobs(app, settings=settings.replace(concurrency=1, batch=1), max_jobs=5, timeout=30)
     assert 5 <= len(report.done) <= 7
+
+
+def test_claimed_jobs_carry_utc_timestamps_while_job_conn_keeps_the_server_time_zone(settings, pg_dsn, schema):
+    """The control connections work in UTC (a claim's timestamps load without conversion); the handler's own
+    connection is left as the DSN sets it up."""
+    app = App()
+    seen: list[tuple[Any, Any, str]] = []
+
+    @app.task(name="stamp", queue="tz")
+    def stamp(job):
+        zone = job.conn.execute("SHOW TimeZone").fetchone()[0]
+        seen.append((job.created_at, job.visible_at, zone))
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        before = conn.execute("SELECT now()").fetchone()[0]
+    insert(pg_dsn, schema, "tz", [{}], task="stamp")
+    elsewhere = make_conninfo(pg_dsn, options="-c TimeZone=America/New_York")
+    report = run_jobs(app, settings=settings.replace(dsn=elsewhere), timeout=30)
+    assert len(report.done) == 1 and len(seen) == 1
+    created, visible, zone = seen[0]
+    assert created.tzinfo is UTC and visible.tzinfo is UTC, "UTC datetimes, not the session's zone"
+    assert abs((created - before).total_seconds()) < 60, "the same instant as stored"
+    assert zone == "America/New_York", "job.conn keeps the time zone the DSN asks for"
 
 
 # ---------------------------------------------------------------------------------------------- defects
