@@ -168,6 +168,72 @@ async def test_the_completer_hands_done_jobs_to_claims_in_id_order_and_counts_wh
     assert sorted(observed) == [(1, "done"), (2, "done"), (3, "done"), (13, "lease_lost")]
 
 
+async def test_done_jobs_wait_for_a_coming_claim_past_the_flush_delay_but_never_longer_than_the_cap():
+    import time
+
+    from skiplock.metrics import WorkerMetrics
+    from skiplock.worker.completer import FLUSH_DELAY_SECONDS, FLUSH_MAX_WAIT_SECONDS
+
+    control = FakeControl()
+    bound = WorkerMetrics(__import__("prometheus_client").CollectorRegistry()).describe_worker(["q"], 1, "t")
+    completer = Completer(Scope(control, SETTINGS, "me", ("q",)), bound, lambda j, o: None)  # type: ignore[arg-type]
+    asked: list[float] = []
+
+    def claim_coming() -> bool:  # a claim is in flight, and its successor never takes them
+        asked.append(time.monotonic())
+        return True
+
+    completer.hurry = claim_coming
+    stopping = asyncio.Event()
+    flusher = asyncio.create_task(completer.run(stopping))
+    start = time.monotonic()
+    completer.defer(job(1))
+    while not control.written:
+        await asyncio.sleep(0.002)
+    waited = time.monotonic() - start
+    assert control.written == [[1]] and completer.flushes == 1, "written alone once the cap passed"
+    assert waited >= FLUSH_MAX_WAIT_SECONDS and asked and asked[0] - start >= FLUSH_DELAY_SECONDS
+
+    completer.hurry = lambda: False  # no claim coming: written alone after the delay
+    start = time.monotonic()
+    completer.defer(job(2))
+    while len(control.written) < 2:
+        await asyncio.sleep(0.002)
+    assert control.written[1] == [2] and time.monotonic() - start < FLUSH_MAX_WAIT_SECONDS
+
+    completer.hurry = lambda: True  # a claim comes and takes them: nothing written alone
+    completer.defer(job(3))
+    await asyncio.sleep(FLUSH_DELAY_SECONDS * 2)
+    assert [j.id for j in completer.take_done()] == [3]
+    await asyncio.sleep(FLUSH_MAX_WAIT_SECONDS)
+    assert len(control.written) == 2 and completer.flushes == 2
+    await completer.close(flusher)
+
+
+async def test_a_claimer_waiting_for_room_for_a_batch_claims_at_once_when_done_jobs_hurry_it(monkeypatch):
+    from skiplock.metrics import WorkerMetrics
+    from skiplock.worker import claimer as claimer_module
+    from skiplock.worker.claimer import Claimer
+    from skiplock.worker.leases import Leases
+
+    monkeypatch.setattr(claimer_module, "CLAIM_GATHER_BUFFERED_SECONDS", 60.0)  # only a hurry ends the wait
+    metrics = WorkerMetrics(__import__("prometheus_client").CollectorRegistry())
+    bound = metrics.describe_worker(["q"], 1, "t")
+    scope = Scope(FakeControl(), SETTINGS, "me", ("q",))  # type: ignore[arg-type]
+    slots = Slots(2)
+    completer = Completer(scope, bound, lambda j, o: None)
+    leases = Leases(scope, bound, tracked=list, holds=lambda j: False, wake=lambda: None, cancelled=lambda ids: None)
+    stopping = asyncio.Event()
+    claimer = Claimer(scope, slots, completer, leases, lambda jobs: None, lambda entries: None, metrics, stopping)
+    assert not claimer.hurry(), "neither gathering nor claiming: the done jobs are flushed alone"
+    slots.wait([Entry(job(i), Target(lambda j: None, True), 0.0) for i in range(1, 4)])  # buffered: a long window
+    gathering = asyncio.create_task(claimer._gather_slots(100))
+    await asyncio.sleep(0.01)
+    assert not gathering.done() and claimer.hurry() and claimer.hurried == 1
+    assert await asyncio.wait_for(gathering, 5) == claimer._room(), "back at once with the room it has"
+    assert not claimer.hurry(), "no claim coming once the loop moved on"
+
+
 # ---------------------------------------------------------------------------------------------- payloads
 def test_each_claimed_payload_is_decoded_on_its_own():
     assert decode_payload('{"a": [1, 2]}') == ({"a": [1, 2]}, None)

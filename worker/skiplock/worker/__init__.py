@@ -292,6 +292,7 @@ class Worker:
             scope, slots, completer, leases, self._admit, self._start_jobs, self.metrics, stopping
         )
         claimer.until_idle = until_idle
+        completer.hurry = claimer.hurry
         tasks: list[asyncio.Task[Any]] = []
         try:
             if True in kinds:
@@ -376,6 +377,8 @@ class Worker:
                     "claims": c.claims if c is not None else 0,
                     "empty_claims": c.empty_claims if c is not None else 0,
                     "claims_after": c.claims_after if c is not None else 0,
+                    "claims_hurried": c.hurried if c is not None else 0,
+                    "flushes": self._completer.flushes if self._completer is not None else 0,
                 },
             )
         return 0

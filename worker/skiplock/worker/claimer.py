@@ -134,8 +134,24 @@ class Claimer:
         self._after: Job | None = None  # the last job of a full batch of one queue: where the next claim may start
         self._after_until = 0.0  # claims start after it until then (monotonic)
         self._replan = False  # the kept connection goes back to the (drained) pool before the next claim
+        self._gathering = False  # waiting in _gather_slots for room for a whole batch
+        self._claiming = False  # a claim statement is in flight
+        self._hurried = False  # the completer asked for a claim now (its jobs waited long enough)
+        self.hurried = 0  # claims made early for that
         self._claimed_jobs = metrics.claims.labels("jobs")
         self._claimed_none = metrics.claims.labels("empty")
+
+    def hurry(self) -> bool:
+        """Finished jobs waited long enough for a claim to carry them: if the loop is only waiting for room for a
+        whole batch, it claims now (a smaller batch, and one statement instead of a claim and a flush); True as well
+        while a claim is in flight (the next one comes soon after)."""
+        if self._stopping.is_set():
+            return False
+        if self._gathering and not self._hurried:
+            self._hurried = True
+            self.hurried += 1
+            self._slots.freed.set()
+        return self._gathering or self._claiming
 
     def wake(self, source: str = "notify") -> None:
         """Wake the claim loop; ``source`` (notify, recovered) is what its wake-up counter says."""
@@ -284,11 +300,14 @@ class Claimer:
         done = self._completer.take_done()
         started = time.monotonic()
         after = self._after if started < self._after_until else None
+        self._claiming = True
         try:
             result = await self._control.call("claim", lambda: self._complete_and_claim(done, want, after))
         except BaseException:
             self._completer.give_back(done)
             raise
+        finally:
+            self._claiming = False
         self._after = None
         if self._control.uncertain:  # a try failed in flight: it may have claimed jobs whose reply was lost
             self._orphans_possible = True
@@ -410,14 +429,18 @@ class Claimer:
         low); returns the room."""
         low = max(self._slots.capacity, self.allowed() // 2)  # what covers the slots while the claim is in flight
         buffered = self._slots.waiting() > low
-        with contextlib.suppress(TimeoutError):
-            # one timer, no task per wake-up
-            async with asyncio.timeout(CLAIM_GATHER_BUFFERED_SECONDS if buffered else CLAIM_GATHER_SECONDS):
-                while self._room() < wanted and not self._stopping.is_set():
-                    if buffered and self._slots.waiting() <= low:
-                        break
-                    self._slots.freed.clear()
-                    await self._slots.freed.wait()
+        self._gathering, self._hurried = True, False
+        try:
+            with contextlib.suppress(TimeoutError):
+                # one timer, no task per wake-up
+                async with asyncio.timeout(CLAIM_GATHER_BUFFERED_SECONDS if buffered else CLAIM_GATHER_SECONDS):
+                    while self._room() < wanted and not self._stopping.is_set() and not self._hurried:
+                        if buffered and self._slots.waiting() <= low:
+                            break
+                        self._slots.freed.clear()
+                        await self._slots.freed.wait()
+        finally:
+            self._gathering = False
         return self._room()
 
     async def _wait_for_work(self) -> str:

@@ -28,6 +28,10 @@ BY_ID = attrgetter("id")
 QUEUE_OF = attrgetter("queue")
 # Finished jobs wait up to this long for the next claim to carry their completion; then they are flushed alone.
 FLUSH_DELAY_SECONDS = 0.02
+# Past that delay, while the claimer says a claim is coming (see Claimer.hurry), they wait for it, checking this often,
+# up to this long in all (a claim slowed down by a busy server must not turn into a flush of its own each time).
+FLUSH_RECHECK_SECONDS = 0.005
+FLUSH_MAX_WAIT_SECONDS = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +69,14 @@ class Completer:
         self._writing: list[Job] = []  # a flush in flight: still held (heartbeats, orphan release) until settled
         self._needed = asyncio.Event()
         self._closing = False
+        self.flushes = 0  # statements that wrote done jobs no claim carried (the flush loop's own)
         self.observing: Callable[[], bool] = lambda: True
         """Whether anyone is told of each written outcome (else a batch of completions is counted per queue)."""
         self.on_written: Callable[[list[Job]], None] = lambda jobs: None
         """Called with the jobs the flush loop ended on its own (no claim carried them)."""
+        self.hurry: Callable[[], bool] = lambda: False
+        """Asked once done jobs waited FLUSH_DELAY_SECONDS: True while a claim that carries them is coming (the claimer
+        claims at once instead of waiting for room for a whole batch, or one is in flight and the next follows)."""
 
     # ------------------------------------------------------------------ buffers
     def defer(self, job: Job) -> None:
@@ -207,14 +215,20 @@ class Completer:
             self._needed.clear()
             if self._closing:
                 break
-            # Let the next claim carry the completions; flush them alone once the oldest waited FLUSH_DELAY_SECONDS
-            # (claims that keep coming take them first, and then no statement of its own is needed).
+            # Let the next claim carry the completions; once the oldest waited FLUSH_DELAY_SECONDS, have the claimer
+            # claim now if it was only waiting for room for a whole batch (or wait for the claim after the one in
+            # flight), else flush them alone (claims that keep coming take them first, and then no statement of its
+            # own is needed). They never wait longer than FLUSH_MAX_WAIT_SECONDS.
             while not stopping.is_set() and not self._failed and self._done_since is not None:
-                wait = self._done_since + FLUSH_DELAY_SECONDS - time.monotonic()
+                now = time.monotonic()
+                wait = self._done_since + FLUSH_DELAY_SECONDS - now
                 if wait <= 0:
-                    break
+                    if now - self._done_since >= FLUSH_MAX_WAIT_SECONDS or not self.hurry():
+                        break
+                    wait = FLUSH_RECHECK_SECONDS  # a claim takes them meanwhile (or fails and gives them back)
                 await asyncio.sleep(wait)
             ended = self._done + [f.job for f in self._failed]
+            self.flushes += bool(self._done)
             if not await self.flush():
                 await self._control.backoff(stopping)
                 self._needed.set()
