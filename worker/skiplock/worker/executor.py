@@ -368,12 +368,10 @@ class Slots:
         return self.per_queue.get(queue, 0)
 
 
-def _finish_sync(conn: psycopg.Connection[Any] | None, job: Job, worker: str, q: Queries) -> Outcome:
-    """After a sync handler returned: complete in its transaction when it used job.conn, else defer to the batch.
+def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Queries) -> Outcome:
+    """After a sync handler that used job.conn returned: complete in its transaction, else defer to the batch.
     (IDLE: the handler ended the job's transaction itself, with ``commit()`` or ``rollback()``: documented as
     unfenced; the job is completed in the batch.)"""
-    if conn is None:
-        return "deferred"
     status = conn.info.transaction_status
     if status == TransactionStatus.IDLE:
         return "deferred"
@@ -387,9 +385,7 @@ def _finish_sync(conn: psycopg.Connection[Any] | None, job: Job, worker: str, q:
     return "done"
 
 
-async def _finish_async(conn: psycopg.AsyncConnection[Any] | None, job: Job, worker: str, q: Queries) -> Outcome:
-    if conn is None:
-        return "deferred"
+async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: str, q: Queries) -> Outcome:
     status = conn.info.transaction_status
     if status == TransactionStatus.IDLE:
         return "deferred"
@@ -413,10 +409,11 @@ class AsyncExecutor:
         self._q = queries
         self._worker = worker
         self._report = report
+        self._loop = asyncio.get_running_loop()
 
     def submit(self, entry: Entry) -> None:
         job = entry.job
-        entry.handle = asyncio.create_task(self._run(job, entry.target, entry), name=f"job-{job.id}")
+        entry.handle = self._loop.create_task(self._run(job, entry.target, entry), name=f"job-{job.id}")
 
     async def _run(self, job: Job, target: Target, cancel: Entry) -> None:
         try:
@@ -470,6 +467,8 @@ class AsyncExecutor:
                 raise
             if lazy.failed is not None:  # the handler swallowed it: its writes never happened
                 raise HandlerConnectionError(f"job.conn could not be checked out: {lazy.failed}")
+            if lazy.conn is None:  # it never used job.conn (most handlers): no coroutine to learn that
+                return "deferred"
             return await _finish_async(lazy.conn, job, self._worker, self._q)
         finally:
             if lazy.conn is not None:
@@ -576,6 +575,8 @@ class ThreadExecutor:
                 raise
             if lazy.failed is not None:
                 raise HandlerConnectionError(f"job.conn could not be checked out: {lazy.failed}")
+            if lazy.conn is None:
+                return "deferred"
             return _finish_sync(lazy.conn, job, self._worker, self._q)
         finally:
             if lazy.conn is not None:
