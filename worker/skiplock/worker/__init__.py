@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
@@ -39,7 +40,7 @@ from skiplock.queue import Failure, check_connect
 from skiplock.settings import Settings
 from skiplock.worker import flow
 from skiplock.worker.claimer import Claimer
-from skiplock.worker.completer import Completer, failure_for
+from skiplock.worker.completer import QUEUE_OF, Completer, failure_for
 from skiplock.worker.control import Control, Scope
 from skiplock.worker.executor import (
     AsyncExecutor,
@@ -456,21 +457,22 @@ class Worker:
         now = datetime.now(zone or UTC)
         claimed = time.monotonic()
         self._callback(self.on_claimed, len(jobs))
-        by_queue: dict[str, int] = {}
+        resolve = self.router.resolve
         entries = []
         for job in jobs:
-            by_queue[job.queue] = by_queue.get(job.queue, 0) + 1
-            if job.decode_error is not None:  # never retried
-                self._completer.fail(Failure(job, job.decode_error, 0.0, False))
+            if job._decode_error is not None:  # never retried
+                self._completer.fail(Failure(job, job._decode_error, 0.0, False))
                 continue
-            target = self.router.resolve(job)
+            target = resolve(job)
             if isinstance(target, UnknownTaskError):  # retried with backoff, failed when attempts are spent
                 self._completer.fail(failure_for(job, target, None, self.settings))
                 continue
-            waited = max(0.0, (now - job.visible_at).total_seconds()) if job.visible_at is not None else 0.0
+            visible = job.visible_at
+            waited = max(0.0, (now - visible).total_seconds()) if visible is not None else 0.0
             entries.append(Entry(job, target, claimed, waited))
         bound = self._bound
-        self.metrics.tally.add(counts=[(bound[queue].claimed, n) for queue, n in by_queue.items()])
+        by_queue = Counter(map(QUEUE_OF, jobs)).items()
+        self.metrics.tally.add(counts=[(bound[queue].claimed, n) for queue, n in by_queue])
         self._slots.wait(entries)
 
     def _start_jobs(self, entries: list[Entry]) -> None:
@@ -481,26 +483,38 @@ class Worker:
             executor.submit(entry)
 
     def _on_results(self, results: list[Result]) -> None:
-        assert self._slots is not None
+        assert self._slots is not None and self._completer is not None
         durations: dict[str, list[float]] = {}  # run times by queue, handed to the tally once per batch
         waits: dict[str, list[float]] = {}  # waits from visible to start, likewise
+        defer = self._completer.defer
         try:
             timed_out = [r for r in results if r.outcome == "timed_out"]
             for r in timed_out:
                 self._on_timeout(r)
             ended = [r for r in results if r.outcome != "timed_out"] if timed_out else results
+            queue: str | None = None
+            ran: list[float] = []
+            waited: list[float] = []
             for r, entry in zip(ended, self._slots.pop_many([r.job for r in ended]), strict=True):
                 if entry is None:  # handed back meanwhile (drain): the late result is dropped
                     continue
-                durations.setdefault(r.job.queue, []).append(r.finished - entry.started)
-                waits.setdefault(r.job.queue, []).append(entry.waited + entry.started - entry.claimed)
-                self._finish(r, entry)
+                job = r.job
+                if job.queue != queue:  # a batch is mostly of one queue: its lists are looked up once
+                    queue = job.queue
+                    ran, waited = durations.setdefault(queue, []), waits.setdefault(queue, [])
+                started = entry.started
+                ran.append(r.finished - started)
+                waited.append(entry.waited + started - entry.claimed)
+                if r.outcome == "deferred" and not (entry.stuck or entry.cancelled):  # the common case, only here
+                    defer(job)
+                else:
+                    self._finish(r, entry)
         finally:
             bound = self._bound
             self.metrics.tally.add(
                 amounts=[
-                    *((bound[queue].duration, values) for queue, values in durations.items()),
-                    *((bound[queue].wait, values) for queue, values in waits.items()),
+                    *((bound[q].duration, values) for q, values in durations.items()),
+                    *((bound[q].wait, values) for q, values in waits.items()),
                 ]
             )
         self._refill()
@@ -528,12 +542,10 @@ class Worker:
             self._claimer.feed()
 
     def _finish(self, r: Result, entry: Entry) -> None:
-        """A result whose entry the slots just gave up (timed-out ones go to :meth:`_on_timeout`)."""
+        """A result whose entry the slots just gave up, other than a plain deferred one (:meth:`_on_results` defers
+        those itself; timed-out ones go to :meth:`_on_timeout`)."""
         assert self._completer is not None
         job = r.job
-        if r.outcome == "deferred" and not (entry.stuck or entry.cancelled):  # the common case, first and only here
-            self._completer.defer(job)
-            return
         m = self._bound[job.queue]
         if entry.stuck:  # the thread of a timed-out job returned: its slot is free again
             m.stuck.dec()
