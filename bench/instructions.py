@@ -9,6 +9,7 @@ counts work, not contention: compare variants with it, read throughput off ``run
     .venv/bin/python bench/instructions.py                      # the working tree's worker
     .venv/bin/python bench/instructions.py --ref 60b41ee        # and that commit's, alternated with it
     .venv/bin/python bench/instructions.py --queues             # the jobs spread over 50 queues
+    .venv/bin/python bench/instructions.py --async              # an async no-op handler
 
 Prints JSON lines (one per run, then the medians) and a table; needs valgrind (``apt-get install valgrind``).
 """
@@ -33,9 +34,9 @@ import scenario
 COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-def count(cfg: scenario.Config, jobs: int, src: str | None, flow: str | None = None) -> int:
+def count(cfg: scenario.Config, jobs: int, src: str | None, flow: str | None = None, handler: str = "noop") -> int:
     """Instructions (callgrind's Ir) of one worker draining ``jobs`` no-op jobs (``flow="queues"``: spread over 50
-    queues, all served by the worker)."""
+    queues, all served by the worker; ``handler="anoop"``: an async no-op)."""
     schema = scenario.new_schema(cfg, "instr")
     log = Path(tempfile.mkdtemp(prefix="bench-instr-")) / "worker.log"
     env = scenario._env(
@@ -43,7 +44,7 @@ def count(cfg: scenario.Config, jobs: int, src: str | None, flow: str | None = N
             "SKIPLOCK_DSN": cfg.dsn,
             "SKIPLOCK_SCHEMA": schema,
             "SKIPLOCK_QUEUES": ",".join(scenario.drain_queues(flow)),
-            "SKIPLOCK_HANDLER": "handlers:noop",
+            "SKIPLOCK_HANDLER": f"handlers:{handler}",
             "SKIPLOCK_LOG_LEVEL": "INFO",
         },
         src,
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=2, help="runs per variant, alternated (default 2)")
     p.add_argument("--ref", help="also count this commit's worker/ (git ref, or a directory holding skiplock/)")
     p.add_argument("--queues", action="store_const", const="queues", help="spread the jobs over 50 queues")
+    p.add_argument("--async", dest="handler", action="store_const", const="anoop", default="noop", help="async no-op")
     a = p.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind not found (apt-get install valgrind)", file=sys.stderr)
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(a.repeat):
                 for name, src in variants:
                     t = time.monotonic()
-                    ir = count(cfg, a.jobs, src, a.queues)
+                    ir = count(cfg, a.jobs, src, a.queues, a.handler)
                     per_job[name].append(ir / a.jobs)
                     record: dict[str, Any] = {"type": "run", "variant": name, "rep": rep + 1, "jobs": a.jobs}
                     print(json.dumps(record | {"instructions_per_job": round(ir / a.jobs)}), flush=True)
@@ -109,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in per_job.items():
         print(json.dumps({"type": "median", "variant": name, "instructions_per_job": round(statistics.median(values))}))
     shape = "50 queues" if a.queues else "one queue"
-    print(f"\n| worker (one, C=10, no-op, {shape}) | instructions/job (median) | runs |\n|---|---:|---|")
+    kind = "async no-op" if a.handler == "anoop" else "no-op"
+    print(f"\n| worker (one, C=10, {kind}, {shape}) | instructions/job (median) | runs |\n|---|---:|---|")
     for name, values in per_job.items():
         runs = ", ".join(f"{v:,.0f}" for v in values)
         print(f"| {name} | {statistics.median(values):,.0f} | {runs} |")
