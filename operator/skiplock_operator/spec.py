@@ -47,8 +47,8 @@ class JobQueueSpec:
     image_pull_secrets: tuple[str, ...] = ()
     schema: str = "skiplock"
     concurrency: int = 10
-    batch: int = 100
-    prefetch: int = 200
+    batch: int = 200
+    prefetch: int = 400
     lease_seconds: float = 60.0
     heartbeat_seconds: float | None = None
     poll_seconds: float = 2.0

@@ -234,6 +234,36 @@ async def test_a_claimer_waiting_for_room_for_a_batch_claims_at_once_when_done_j
     assert not claimer.hurry(), "no claim coming once the loop moved on"
 
 
+async def test_a_busy_claimer_claims_once_a_batch_fits_but_never_waits_for_more_than_half_its_buffer():
+    from skiplock.metrics import WorkerMetrics
+    from skiplock.worker.claimer import Claimer
+    from skiplock.worker.leases import Leases
+
+    def claimer_with(**changes: Any) -> Claimer:
+        s = SETTINGS.replace(concurrency=10, **changes)
+        metrics = WorkerMetrics(__import__("prometheus_client").CollectorRegistry())
+        bound = metrics.describe_worker(["q"], 10, "t")
+        scope = Scope(FakeControl(), s, "me", ("q",))  # type: ignore[arg-type]
+        slots = Slots(10)
+        completer = Completer(scope, bound, lambda j, o: None)
+        leases = Leases(scope, bound, tracked=list, holds=lambda j: False, wake=lambda: None, cancelled=lambda i: None)
+        claimer = Claimer(scope, slots, completer, leases, lambda j: None, lambda e: None, metrics, asyncio.Event())
+        claimer._rate, claimer._window_start = 100_000.0, __import__("time").monotonic()  # a fast pace: no cap
+        return claimer
+
+    assert Settings(dsn="postgresql://x@h/d").batch == 200 and Settings(dsn="postgresql://x@h/d").prefetch == 400
+    assert claimer_with(batch=200, prefetch=400).gather_target() == 200, "the defaults: a whole batch"
+    assert claimer_with(batch=100, prefetch=400).gather_target() == 100
+    # a batch as large as the buffer: claimed once the slots and half the buffer are free, so the rest of the buffer
+    # keeps the slots busy while the claim is in flight
+    assert claimer_with(batch=200, prefetch=200).gather_target() == 110
+    assert claimer_with(batch=500, prefetch=400).gather_target() == 210
+    assert claimer_with(batch=200, prefetch=0).gather_target() == 10, "no buffer: room for every slot"
+    slow = claimer_with(batch=200, prefetch=400)
+    slow._rate = 2.0  # two jobs a second: the buffer may hold 6 (1/20 of a 60 s lease)
+    assert slow.allowed() == 6 and slow.gather_target() == 13
+
+
 # ---------------------------------------------------------------------------------------------- payloads
 def test_each_claimed_payload_is_decoded_on_its_own():
     assert decode_payload('{"a": [1, 2]}') == ({"a": [1, 2]}, None)

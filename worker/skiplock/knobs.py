@@ -111,9 +111,9 @@ KNOBS: tuple[Knob, ...] = (
          flag="--handler", crd="handler", pattern=IMPORT_SPEC, shape="look like 'package.module:function'"),
     Knob("concurrency", int, 10, "Jobs in flight at once in one worker process; it holds at most concurrency + 6 "
          "connections.", flag="--concurrency", crd="concurrency", min=1),
-    Knob("batch", int, 100, "Most jobs claimed by one statement (never more than the free slots plus the "
+    Knob("batch", int, 200, "Most jobs claimed by one statement (never more than the free slots plus the "
          "prefetch buffer's room).", flag="--batch", crd="batch", min=1),
-    Knob("prefetch", int, 200, "Most claimed jobs one worker holds waiting for a slot (0: claim only for free "
+    Knob("prefetch", int, 400, "Most claimed jobs one worker holds waiting for a slot (0: claim only for free "
          "slots); it also holds no more than it starts in 1/20 of a lease, so slow jobs are barely prefetched.",
          flag="--prefetch", crd="prefetch", min=0),
     Knob("lease_seconds", float, 60.0, "How long a claim stays valid without a heartbeat; expired jobs are "

@@ -201,6 +201,13 @@ class Claimer:
             # claiming for free slots only), leaving out the slots' first fill (a burst slow jobs also start with).
             self._rate = (self._window_count - self._slots.capacity) / elapsed
 
+    def gather_target(self) -> int:
+        """The room the claim loop waits for (a few milliseconds) before it claims: a whole batch, but with a buffer
+        at most the slots plus half the buffer, so the other half keeps the slots busy while the claim is in flight
+        (waiting for room for a batch as large as the whole buffer left them idle during every claim)."""
+        s = self._settings
+        return max(1, min(s.batch, s.concurrency + self.allowed() // 2))
+
     def _room(self) -> int:
         """Jobs the next claim may take: the free slots plus the buffer's free room."""
         return self._slots.free() + self.allowed() - self._slots.waiting()
@@ -268,9 +275,8 @@ class Claimer:
                 if free <= 0:
                     await self._wait_for_slot()
                     continue
-                # Wait a few milliseconds for room for a whole batch (all the room, with a buffer: while it holds
-                # more jobs than there are slots, the slots keep busy meanwhile), so one claim carries many jobs.
-                gather = max(1, min(s.batch, s.concurrency + self.allowed()))
+                # Wait a few milliseconds for room for a whole batch, so one claim carries many jobs.
+                gather = self.gather_target()
                 if more and (len(self._slots) or self._slots.waiting()) and free < gather:
                     free = await self._gather_slots(gather)
                 if not more and self.until_idle and self._claimed_busy:
