@@ -59,6 +59,7 @@ class JobQueueSpec:
     backoff_jitter: float = 1.0
     shutdown_grace_seconds: float = 30.0
     listen: bool = True
+    event_loop: str = "auto"
     log_format: str = "json"
     log_level: str = "INFO"
     replicas: int | None = None
@@ -123,6 +124,7 @@ class JobQueueSpec:
                 purge_interval_seconds=0.0,  # the operator purges (at zero replicas too, with the owner role)
                 metrics_port=METRICS_PORT,
                 listen=self.listen,
+                event_loop=self.event_loop,
                 log_format=self.log_format,  # type: ignore[arg-type]
                 log_level=self.log_level,
                 worker_id="rendered-by-operator",
@@ -283,6 +285,7 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
         backoff_jitter=backoff.number("jitter", d.backoff_jitter, 0, 1),
         shutdown_grace_seconds=r.number("shutdownGraceSeconds", d.shutdown_grace_seconds, 0, 86400),
         listen=r.flag("listen", d.listen),
+        event_loop=r.text("eventLoop", d.event_loop, choices=knob("event_loop").choices),
         log_format=r.text("logFormat", d.log_format, choices=LOG_FORMATS),
         log_level=r.text("logLevel", d.log_level, choices=LOG_LEVELS),
         replicas=r.integer("replicas", None, 0, 1000),

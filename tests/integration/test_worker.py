@@ -76,10 +76,15 @@ def all_done(pg_dsn: str, schema: str, n: int):
 
 
 @pytest.mark.parametrize("handler", ["support.handlers:write_effect", "support.handlers:awrite_effect"])
-def test_sync_and_async_handlers_commit_each_effect_with_completion(workers, queue: Queue, pg_dsn, schema, handler):
+@pytest.mark.parametrize("loop", ["auto", "asyncio"])
+def test_sync_and_async_handlers_commit_each_effect_with_completion(
+    workers, queue: Queue, pg_dsn, schema, handler, loop
+):
     ids = queue.enqueue_many("w", [{} for _ in range(300)])
-    spawn(workers, pg_dsn, schema, handler, concurrency=8)
+    w = spawn(workers, pg_dsn, schema, handler, concurrency=8, event_loop=loop)
     wait_for(all_done(pg_dsn, schema, 300), timeout=60, what="300 jobs done")
+    # the default is uvloop's loop (a dependency on Linux); asyncio's on request
+    assert f"loop={'uvloop' if loop == 'auto' else 'asyncio'}" in w.output()
     got = effects(pg_dsn, schema)
     assert {job_id for job_id, _ in got} == set(ids)
     assert all(n == 1 for _, n in got), "an effect was committed twice"

@@ -628,7 +628,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     app, handler = load_target(settings)
     with _queue(settings) as q:
         _guard_schema(q, settings)
-    return asyncio.run(_run_worker(build_worker(settings, app, handler)))
+    from skiplock.worker import loops
+
+    return loops.run(_run_worker(build_worker(settings, app, handler)), settings.event_loop)
 
 
 def build_worker(settings: Settings, app: Any, handler: Any) -> Any:

@@ -152,6 +152,9 @@ KNOBS: tuple[Knob, ...] = (
          flag="--metrics-host"),
     Knob("listen", bool, True, "Wake at once by LISTEN/NOTIFY; --no-listen polls only (PgBouncer in transaction "
          "mode).", flag="--no-listen", crd="listen"),
+    Knob("event_loop", str, "auto", "The worker's event loop: auto (uvloop where it is installed, else asyncio's), "
+         "uvloop, or asyncio (the standard library's, for a handler library that needs it).", flag="--event-loop",
+         crd="eventLoop", choices=("auto", "uvloop", "asyncio")),
     Knob("max_payload_bytes", int, 256 * 1024, "Largest JSON payload enqueue accepts, in bytes.", min=1),
     Knob("log_format", str, "plain", "Log line format.", flag="--log-format", crd="logFormat",
          choices=("plain", "json"), common=True),

@@ -61,6 +61,7 @@ class Settings:
     metrics_port: int = 0
     metrics_host: str = "0.0.0.0"
     listen: bool = True
+    event_loop: str = "auto"
     max_payload_bytes: int = 256 * 1024
     log_format: LogFormat = "plain"
     log_level: str = "INFO"

@@ -33,7 +33,7 @@ from skiplock.errors import ConfigError
 from skiplock.job import Job
 from skiplock.settings import Settings
 from skiplock.sql import queries_for
-from skiplock.worker import Worker
+from skiplock.worker import Worker, loops
 
 
 @dataclass
@@ -106,13 +106,13 @@ def run_jobs(
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        asyncio.run(main())
+        loops.run(main(), s.event_loop)
     else:  # called from async code: do not block its loop's thread with a nested loop
         errors: list[BaseException] = []
 
         def in_thread() -> None:
             try:
-                asyncio.run(main())
+                loops.run(main(), s.event_loop)
             except BaseException as exc:
                 errors.append(exc)
 

@@ -38,7 +38,7 @@ from skiplock.listener import Listener
 from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetrics, serve
 from skiplock.queue import Failure, check_connect
 from skiplock.settings import Settings
-from skiplock.worker import flow
+from skiplock.worker import flow, loops
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import QUEUE_OF, Completer, failure_for
 from skiplock.worker.control import Control, Scope
@@ -218,7 +218,7 @@ class Worker:
 
         def main() -> None:
             with contextlib.suppress(BaseException):  # kept in self._error, raised by start() or stop()
-                asyncio.run(self.run())
+                loops.run(self.run(), self.settings.event_loop)
 
         self._thread = threading.Thread(target=main, name="skiplock-worker", daemon=True)
         self._thread.start()
@@ -676,6 +676,7 @@ class Worker:
                 "tasks": len(self.app) if self.app is not None else 0,
                 "handler": self.handler.spec if self.handler is not None else None,
                 "concurrency": s.concurrency,
+                "loop": loops.name(asyncio.get_running_loop()),
                 "dsn": s.masked_dsn,
             },
         )
