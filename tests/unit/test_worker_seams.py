@@ -264,6 +264,41 @@ async def test_a_busy_claimer_claims_once_a_batch_fits_but_never_waits_for_more_
     assert slow.allowed() == 6 and slow.gather_target() == 13
 
 
+async def test_the_pace_of_a_burst_after_an_idle_spell_is_measured_from_its_first_start(monkeypatch):
+    from skiplock.metrics import WorkerMetrics
+    from skiplock.worker import claimer as claimer_module
+    from skiplock.worker.claimer import Claimer
+    from skiplock.worker.leases import Leases
+
+    clock = [1000.0]
+    monkeypatch.setattr(claimer_module.time, "monotonic", lambda: clock[0])
+    metrics = WorkerMetrics(__import__("prometheus_client").CollectorRegistry())
+    bound = metrics.describe_worker(["q"], 10, "t")
+    scope = Scope(FakeControl(), SETTINGS.replace(concurrency=10), "me", ("q",))  # type: ignore[arg-type]
+    slots = Slots(10)
+    completer = Completer(scope, bound, lambda j, o: None)
+    leases = Leases(scope, bound, tracked=list, holds=lambda j: False, wake=lambda: None, cancelled=lambda i: None)
+    claimer = Claimer(scope, slots, completer, leases, lambda j: None, lambda e: None, metrics, asyncio.Event())
+    assert claimer.allowed() == 0, "no pace yet: no buffer"
+    clock[0] += 1.9  # idle, looked at by the poll
+    assert claimer.allowed() == 0
+    clock[0] += 1.9
+    slots.started += 10  # a NOTIFY: the slots fill
+    assert claimer.allowed() == 0
+    for _ in range(6):  # then 20,000 jobs a second
+        clock[0] += 0.002
+        slots.started += 40
+        claimer.allowed()
+    # 240 jobs in 12 ms after the first fill (it once counted the idle seconds as well: about 60 jobs a second)
+    assert claimer._rate == pytest.approx(20_000, rel=0.01)
+    assert claimer.allowed() == 400, "the whole buffer, a few milliseconds into the burst"
+    clock[0] += 0.3  # a window closes: the pace holds
+    slots.started += 6000
+    assert claimer.allowed() == 400 and claimer._rate > 10_000
+    clock[0] += 0.3  # nothing started for a whole window: the pace is unknown again
+    assert claimer.allowed() == 0 and claimer._rate == 0
+
+
 # ---------------------------------------------------------------------------------------------- payloads
 def test_each_claimed_payload_is_decoded_on_its_own():
     assert decode_payload('{"a": [1, 2]}') == ({"a": [1, 2]}, None)

@@ -189,9 +189,20 @@ class Claimer:
 
     def _count_started(self) -> None:
         total = self._slots.started
-        self._window_count += total - self._started_seen
-        self._started_seen = total
+        new, self._started_seen = total - self._started_seen, total
         now = time.monotonic()
+        if not self._window_count:
+            if new:
+                # A window opens with its first start. (It opened at the last look, so a burst after an idle spell
+                # averaged its first jobs over the idle seconds before them: a pace of a few jobs a second, and
+                # claims of a few jobs, for the first quarter second of every drain.)
+                self._window_start = now
+            elif now - self._window_start >= RATE_WINDOW_SECONDS:
+                # A whole window without a start (idle, or slow jobs): the pace is unknown again, and the next
+                # burst gets its first estimate within RATE_FIRST_SECONDS.
+                self._rate, self._window_start = 0.0, now
+                return
+        self._window_count += new
         elapsed = now - self._window_start
         if elapsed >= RATE_WINDOW_SECONDS:  # the past window weighs as one window, however long this one was
             self._rate = (self._rate * RATE_WINDOW_SECONDS + self._window_count) / (RATE_WINDOW_SECONDS + elapsed)
