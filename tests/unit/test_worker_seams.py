@@ -210,21 +210,29 @@ async def test_done_jobs_wait_for_a_coming_claim_past_the_flush_delay_but_never_
     await completer.close(flusher)
 
 
-async def test_a_claimer_waiting_for_room_for_a_batch_claims_at_once_when_done_jobs_hurry_it(monkeypatch):
+def make_claimer(settings: Settings = SETTINGS, capacity: int = 2) -> tuple[Any, Slots]:
+    """A claimer over ``capacity`` slots, with fake neighbours (no database)."""
+    from prometheus_client import CollectorRegistry
+
     from skiplock.metrics import WorkerMetrics
-    from skiplock.worker import claimer as claimer_module
     from skiplock.worker.claimer import Claimer
     from skiplock.worker.leases import Leases
 
-    monkeypatch.setattr(claimer_module, "CLAIM_GATHER_BUFFERED_SECONDS", 60.0)  # only a hurry ends the wait
-    metrics = WorkerMetrics(__import__("prometheus_client").CollectorRegistry())
-    bound = metrics.describe_worker(["q"], 1, "t")
-    scope = Scope(FakeControl(), SETTINGS, "me", ("q",))  # type: ignore[arg-type]
-    slots = Slots(2)
+    metrics = WorkerMetrics(CollectorRegistry())
+    bound = metrics.describe_worker(["q"], capacity, "t")
+    scope = Scope(FakeControl(), settings, "me", ("q",))  # type: ignore[arg-type]
+    slots = Slots(capacity)
     completer = Completer(scope, bound, lambda j, o: None)
-    leases = Leases(scope, bound, tracked=list, holds=lambda j: False, wake=lambda: None, cancelled=lambda ids: None)
-    stopping = asyncio.Event()
-    claimer = Claimer(scope, slots, completer, leases, lambda jobs: None, lambda entries: None, metrics, stopping)
+    leases = Leases(scope, bound, tracked=list, holds=lambda j: False, wake=lambda: None, cancelled=lambda i: None)
+    claimer = Claimer(scope, slots, completer, leases, lambda j: None, lambda e: None, metrics, asyncio.Event())
+    return claimer, slots
+
+
+async def test_a_claimer_waiting_for_room_for_a_batch_claims_at_once_when_done_jobs_hurry_it(monkeypatch):
+    from skiplock.worker import claimer as claimer_module
+
+    monkeypatch.setattr(claimer_module, "CLAIM_GATHER_BUFFERED_SECONDS", 60.0)  # only a hurry ends the wait
+    claimer, slots = make_claimer()
     assert not claimer.hurry(), "neither gathering nor claiming: the done jobs are flushed alone"
     slots.wait([Entry(job(i), Target(lambda j: None, True), 0.0) for i in range(1, 4)])  # buffered: a long window
     gathering = asyncio.create_task(claimer._gather_slots(100))
@@ -234,20 +242,9 @@ async def test_a_claimer_waiting_for_room_for_a_batch_claims_at_once_when_done_j
     assert not claimer.hurry(), "no claim coming once the loop moved on"
 
 
-async def test_a_busy_claimer_claims_once_a_batch_fits_but_never_waits_for_more_than_half_its_buffer():
-    from skiplock.metrics import WorkerMetrics
-    from skiplock.worker.claimer import Claimer
-    from skiplock.worker.leases import Leases
-
-    def claimer_with(**changes: Any) -> Claimer:
-        s = SETTINGS.replace(concurrency=10, **changes)
-        metrics = WorkerMetrics(__import__("prometheus_client").CollectorRegistry())
-        bound = metrics.describe_worker(["q"], 10, "t")
-        scope = Scope(FakeControl(), s, "me", ("q",))  # type: ignore[arg-type]
-        slots = Slots(10)
-        completer = Completer(scope, bound, lambda j, o: None)
-        leases = Leases(scope, bound, tracked=list, holds=lambda j: False, wake=lambda: None, cancelled=lambda i: None)
-        claimer = Claimer(scope, slots, completer, leases, lambda j: None, lambda e: None, metrics, asyncio.Event())
+def test_a_busy_claimer_claims_once_a_batch_fits_but_never_waits_for_more_than_half_its_buffer():
+    def claimer_with(**changes: Any) -> Any:
+        claimer, _ = make_claimer(SETTINGS.replace(concurrency=10, **changes), 10)
         claimer._rate, claimer._window_start = 100_000.0, __import__("time").monotonic()  # a fast pace: no cap
         return claimer
 
@@ -264,21 +261,14 @@ async def test_a_busy_claimer_claims_once_a_batch_fits_but_never_waits_for_more_
     assert slow.allowed() == 6 and slow.gather_target() == 13
 
 
-async def test_the_pace_of_a_burst_after_an_idle_spell_is_measured_from_its_first_start(monkeypatch):
-    from skiplock.metrics import WorkerMetrics
+def test_the_pace_of_a_burst_after_an_idle_spell_is_measured_from_its_first_start(monkeypatch):
+    from types import SimpleNamespace
+
     from skiplock.worker import claimer as claimer_module
-    from skiplock.worker.claimer import Claimer
-    from skiplock.worker.leases import Leases
 
     clock = [1000.0]
-    monkeypatch.setattr(claimer_module.time, "monotonic", lambda: clock[0])
-    metrics = WorkerMetrics(__import__("prometheus_client").CollectorRegistry())
-    bound = metrics.describe_worker(["q"], 10, "t")
-    scope = Scope(FakeControl(), SETTINGS.replace(concurrency=10), "me", ("q",))  # type: ignore[arg-type]
-    slots = Slots(10)
-    completer = Completer(scope, bound, lambda j, o: None)
-    leases = Leases(scope, bound, tracked=list, holds=lambda j: False, wake=lambda: None, cancelled=lambda i: None)
-    claimer = Claimer(scope, slots, completer, leases, lambda j: None, lambda e: None, metrics, asyncio.Event())
+    monkeypatch.setattr(claimer_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # the claimer's clock
+    claimer, slots = make_claimer(SETTINGS.replace(concurrency=10), 10)
     assert claimer.allowed() == 0, "no pace yet: no buffer"
     clock[0] += 1.9  # idle, looked at by the poll
     assert claimer.allowed() == 0

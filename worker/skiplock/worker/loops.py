@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 from skiplock.errors import ConfigError
 
 T = TypeVar("T")
-CHOICES = ("auto", "uvloop", "asyncio")
 
 
 def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
