@@ -289,6 +289,32 @@ def test_the_pace_of_a_burst_after_an_idle_spell_is_measured_from_its_first_star
     assert claimer.allowed() == 0 and claimer._rate == 0
 
 
+def test_a_burst_is_first_paced_once_a_second_slots_worth_of_jobs_started(monkeypatch):
+    """A drain claims a slot's worth a claim until the pace is known: the first estimate comes with the first fill and
+    one more slot's worth, 2 ms into the burst (not three fills and 10 ms: two more round trips of small claims)."""
+    from types import SimpleNamespace
+
+    from skiplock.worker import claimer as claimer_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(claimer_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    claimer, slots = make_claimer(SETTINGS.replace(concurrency=10), 10)
+    slots.started += 10  # the first claim fills the slots
+    assert claimer.allowed() == 0
+    clock[0] += 0.0015
+    slots.started += 10  # the second claim's jobs start
+    assert claimer.allowed() == 0, "1.5 ms is too soon for a pace"
+    clock[0] += 0.001
+    assert claimer.allowed() == 400, "the whole buffer from the third claim on"
+    assert claimer._rate == pytest.approx(4_000), "the first fill left out: 10 jobs in 2.5 ms"
+    slow, slow_slots = make_claimer(SETTINGS.replace(concurrency=10), 10)
+    slow_slots.started += 10
+    slow.allowed()
+    clock[0] += 0.125  # jobs of 125 ms: the next slot's worth starts when the first ends
+    slow_slots.started += 10
+    assert slow.allowed() == 240 and slow._rate == pytest.approx(80), "80 jobs a second: 3 s of them"
+
+
 # ---------------------------------------------------------------------------------------------- payloads
 def test_each_claimed_payload_is_decoded_on_its_own():
     assert decode_payload('{"a": [1, 2]}') == ({"a": [1, 2]}, None)

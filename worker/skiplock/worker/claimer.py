@@ -72,8 +72,12 @@ BUSY_RETURN_SECONDS = 1.0
 PREFETCH_WAIT_FRACTION = 0.05
 # The pace (jobs started per second) that sizes the buffer is measured over windows this long.
 RATE_WINDOW_SECONDS = 0.25
-# With no pace known yet, a first one is taken this early once three slots' worth of jobs started.
-RATE_FIRST_SECONDS = 0.01
+# With no pace known yet, a first one is taken this early once two slots' worth of jobs started (the first fill and
+# one more): a drain's first claims are of a slot's worth each until then, so every round trip of the ramp counts.
+# Any pace above prefetch / (lease * PREFETCH_WAIT_FRACTION) (133 jobs a second at the defaults) allows the whole
+# buffer, so the first estimate need not be precise: it counts the claims' round trips, which makes it low.
+RATE_FIRST_SECONDS = 0.002
+RATE_FIRST_FILLS = 2
 # A claim that came back short but with at least this many jobs is followed by another (see Claimer._claim).
 MORE_AFTER_JOBS = 2
 # Until idle (skiplock.testing): how soon an empty claim made beside running jobs is made again.
@@ -207,7 +211,11 @@ class Claimer:
         if elapsed >= RATE_WINDOW_SECONDS:  # the past window weighs as one window, however long this one was
             self._rate = (self._rate * RATE_WINDOW_SECONDS + self._window_count) / (RATE_WINDOW_SECONDS + elapsed)
             self._window_start, self._window_count = now, 0
-        elif not self._rate and elapsed >= RATE_FIRST_SECONDS and self._window_count >= 3 * self._slots.capacity:
+        elif (
+            not self._rate
+            and elapsed >= RATE_FIRST_SECONDS
+            and self._window_count >= RATE_FIRST_FILLS * self._slots.capacity
+        ):
             # Fast jobs: a first estimate before the window closes (a drain's first quarter second is not spent
             # claiming for free slots only), leaving out the slots' first fill (a burst slow jobs also start with).
             self._rate = (self._window_count - self._slots.capacity) / elapsed
