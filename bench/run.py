@@ -88,6 +88,7 @@ DRAIN_COLUMNS = (
     ("vs_empty_table", "x empty table", "{:.2f}x"),
     ("worker_cpu_us_per_job", "worker CPU us/job", "{:.0f}"),
     ("pg_cpu_us_per_job", "PG CPU us/job", "{:.0f}"),
+    ("cpu_us_per_job", "CPU us/job", "{:.0f}"),
     ("commits_per_job", "commits/job", "{:.3f}"),
     ("write_tx_per_job", "write tx/job", "{:.3f}"),
     ("wal_bytes_per_job", "WAL B/job", "{:,.0f}"),

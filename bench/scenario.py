@@ -462,12 +462,15 @@ def _drain_figures(
     enqueue_wal: int,
     rss: float,
 ) -> dict[str, Any]:
+    pg = (pg_cpu1 - pg_cpu0) / n * 1e6 if pg_cpu0 is not None and pg_cpu1 is not None else None
     return {
         "jobs": n,
         "seconds": seconds,
         "jobs_per_s": n / seconds,
         "worker_cpu_us_per_job": worker_cpu / n * 1e6,
-        "pg_cpu_us_per_job": (pg_cpu1 - pg_cpu0) / n * 1e6 if pg_cpu0 is not None and pg_cpu1 is not None else None,
+        "pg_cpu_us_per_job": pg,
+        # both on the same cores: on a machine with fewer cores than busy processes, throughput follows this sum
+        "cpu_us_per_job": worker_cpu / n * 1e6 + pg if pg is not None else None,
         "commits_per_job": commits / n,
         "write_tx_per_job": write_tx / n,
         "wal_bytes_per_job": (after.wal_bytes - before.wal_bytes - enqueue_wal) / n,
