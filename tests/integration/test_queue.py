@@ -14,7 +14,7 @@ import pytest
 
 from skiplock import AsyncQueue, Job, PayloadError, Queue, Settings
 from skiplock.errors import ConfigError, DatabaseUnavailableError, NonRetryableError
-from skiplock.queue import Failure
+from skiplock.queue import Failure, complete_and_claim_params
 from skiplock.sql import Queries
 from support.procs import claim_all
 
@@ -520,7 +520,7 @@ def test_fenced_statements_find_their_rows_by_primary_key_after_an_analyze_that_
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + getattr(queue.queries, name), params))
             assert "jobs_pkey" in plan and "jobs_lease_deadline_idx" not in plan, (name, plan)
         claim = queue.queries.job_complete_and_claim_unlimited_one
-        claim_params = {"queues": "{q}", "limit": 10, "per_queue": 10, "rotate": 0, "lease_seconds": 60.0}
+        claim_params = {"queues": "{q}", "limit": 10, "per_queue": "{10}", "rotate": 0, "lease_seconds": 60.0}
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + claim, params | claim_params | {"leases": None}))
         done_part = plan.split("CTE done")[1].split("CTE ")[0]
         assert "jobs_pkey" in done_part and "jobs_lease_deadline_idx" not in done_part, plan
@@ -543,6 +543,43 @@ def test_a_claim_after_a_job_takes_only_the_later_jobs_of_its_priority(queue: Qu
         queue.complete_and_claim([], ["q", "r"], limit=10, worker="w", after=claimed[-1])
 
 
+def test_a_claim_of_several_queues_takes_at_most_each_queues_share(queue: Queue):
+    """``shares``: the most jobs a claim takes (and locks) of each queue, by default equal (about ``limit`` in all);
+    a queue with nothing due gives none, and the others do not take its share."""
+    a = queue.enqueue_many("a", [{"i": i} for i in range(30)])
+    b = queue.enqueue_many("b", [{"i": i} for i in range(30)])
+    _, equal = queue.complete_and_claim([], ["a", "b", "c"], limit=12, worker="w")
+    assert sorted(j.id for j in equal) == sorted(a[:4] + b[:4]), "4 of each (c has none): 8 of 12"
+    _, shared = queue.complete_and_claim([], ["a", "b", "c"], limit=12, worker="w", shares=[10, 1, 1])
+    assert [j.id for j in shared if j.queue == "a"] == a[4:14] and [j.id for j in shared if j.queue == "b"] == b[4:5]
+    with pytest.raises(ValueError, match="shares must give each of the 3 queues at least 1 job"):
+        queue.complete_and_claim([], ["a", "b", "c"], limit=12, worker="w", shares=[12, 0, 0])
+
+
+def test_a_claim_of_several_queues_on_a_large_table_is_never_compiled(queue: Queue, pg_dsn):
+    """The planner cannot see a claim's per-queue shares (a LIMIT taken from each queue's row) and guesses a tenth of
+    the table: on a large table the estimate passed jit_above_cost, and compiling the claim cost 0.75-1 s a claim.
+    The worker's control connections work without JIT."""
+    schema = queue.settings.schema
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            f"""INSERT INTO "{schema}".jobs (queue, payload) SELECT 'a', '{{}}' FROM generate_series(1, 20000)"""
+        )
+        conn.execute(f'ANALYZE "{schema}".jobs')
+        conn.execute("SET jit_above_cost = 0")  # as if the estimate were large enough, on any table
+        params = complete_and_claim_params([], ["a", "b"], 200, "w", None, lease_seconds=60.0, shares=[199, 1])
+        query = queue.queries.job_complete_and_claim_unlimited
+
+        def plan() -> str:
+            return "\n".join(r[0] for r in conn.execute("EXPLAIN " + query, params))
+
+        row = conn.execute("SELECT pg_jit_available()").fetchone()
+        if row is not None and row[0]:  # a server built without LLVM never compiles
+            assert "JIT:" in plan(), "the server's default would compile it"
+        conn.execute(queue.queries.session_control)
+        assert "JIT:" not in plan()
+
+
 def test_a_claim_after_a_job_starts_its_index_scan_there(queue: Queue, pg_dsn):
     """The position is an index condition of the claim index, so the scan skips the dead entries that claimed jobs
     leave at the head of the index until a VACUUM (a filter would still walk them all)."""
@@ -553,7 +590,7 @@ def test_a_claim_after_a_job_starts_its_index_scan_there(queue: Queue, pg_dsn):
         "now": None,
         "queues": "{q}",
         "limit": 10,
-        "per_queue": 10,
+        "per_queue": "{10}",
         "rotate": 0,
         "lease_seconds": 60.0,
         "leases": None,
@@ -593,7 +630,7 @@ def test_every_claim_statement_has_a_generic_plan_that_finds_its_rows_by_primary
         "now": "NULL",
         "queues": "'{q}'",
         "limit": "10",
-        "per_queue": "10",
+        "per_queue": "'{10}'",
         "rotate": "0",
         "lease_seconds": "60.0",
         "leases": "NULL",
@@ -607,6 +644,7 @@ def test_every_claim_statement_has_a_generic_plan_that_finds_its_rows_by_primary
         )
         conn.execute(f'ANALYZE "{schema}".jobs')
         conn.execute("SET jit_above_cost = 0")  # as if every plan were costly enough to compile: the session says no
+        conn.execute(queue.queries.session_control)  # every control connection's settings
         conn.execute(queue.queries.session_generic_plans)
         names = [n for n in Queries.__annotations__ if n.startswith("job_complete_and_claim")]
         assert len(names) == 6
@@ -626,7 +664,7 @@ def test_a_claim_without_flow_limits_finds_its_rows_in_one_index_scan_not_one_fo
     server's time a job in a drain): the claims of a worker without limits match the array alone."""
     schema = queue.settings.schema
     values = {"ids": "'{}'", "attempts": "'{}'", "worker": "'w'", "now": "NULL", "queues": "'{q}'", "limit": "50"}
-    values |= {"per_queue": "50", "rotate": "0", "lease_seconds": "60.0", "leases": "NULL", "after_priority": "0"}
+    values |= {"per_queue": "'{50}'", "rotate": "0", "lease_seconds": "60.0", "leases": "NULL", "after_priority": "0"}
     values |= {"after_at": "'-infinity'", "after_id": "0"}
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(

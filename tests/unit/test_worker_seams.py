@@ -210,8 +210,10 @@ async def test_done_jobs_wait_for_a_coming_claim_past_the_flush_delay_but_never_
     await completer.close(flusher)
 
 
-def make_claimer(settings: Settings = SETTINGS, capacity: int = 2) -> tuple[Any, Slots]:
-    """A claimer over ``capacity`` slots, with fake neighbours (no database)."""
+def make_claimer(
+    settings: Settings = SETTINGS, capacity: int = 2, queues: tuple[str, ...] = ("q",)
+) -> tuple[Any, Slots]:
+    """A claimer of ``queues`` over ``capacity`` slots, with fake neighbours (no database)."""
     from prometheus_client import CollectorRegistry
 
     from skiplock.metrics import WorkerMetrics
@@ -219,8 +221,8 @@ def make_claimer(settings: Settings = SETTINGS, capacity: int = 2) -> tuple[Any,
     from skiplock.worker.leases import Leases
 
     metrics = WorkerMetrics(CollectorRegistry())
-    bound = metrics.describe_worker(["q"], capacity, "t")
-    scope = Scope(FakeControl(), settings, "me", ("q",))  # type: ignore[arg-type]
+    bound = metrics.describe_worker(list(queues), capacity, "t")
+    scope = Scope(FakeControl(), settings, "me", queues)  # type: ignore[arg-type]
     slots = Slots(capacity)
     completer = Completer(scope, bound, lambda j, o: None)
     leases = Leases(scope, bound, tracked=list, holds=lambda j: False, wake=lambda: None, cancelled=lambda i: None)
@@ -436,6 +438,22 @@ def test_one_claim_takes_and_locks_about_limit_rows_over_all_queues():
     from skiplock.queue import per_queue_limit
 
     assert per_queue_limit(10, 1) == 10 and per_queue_limit(10, 3) == 4 and per_queue_limit(10, 50) == 1
+
+
+def test_a_claim_of_several_queues_gives_the_queues_that_came_back_short_a_small_share_and_the_busy_ones_the_rest():
+    claimer, _ = make_claimer(queues=("a", "b", "c"))
+    assert claimer.shares(200) == [67, 67, 67], "nothing known: equal shares"
+    busy = claimer._took([67, 67, 67], [job(i, queue="a") for i in range(67)] + [job(100, queue="b")])
+    assert busy, "a gave its whole share: more of it may be due"
+    assert claimer.shares(200) == [197, 2, 1], "b gave 1 (next: 2), c none (next: 1), a the rest"
+    assert claimer.shares(10) == [7, 2, 1], "never more than the equal share for a short queue"
+    # c got a backlog: it fills its small share, and the next claim shares equally between a and c
+    assert claimer._took([197, 2, 1], [job(i, queue="a") for i in range(197)] + [job(300, queue="c")])
+    assert claimer.shares(200) == [100, 1, 100], "b gave none of its 2: 1 next"
+    assert not claimer._took([100, 1, 100], []), "an empty claim: no queue gave its share"
+    assert claimer.shares(200) == [67, 67, 67], "all short: equal shares again"
+    one, _ = make_claimer()
+    assert one.shares(200) is None, "one queue: no shares"
 
 
 # ---------------------------------------------------------------------------------------------- thread executor

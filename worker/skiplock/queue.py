@@ -389,14 +389,20 @@ def claim_params(
     lease_seconds: float,
     leases: Mapping[str, float] | None = None,
     rotate: int = 0,
+    shares: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """Parameters of a claim: the queues (round-robin from the one after ``rotate``, at most
-    ``per_queue_limit(limit, queues)`` of each), the claimer's lease and per-task lease overrides."""
+    """Parameters of a claim: the queues (round-robin from the one after ``rotate``, at most ``shares[i]`` of queue
+    ``i``, by default ``per_queue_limit(limit, queues)`` of each), the claimer's lease and per-task lease
+    overrides."""
     names = _names(queues)
+    if shares is None:
+        shares = [per_queue_limit(limit, len(names))] * len(names)
+    elif len(shares) != len(names) or min(shares, default=1) < 1:
+        raise ValueError(f"shares must give each of the {len(names)} queues at least 1 job, got {list(shares)}")
     return {
         "queues": text_array(tuple(names)),
         "limit": limit,
-        "per_queue": per_queue_limit(limit, len(names)),
+        "per_queue": "{" + ",".join([str(int(n)) for n in shares]) + "}",
         "rotate": rotate % max(1, len(names)),
         "worker": worker,
         "now": now,
@@ -438,11 +444,14 @@ def complete_and_claim_params(
     lease_seconds: float,
     leases: Mapping[str, float] | None = None,
     rotate: int = 0,
+    shares: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Parameters of ``job_complete_and_claim`` (claim alone: no ``done``). The ids and attempts of the finished jobs
     go as array literals (``{1,2,3}``, cast in the statement): psycopg's list dumper costs more per element than
     the claim's own bookkeeping of a job."""
-    claim = claim_params(queues, limit, worker, now, lease_seconds=lease_seconds, leases=leases, rotate=rotate)
+    claim = claim_params(
+        queues, limit, worker, now, lease_seconds=lease_seconds, leases=leases, rotate=rotate, shares=shares
+    )
     ids = "{" + ",".join([str(j.id) for j in done]) + "}"
     attempts = "{" + ",".join([str(j.attempts) for j in done]) + "}"
     return claim | {"ids": ids, "attempts": attempts, "worker": worker, "now": now}
@@ -761,13 +770,14 @@ class Statements:
         rotate: int = 0,
         limited: bool = True,
         after: Job | None = None,
+        shares: Sequence[int] | None = None,
     ) -> Call[tuple[set[int], list[Job]]]:
         """``limited=False``: the claimer knows no task limits, so it leaves jobs of limited tasks alone and skips
         the slot bookkeeping (the cheaper statement). ``after``: claim only jobs of its priority that come after it
-        in claim order (one queue; the index scan starts there)."""
+        in claim order (one queue; the index scan starts there). ``shares``: the most jobs taken of each queue."""
         lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
         params = complete_and_claim_params(
-            done, queues, limit, worker, now, lease_seconds=lease, leases=leases, rotate=rotate
+            done, queues, limit, worker, now, lease_seconds=lease, leases=leases, rotate=rotate, shares=shares
         )
         one = isinstance(queues, str) or len(queues) == 1
         if after is not None:
@@ -1205,17 +1215,19 @@ class Queue(_QueueState[ConnectionPool[Any]]):
         rotate: int = 0,
         limited: bool = True,
         after: Job | None = None,
+        shares: Sequence[int] | None = None,
         conn: psycopg.Connection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
         """Mark ``done`` jobs done (fenced, as :meth:`complete`) and claim up to ``limit`` new ones of one queue or
         several (round-robin across queues), in one statement and one commit. Returns the ids completed and the
         jobs claimed. ``leases`` maps task names to their own lease; ``rotate`` picks the queue served first
-        (at most ``per_queue_limit`` jobs of each queue); ``limited=False`` leaves the jobs of tasks with a
+        (at most ``shares[i]`` jobs of queue ``i``, by default ``per_queue_limit`` of each: the claim locks about
+        ``limit`` candidate rows in all); ``limited=False`` leaves the jobs of tasks with a
         global concurrency or rate limit to other claimers (a cheaper statement); ``after`` (a job claimed from one
         queue) claims only jobs of its priority after it in claim order, starting the index scan there (the worker
         uses it while a backlog drains). ``conn`` must autocommit."""
         call = self._s.complete_and_claim(
-            done, queue, limit, worker, now, lease_seconds, leases, rotate, limited, after
+            done, queue, limit, worker, now, lease_seconds, leases, rotate, limited, after, shares
         )
         return self._call(call, conn)
 
@@ -1540,11 +1552,12 @@ class AsyncQueue(_QueueState[AsyncConnectionPool[Any]]):
         rotate: int = 0,
         limited: bool = True,
         after: Job | None = None,
+        shares: Sequence[int] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
         """See :meth:`Queue.complete_and_claim`: the worker's hot path."""
         call = self._s.complete_and_claim(
-            done, queue, limit, worker, now, lease_seconds, leases, rotate, limited, after
+            done, queue, limit, worker, now, lease_seconds, leases, rotate, limited, after, shares
         )
         return await self._call(call, conn)
 

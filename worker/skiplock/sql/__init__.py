@@ -128,7 +128,7 @@ class Queries:
     queue_set_paused: LiteralString
     session_generic_plans: LiteralString
     session_reset_plans: LiteralString
-    session_utc: LiteralString
+    session_control: LiteralString
     jobs_table_bytes: LiteralString
     queue_paused: LiteralString
     queue_next_due: LiteralString

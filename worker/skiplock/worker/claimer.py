@@ -50,7 +50,7 @@ REPLAN_CHECK_SECONDS = 1.0
 AFTER_WINDOW_FACTOR = 10
 AFTER_MAX_SECONDS = 0.5
 # CLAIM_PLANS: once a claim fills its batch (busy), the claimer's kept connection plans its claims once
-# (plan_cache_mode = force_generic_plan, jit = off; reset before it returns to the pool; an idle worker's claims of
+# (plan_cache_mode = force_generic_plan; reset before it returns to the pool; an idle worker's claims of
 # a job or two pay no extra round trips). Once the jobs table has statistics PostgreSQL planned every claim afresh (a
 # custom plan was estimated cheaper than the generic one, whose LIMIT is unknown): 0.7 ms a claim, 7 µs a job of
 # a batch of 100. The generic claim finds its rows by primary key (claim_update), and a plan made for a much
@@ -135,6 +135,7 @@ class Claimer:
         self.empty_claims = 0
         self.replans = 0  # times the control connections were replaced for a grown table
         self.claims_after = 0  # claims that started after the last job claimed (see AFTER_WINDOW_FACTOR)
+        self._short: dict[str, int] = {}  # queues that came back short in the last claim: their next share
         self._after: Job | None = None  # the last job of a full batch of one queue: where the next claim may start
         self._after_until = 0.0  # claims start after it until then (monotonic)
         self._replan = False  # the kept connection goes back to the (drained) pool before the next claim
@@ -325,9 +326,10 @@ class Claimer:
         done = self._completer.take_done()
         started = time.monotonic()
         after = self._after if started < self._after_until else None
+        shares = self.shares(want)
         self._claiming = True
         try:
-            result = await self._control.call("claim", lambda: self._complete_and_claim(done, want, after))
+            result = await self._control.call("claim", lambda: self._complete_and_claim(done, want, after, shares))
         except BaseException:
             self._completer.give_back(done)
             raise
@@ -350,6 +352,7 @@ class Claimer:
             self.claims_after += 1
         if len(jobs) == want and len(self._queues) == 1:
             self._after = jobs[-1]
+        some_queue_full = shares is not None and self._took(shares, jobs)
         await self._completer.settle(done, completed)
         self.claims += 1
         self._rotate += 1  # the next claim serves another queue first
@@ -375,16 +378,15 @@ class Claimer:
             or after is not None  # short from a position: jobs before it may be due, so claim from the start next
             or len(jobs) >= MORE_AFTER_JOBS
             or (self._limited and bool(jobs))
-            or (
-                len(self._queues) > 1
-                and max(Counter(j.queue for j in jobs).values(), default=0) >= self._per_queue(want)
-            )
+            or some_queue_full
         )
         if full:
             self._metrics.wakeups.labels("busy").inc()
         return full
 
-    async def _complete_and_claim(self, done: list[Job], want: int, after: Job | None) -> tuple[set[int], list[Job]]:
+    async def _complete_and_claim(
+        self, done: list[Job], want: int, after: Job | None, shares: list[int] | None
+    ) -> tuple[set[int], list[Job]]:
         """The hot path, on the connection kept between claims (a pool checkout per claim cost as much client CPU
         as the statement). A connection that fails goes back to the pool (which drops it if broken)."""
         aq = self._control.queue
@@ -404,6 +406,7 @@ class Claimer:
                 rotate=self._rotate,
                 limited=self._limited,
                 after=after,
+                shares=shares,
                 conn=self._conn,
             )
             if not self._generic_plans and want > 1 and len(result[1]) == want:  # busy: see CLAIM_PLANS
@@ -417,8 +420,29 @@ class Claimer:
             await self._return_conn()
             raise
 
-    def _per_queue(self, want: int) -> int:
-        return per_queue_limit(want, len(self._queues))
+    def shares(self, want: int) -> list[int] | None:
+        """The most jobs the next claim of ``want`` takes of each queue (None: one queue); the candidates the claim
+        locks add up to about ``want``. Equal shares cut a claim to half its size while only one of two queues had
+        work (a 200,000-job backlog in one of two queues drained at 0.64x the one-queue worker). So a queue that came
+        back short in the last claim (nothing more was due there) gets one job more than it gave, at most the equal
+        share, and the queues that gave their whole share split the rest. Every queue is probed by every claim, and
+        one that fills its small share gets an equal one again in the next claim."""
+        n = len(self._queues)
+        if n == 1:
+            return None
+        equal = per_queue_limit(want, n)
+        if not self._short or len(self._short) == n:  # none or all came back short: nobody to give more
+            return [equal] * n
+        short = {q: min(equal, s) for q, s in self._short.items()}
+        rest = max(equal, -(-(want - sum(short.values())) // (n - len(short))))
+        return [short.get(q, rest) for q in self._queues]
+
+    def _took(self, shares: list[int], jobs: list[Job]) -> bool:
+        """Note the queues a claim left short (their next share) and whether any queue gave its whole share (more
+        of it may be due)."""
+        given = Counter(j.queue for j in jobs)
+        self._short = {q: given[q] + 1 for q, share in zip(self._queues, shares, strict=True) if given[q] < share}
+        return len(self._short) < len(self._queues)
 
     async def _return_conn(self) -> None:
         conn, self._conn = self._conn, None

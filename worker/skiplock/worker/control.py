@@ -74,8 +74,8 @@ class Control:
         self.uncertain = False  # a try of the last call failed in flight: it may have committed unseen
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """A new control connection works in UTC (see ``session_utc``): the claim's timestamps load unconverted."""
-        await conn.execute(self.queue.queries.session_utc, prepare=False)
+        """A new control connection works in UTC and without JIT (see ``session_control``)."""
+        await conn.execute(self.queue.queries.session_control, prepare=False)
 
     async def open(self) -> None:
         await self.pool.open()

@@ -57,11 +57,11 @@ limit_full AS (
     SELECT task FROM {schema}.task_limits
 
 -- name: claim_pick_many
--- The picked jobs of several queues: at most `per_queue` of each, round-robin from the queue after `rotate`, none of a paused queue or of a task in limit_full.
+-- The picked jobs of several queues: at most `per_queue[i]` of queue i (its share: the claimer gives a queue that came back short a small one and the busy queues the rest), round-robin from the queue after `rotate`, none of a paused queue or of a task in limit_full.
 candidates AS (
     SELECT c.id, q.n, row_number() OVER (PARTITION BY q.n ORDER BY c.priority DESC, c.visible_at, c.id) AS turn,
            c.task, c.priority, c.visible_at, c.attempts  -- flow limits
-    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(queue, n)
+    FROM unnest(%(queues)s::text[], %(per_queue)s::integer[]) WITH ORDINALITY AS q(queue, share, n)
     CROSS JOIN LATERAL (
         SELECT id, task, priority, visible_at, attempts FROM {schema}.jobs
         WHERE queue = q.queue AND status = 'pending'
@@ -70,7 +70,7 @@ candidates AS (
           -- no job of a task in limit_full (no free slot in this snapshot; for a worker without limits: any limited task)
           AND (jobs.task IS NULL OR jobs.task NOT IN (SELECT task FROM limit_full))
         ORDER BY priority DESC, visible_at, id
-        LIMIT %(per_queue)s
+        LIMIT q.share
         FOR UPDATE SKIP LOCKED
     ) AS c
     WHERE NOT EXISTS (SELECT 1 FROM {schema}.queues AS p WHERE p.queue = q.queue AND p.paused)

@@ -138,7 +138,7 @@ ORDER BY unique_key, (status = ANY (unique_states)) DESC, id DESC;
 SELECT pg_notify(%(channel)s, %(queue)s);
 
 -- name: job_complete_and_claim
--- Mark claimed jobs done, fenced (rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of the given queues that are not paused: at most `per_queue` of each, taken round-robin from the queue after `rotate` on (the claimer moves it every claim), so a busy queue never starves a quiet one; one statement, one commit (claim alone: no ids).
+-- Mark claimed jobs done, fenced (rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of the given queues that are not paused: at most its share (`per_queue[i]`) of each, taken round-robin from the queue after `rotate` on (the claimer moves it every claim), so a busy queue never starves a quiet one; one statement, one commit (claim alone: no ids).
 WITH /* include: claim_done */
 ), /* include: claim_limit_full */
 ), /* include: claim_pick_many */
@@ -422,16 +422,16 @@ WITH upsert AS (
 SELECT u.queue, u.paused, (SELECT count(*) FROM told) AS told FROM upsert AS u;
 
 -- name: session_generic_plans
--- The claimer's connection keeps one generic plan per claim statement (a custom plan costs 0.7 ms of planning each claim, and PostgreSQL keeps choosing custom ones once the table has statistics), without JIT (a generic plan's estimate, made without knowing the LIMIT, passes jit_above_cost: compiling it would cost more than the claim).
-SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('jit', 'off', false);
+-- The claimer's connection keeps one generic plan per claim statement (a custom plan costs 0.7 ms of planning each claim, and PostgreSQL keeps choosing custom ones once the table has statistics).
+SELECT set_config('plan_cache_mode', 'force_generic_plan', false);
 
 -- name: session_reset_plans
--- Back to the session's defaults before the claimer's connection returns to the pool.
-SELECT set_config(name, reset_val, false) FROM pg_settings WHERE name IN ('plan_cache_mode', 'jit');
+-- Back to the session's default before the claimer's connection returns to the pool.
+SELECT set_config('plan_cache_mode', reset_val, false) FROM pg_settings WHERE name = 'plan_cache_mode';
 
--- name: session_utc
--- Every control connection of a worker works in UTC: the timestamps of a claim's rows then load without a time zone conversion (converting two timestamps a row to the server's zone was 7 % of a worker's instructions), so `job.created_at` and `job.visible_at` are UTC.
-SELECT set_config('TimeZone', 'UTC', false);
+-- name: session_control
+-- Every control connection of a worker works in UTC: the timestamps of a claim's rows then load without a time zone conversion (converting two timestamps a row to the server's zone was 7 % of a worker's instructions), so `job.created_at` and `job.visible_at` are UTC. And without JIT: a plan whose LIMIT the planner cannot see (a generic plan, or the per-queue shares of a claim of several queues, which it guesses at a tenth of the table) passes jit_above_cost on a large table, and compiling it cost 0.75-1 s a claim; no statement of a worker is large enough to gain from it.
+SELECT set_config('TimeZone', 'UTC', false), set_config('jit', 'off', false);
 
 -- name: jobs_table_bytes
 -- The size of the jobs table's file (no row is read): a worker compares it with the size its prepared plans were made for.
