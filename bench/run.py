@@ -76,7 +76,12 @@ EXPORTED: set[str] = set()  # temp dirs holding a `git archive` of worker/, remo
 CEILING = "drain noop [ceiling]"  # a tuned plain-SQL loop: claim 200, pipelined completion, NOTIFY
 PGQUEUER = "drain noop [pgqueuer]"
 TX_CEILING = "drain write [plain tx]"  # per job: BEGIN, INSERT, UPDATE, COMMIT
-FLOW_CASES = ("drain noop, 10% serial keys", "drain noop, limited task", "drain noop, 50 queues")
+FLOW_CASES = (
+    "drain noop, 10% serial keys",
+    "drain noop, limited task",
+    "drain noop, 50 queues",
+    "drain noop, 2 queues, 1 idle",
+)
 GROUPS = ("enqueue", "drain", "transactional", "tablesize", "latency", "scale")
 DRAIN_COLUMNS = (
     ("jobs_per_s", "jobs/s", "{:,.0f}"),
@@ -187,6 +192,7 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
     skiplock(FLOW_CASES[0], flow="serial")
     skiplock(FLOW_CASES[1], flow="limited")
     skiplock(FLOW_CASES[2], flow="queues")  # one worker serving 50 queues (round-robin claims) vs one queue
+    skiplock(FLOW_CASES[3], flow="idle")  # the same jobs in one queue, the workers serving an empty one as well
     big_c = a.big_concurrency  # the RSS case
     add(
         "drain",
@@ -285,6 +291,7 @@ def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
             True,
         ),
         ("50 queues vs one queue", ">= 0.8x", get(FLOW_CASES[2], "vs_plain"), 0.8, True),
+        ("one queue of two busy vs one queue", ">= 0.8x", get(FLOW_CASES[3], "vs_plain"), 0.8, True),
         (f"worker peak RSS at C={big_c} (MB)", "<= 80", get(f"drain noop C={big_c}", "worker_rss_mb"), 80.0, False),
     ]
     out = []

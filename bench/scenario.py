@@ -42,6 +42,7 @@ from skiplock.migrate import migrate
 
 QUEUE = "bench"
 MANY_QUEUES = tuple(f"{QUEUE}-{k}" for k in range(50))  # the 50-queue drain: one worker serves them all
+IDLE_QUEUE = f"{QUEUE}-idle"  # the drain of one busy queue by workers that also serve this empty one
 
 
 def drain_queues(flow: str | None) -> list[str]:
@@ -353,7 +354,8 @@ def drain(
 
     ``flow``: ``serial`` gives every tenth job a serial key (200 keys), ``limited`` makes every job one of a task
     with a global concurrency and a rate limit that do not bind (flow_app.py): the cost of flow control;
-    ``queues`` spreads the jobs over 50 queues, all served by each worker.
+    ``queues`` spreads the jobs over 50 queues, all served by each worker; ``idle``: the workers serve an empty
+    queue besides the jobs' one.
 
     Throughput runs from the enqueue commit (skiplock wakes by NOTIFY) or from the first claim (the seed polls
     every second; its nap is not charged) to the last completion, both read from the jobs' timestamps. The ceiling
@@ -374,6 +376,8 @@ def drain(
         app = {"SKIPLOCK_APP": "flow_app:app"} if flow == "limited" else {}
         if flow == "queues":
             app = {"SKIPLOCK_QUEUES": ",".join(MANY_QUEUES)}
+        elif flow == "idle":
+            app = {"SKIPLOCK_QUEUES": f"{QUEUE},{IDLE_QUEUE}"}
         procs = start_skiplock(
             cfg,
             schema,

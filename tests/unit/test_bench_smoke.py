@@ -68,6 +68,7 @@ def test_every_case_ran_once(bench_lines: list[dict[str, Any]]) -> None:
     assert {"drain noop async", "drain write async", "drain noop C=32", "drain noop W=4"} <= cases
     assert {"drain noop [ceiling] W=4", "drain noop, 5,000 finished rows", "latency NOTIFY", "latency poll"} <= cases
     assert {"drain noop, 10% serial keys", "drain noop, limited task", "drain noop, 50 queues"} <= cases
+    assert "drain noop, 2 queues, 1 idle" in cases
     assert all(line["rep"] == 1 for line in runs)
     assert set(_by(bench_lines, "median")) == cases
 
