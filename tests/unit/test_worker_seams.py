@@ -442,16 +442,21 @@ def test_one_claim_takes_and_locks_about_limit_rows_over_all_queues():
 
 def test_a_claim_of_several_queues_gives_the_queues_that_came_back_short_a_small_share_and_the_busy_ones_the_rest():
     claimer, _ = make_claimer(queues=("a", "b", "c"))
+
+    def took(shares: list[int], jobs: list[Job]) -> bool:
+        claimer._short = claimer._short_queues(shares, jobs)
+        return claimer._busy(sum(shares), shares, jobs)
+
     assert claimer.shares(200) == [67, 67, 67], "nothing known: equal shares"
-    busy = claimer._took([67, 67, 67], [job(i, queue="a") for i in range(67)] + [job(100, queue="b")])
-    assert busy, "a gave its whole share: more of it may be due"
+    assert took([67, 67, 67], [job(i, queue="a") for i in range(67)] + [job(100, queue="b")]), "a gave all 67"
     assert claimer.shares(200) == [197, 2, 1], "b gave 1 (next: 2), c none (next: 1), a the rest"
     assert claimer.shares(10) == [7, 2, 1], "never more than the equal share for a short queue"
     # c got a backlog: it fills its small share, and the next claim shares equally between a and c
-    assert claimer._took([197, 2, 1], [job(i, queue="a") for i in range(197)] + [job(300, queue="c")])
+    assert took([197, 2, 1], [job(i, queue="a") for i in range(197)] + [job(300, queue="c")])
     assert claimer.shares(200) == [100, 1, 100], "b gave none of its 2: 1 next"
-    assert not claimer._took([100, 1, 100], []), "an empty claim: no queue gave its share"
+    assert not took([100, 1, 100], []), "an empty claim: no queue gave its share"
     assert claimer.shares(200) == [67, 67, 67], "all short: equal shares again"
+    assert not claimer._busy(3, [1, 1, 1], [job(1, queue="a")]), "one job: an idle worker's claim, not a stream"
     one, _ = make_claimer()
     assert one.shares(200) is None, "one queue: no shares"
 

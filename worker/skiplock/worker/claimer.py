@@ -352,7 +352,9 @@ class Claimer:
             self.claims_after += 1
         if len(jobs) == want and len(self._queues) == 1:
             self._after = jobs[-1]
-        some_queue_full = shares is not None and self._took(shares, jobs)
+        if shares is not None:
+            self._short = self._short_queues(shares, jobs)
+        some_queue_full = shares is not None and len(self._short) < len(self._queues)
         await self._completer.settle(done, completed)
         self.claims += 1
         self._rotate += 1  # the next claim serves another queue first
@@ -409,7 +411,7 @@ class Claimer:
                 shares=shares,
                 conn=self._conn,
             )
-            if not self._generic_plans and want > 1 and len(result[1]) == want:  # busy: see CLAIM_PLANS
+            if not self._generic_plans and want > 1 and self._busy(want, shares, result[1]):  # see CLAIM_PLANS
                 try:
                     self._generic_plans = True  # from here on the connection is reset before it goes back
                     await self._conn.execute(aq.queries.session_generic_plans, prepare=False)
@@ -437,12 +439,18 @@ class Claimer:
         rest = max(equal, -(-(want - sum(short.values())) // (n - len(short))))
         return [short.get(q, rest) for q in self._queues]
 
-    def _took(self, shares: list[int], jobs: list[Job]) -> bool:
-        """Note the queues a claim left short (their next share) and whether any queue gave its whole share (more
-        of it may be due)."""
+    def _short_queues(self, shares: list[int], jobs: list[Job]) -> dict[str, int]:
+        """The queues a claim left short (they gave fewer than their share: nothing more is due there), each with
+        its next share; the others gave their whole share, and more of them may be due."""
         given = Counter(j.queue for j in jobs)
-        self._short = {q: given[q] + 1 for q, share in zip(self._queues, shares, strict=True) if given[q] < share}
-        return len(self._short) < len(self._queues)
+        return {q: given[q] + 1 for q, share in zip(self._queues, shares, strict=True) if given[q] < share}
+
+    def _busy(self, want: int, shares: list[int] | None, jobs: list[Job]) -> bool:
+        """A claim that filled its batch, or (several queues) one that brought several jobs while some queue gave
+        its whole share: work is waiting, so claims come in a stream (see CLAIM_PLANS)."""
+        if len(jobs) == want:
+            return True
+        return shares is not None and len(jobs) > 1 and len(self._short_queues(shares, jobs)) < len(self._queues)
 
     async def _return_conn(self) -> None:
         conn, self._conn = self._conn, None
