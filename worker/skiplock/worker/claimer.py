@@ -49,7 +49,8 @@ REPLAN_CHECK_SECONDS = 1.0
 # a serial key's next job, one committed by a long transaction) waits at most that window longer.
 AFTER_WINDOW_FACTOR = 10
 AFTER_MAX_SECONDS = 0.5
-# CLAIM_PLANS: once a claim fills its batch (busy), the claimer's kept connection plans its claims once
+# CLAIM_PLANS: once a claim fills its batch, or (several queues) brings several jobs while a queue gave its whole
+# share (busy: see Claimer._busy), the claimer's kept connection plans its claims once
 # (plan_cache_mode = force_generic_plan; reset before it returns to the pool; an idle worker's claims of
 # a job or two pay no extra round trips). Once the jobs table has statistics PostgreSQL planned every claim afresh (a
 # custom plan was estimated cheaper than the generic one, whose LIMIT is unknown): 0.7 ms a claim, 7 µs a job of
