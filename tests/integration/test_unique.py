@@ -187,7 +187,11 @@ def test_a_unique_job_keeps_its_serial_key_one_and_many(app: App, queue: Queue) 
 
     one = sync_account.enqueue({"account": 1}, serial_key="account:1")
     many = queue.enqueue_many(
-        "default", [{"n": 1}, {"n": 2}], task="other", unique_keys=["k1", "k2"], serial_key="account:2",
+        "default",
+        [{"n": 1}, {"n": 2}],
+        task="other",
+        unique_keys=["k1", "k2"],
+        serial_key="account:2",
         serial_skip_on_retry=True,
     )
     with queue.pool.connection() as conn:
