@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import subprocess
 import sys
@@ -13,12 +14,16 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
+from prometheus_client import CollectorRegistry
 
 from skiplock import Queue, Settings
 from skiplock.errors import HandlerImportError
 from skiplock.handlers import Handler, load_handler
+from skiplock.metrics import WorkerMetrics
 from skiplock.worker import APPLICATION_NAME, Worker
 from skiplock.worker import claimer as claimer_module
+from skiplock.worker.control import Control
+from support.bouncer import run_pgbouncer
 from support.pg import await_for, wait_for
 from support.workers import WorkerProcess, make_effects_table
 
@@ -445,6 +450,81 @@ async def test_a_backlog_is_claimed_from_the_last_position_and_jobs_sorting_befo
     finally:
         worker.request_stop()
         assert await asyncio.wait_for(task, 30) == 0
+
+
+async def test_control_connections_prepare_the_claim_at_its_first_use(settings: Settings, aqueue):
+    """A statement sent unprepared is parsed again each time, 1-3 ms for the claim: psycopg prepares a statement at
+    its sixth use by default, so every drain's first claims paid it. A worker's control connections prepare each
+    statement at its first use: after a worker claimed one job, its claim is prepared."""
+    ran: list[int] = []
+    worker, task = await _run_worker(settings, Handler("t", lambda job: ran.append(job.id), False))
+    try:
+        await aqueue.enqueue("default", {})
+        await await_for(lambda: len(ran) == 1, timeout=30, what="the job done")
+        claimer = worker._claimer
+        assert claimer is not None
+        await await_for(lambda: claimer._conn is None, timeout=30, what="claim connection returned when idle")
+        pool = claimer._control.pool
+        held = [await pool.getconn() for _ in range(pool.get_stats()["pool_size"])]
+        try:
+            prepared = []
+            for conn in held:
+                rows = await (await conn.execute("SELECT statement FROM pg_prepared_statements")).fetchall()
+                prepared += [statement for (statement,) in rows]
+        finally:
+            for conn in held:
+                await pool.putconn(conn)
+        assert worker._claimer.claims <= 5, "more claims than psycopg's own threshold: the test proves nothing"
+        assert any("FOR UPDATE SKIP LOCKED" in statement for statement in prepared), prepared
+    finally:
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+
+async def test_control_calls_go_on_unprepared_once_prepared_statements_go_missing(settings: Settings, caplog):
+    """A pooler in transaction mode loses a connection's prepared statements between transactions: the call that
+    finds one missing is tried again, the control pool's connections are replaced, and nothing is prepared after."""
+    caplog.set_level(logging.WARNING, logger="skiplock")
+    control = Control(settings, WorkerMetrics(CollectorRegistry()))
+    await control.open()
+    try:
+        paused = control.queue.queries.queue_paused
+        held = [await control.pool.getconn() for _ in range(control.pool.max_size)]
+        for conn in held:
+            await conn.execute(paused, {"queues": ["default"]})  # prepared at its first use
+            rows = await (await conn.execute("SELECT statement FROM pg_prepared_statements")).fetchall()
+            assert (paused.replace("%(queues)s", "$1"),) in rows, rows
+            # behind psycopg's back, as a pooler does: psycopg still thinks its statements are there
+            assert conn.pgconn.exec_(b"DEALLOCATE ALL").status == psycopg.pq.ExecStatus.COMMAND_OK
+        for conn in held:
+            await control.pool.putconn(conn)
+        assert await control.call("claim", lambda: control.queue.paused(["default"])) == []
+        assert control.prepare is False and control.ok
+        assert await control.call("claim", lambda: control.queue.paused(["default"])) == []
+        async with control.pool.connection() as conn:
+            rows = await (await conn.execute("SELECT count(*) FROM pg_prepared_statements")).fetchall()
+            assert rows == [(0,)]
+        warned = [r for r in caplog.records if "prepared statements do not last" in r.getMessage()]
+        assert len(warned) == 1
+    finally:
+        await control.close()
+
+
+def test_a_worker_behind_pgbouncer_in_transaction_mode_drains_its_queue(
+    pg_dsn: str, schema: str, settings: Settings, workers: list[WorkerProcess]
+):
+    """Behind a real PgBouncer in transaction mode (no LISTEN there: it polls), every job is done once, and the
+    worker warns at most once about prepared statements, however its transactions were spread."""
+    with Queue(settings=settings, max_size=2) as q:
+        q.enqueue_many("w", [{"n": i} for i in range(2000)])
+    with run_pgbouncer(pg_dsn, "transaction", pool_size=3) as bouncer:
+        w = spawn(workers, bouncer, schema, "support.handlers:noop", listen=False, concurrency=4)
+        wait_for(lambda: counts(pg_dsn, schema) == {"done": 2000}, timeout=60, what="2000 jobs done")
+        w.signal()
+        assert w.wait() == 0
+    log = w.output()
+    assert log.count("prepared statements do not last") <= 1, log
+    assert "does not exist" not in log.split("prepared statements do not last")[-1], log
 
 
 async def test_the_claimers_connection_goes_back_to_the_pool_with_the_servers_plan_settings(settings: Settings, aqueue):
