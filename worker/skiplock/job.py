@@ -180,6 +180,14 @@ class Job:
     def is_last_attempt(self) -> bool:
         return self.attempts >= self.max_attempts
 
+    def _bind(self, conn: Any, cancel: Any) -> Job:
+        """This job, now with ``conn`` as ``job.conn`` and ``cancel`` as what ``job.cancelled`` reads: a worker hands
+        the job it claimed to its handler this way (in place: no copy of the fields for every job)."""
+        fields = self.__dict__
+        fields["_conn"] = conn
+        fields["_cancel"] = cancel
+        return self
+
     def with_conn(self, conn: Any, cancel: Any = None) -> Job:
         """A copy for the handler: ``conn`` as ``job.conn`` and, from a worker, the event ``job.cancelled`` reads."""
         job: Job = _new_job(type(self))  # a shallow copy of the fields (copy.copy costs 4x as much), once per job

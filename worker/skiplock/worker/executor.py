@@ -250,10 +250,14 @@ class Slots:
             self._handed.append(e)
             self._wake_threads()
 
-    def next_for_thread(self) -> Entry | None:
+    def next_for_thread(self, ended: Entry | None = None) -> Entry | None:
         """A handler thread's next job: one handed to it, else the next waiting sync job once a slot is free; blocks
-        until there is one; None once closed."""
+        until there is one; None once closed. ``ended``: the job this thread ran last, whose handler returned: its
+        slot is freed under the same lock (one lock round a job, not two)."""
         with self._mutex:
+            if ended is not None and ended.busy:  # unless the loop collected its result first
+                ended.busy = False
+                self._busy -= 1
             while not self.closed:
                 e: Entry | None = None
                 if self._handed:
@@ -270,13 +274,6 @@ class Slots:
                 self._sleeping -= 1
                 self._waking = max(0, self._waking - 1)
             return None
-
-    def end(self, e: Entry) -> None:
-        """A handler returned: its slot is free now (its result is collected by the loop later)."""
-        with self._mutex:
-            if e.busy:
-                e.busy = False
-                self._busy -= 1
 
     def close(self) -> None:
         with self._mutex:
@@ -450,12 +447,12 @@ class AsyncExecutor:
         try:
             try:
                 if timeout is None:
-                    await target.func(job.with_conn(lazy, cancel))
+                    await target.func(job._bind(lazy, cancel))
                 else:
                     deadline = asyncio.timeout(timeout)  # cancels the handler at the deadline
                     try:
                         async with deadline:
-                            await target.func(job.with_conn(lazy, cancel))
+                            await target.func(job._bind(lazy, cancel))
                     except TimeoutError:
                         if deadline.expired():
                             raise timed_out_error(timeout) from None
@@ -471,6 +468,7 @@ class AsyncExecutor:
                 return "deferred"
             return await _finish_async(lazy.conn, job, self._worker, self._q)
         finally:
+            job._bind(None, None)  # the job and its entry no longer refer to each other: freed without the GC
             if lazy.conn is not None:
                 await pool.putconn(lazy.conn)
 
@@ -523,7 +521,8 @@ class ThreadExecutor:
     def _thread(self) -> None:
         clock = time.monotonic
         slots = self._slots
-        while (entry := slots.next_for_thread()) is not None:
+        entry = slots.next_for_thread()
+        while entry is not None:
             job, target = entry.job, entry.target
             try:
                 outcome = self._unit(job, target, entry)
@@ -532,9 +531,10 @@ class ThreadExecutor:
                 result = Result(job, "snoozed", exc, clock(), target.task)
             except BaseException as exc:
                 result = Result(job, "failed", exc, clock(), target.task)
-            slots.end(entry)  # the slot is free for the next job now; the job stays held until its result is written
             self._outbox.append(result)
             self._post()
+            # its slot is free for the next job now; the job stays held until its result is written
+            entry = slots.next_for_thread(entry)
 
     def _post(self) -> None:
         """Have the loop collect the posted results (one loop wake-up carries every result posted until it runs)."""
@@ -567,7 +567,7 @@ class ThreadExecutor:
         lazy = LazyConnection(self._checkout)
         try:
             try:
-                target.func(job.with_conn(lazy, cancel))
+                target.func(job._bind(lazy, cancel))
             except BaseException:
                 if lazy.conn is not None:
                     with contextlib.suppress(psycopg.Error):
@@ -579,6 +579,7 @@ class ThreadExecutor:
                 return "deferred"
             return _finish_sync(lazy.conn, job, self._worker, self._q)
         finally:
+            job._bind(None, None)  # see AsyncExecutor._unit
             if lazy.conn is not None:
                 pool.putconn(lazy.conn)
 
