@@ -104,6 +104,7 @@ class Queries:
     job_complete_and_claim_one_after: LiteralString
     job_complete_and_claim_unlimited_one_after: LiteralString
     job_complete: LiteralString
+    job_complete_one: LiteralString
     job_confirm_done: LiteralString
     job_fail: LiteralString
     job_snooze: LiteralString

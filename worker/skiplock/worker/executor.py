@@ -29,7 +29,6 @@ from skiplock.app import App, Task
 from skiplock.errors import Snooze
 from skiplock.handlers import Handler
 from skiplock.job import AsyncLazyConnection, Job, LazyConnection
-from skiplock.queue import fence_params
 from skiplock.sql import Queries
 
 log = logging.getLogger(__name__)
@@ -365,6 +364,10 @@ class Slots:
         return self.per_queue.get(queue, 0)
 
 
+def _fence_one(job: Job, worker: str) -> dict[str, Any]:
+    return {"id": job.id, "attempts": job.attempts, "worker": worker}
+
+
 def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Queries) -> Outcome:
     """After a sync handler that used job.conn returned: complete in its transaction, else defer to the batch.
     (IDLE: the handler ended the job's transaction itself, with ``commit()`` or ``rollback()``: documented as
@@ -375,7 +378,7 @@ def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Querie
     if status != TransactionStatus.INTRANS:
         conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
-    if conn.execute(q.job_complete, fence_params([job], worker, None)).fetchone() is None:
+    if conn.execute(q.job_complete_one, _fence_one(job, worker)).fetchone() is None:
         conn.rollback()
         return "lease_lost"
     conn.commit()
@@ -389,7 +392,7 @@ async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: st
     if status != TransactionStatus.INTRANS:
         await conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
-    if await (await conn.execute(q.job_complete, fence_params([job], worker, None))).fetchone() is None:
+    if await (await conn.execute(q.job_complete_one, _fence_one(job, worker))).fetchone() is None:
         await conn.rollback()
         return "lease_lost"
     await conn.commit()
