@@ -4,6 +4,7 @@ buffers, the served queues, per-job payload decoding and the lazy async job.conn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -516,6 +517,134 @@ async def test_handler_threads_start_nothing_once_draining_and_the_buffer_is_han
         assert [e.job.id for e in gone] == [1, 2, 3, 4, 5] and slots.waiting() == 0
     finally:
         executor.close(join=False)
+
+
+# ---------------------------------------------------------------------------------------------- async runners
+def async_entry(j: Job, handler: Callable[[Job], Any]) -> Entry:
+    return Entry(j, Target(handler, True), 0.0)
+
+
+async def wait_for(check: Callable[[], bool]) -> None:
+    for _ in range(3000):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+async def test_async_runners_take_buffered_jobs_themselves_and_a_slow_one_holds_only_its_slot():
+    from skiplock.worker.executor import AsyncExecutor, Result
+
+    gate = asyncio.Event()
+    results: list[Result] = []
+    slow_id = 3  # awaits the gate: the other jobs still run, on the other runner
+
+    async def handler(j: Job) -> None:
+        if j.id == slow_id:
+            await gate.wait()
+
+    slots = Slots(2)
+    executor = AsyncExecutor(2, slots, None, None, "me", results.append)  # type: ignore[arg-type]
+    try:
+        jobs = [job(i) for i in range(1, 41)]
+        slots.wait([async_entry(j, handler) for j in jobs])
+        assert slots.waiting() == 40 and results == [], "nothing starts before a runner is woken"
+        executor.wake()
+        await wait_for(lambda: len(results) == len(jobs) - 1)
+        assert sorted(r.job.id for r in results) == [j.id for j in jobs if j.id != slow_id]
+        assert {r.outcome for r in results} == {"deferred"}
+        assert slots.free() == 1 and slots.waiting() == 0, "the slow job keeps its slot, nothing else does"
+        assert len(slots) == len(jobs), "each job stays held (its lease renewed) until the loop collects its result"
+        gate.set()
+        await wait_for(lambda: len(results) == len(jobs))
+        assert results[-1].job.id == slow_id and slots.free() == 2 and slots.started == len(jobs)
+        assert all(e.handle is None for e in slots.entries()), "a runner's task is a job's handle only while it runs"
+    finally:
+        gate.set()
+        await executor.stop()
+
+
+async def test_each_async_job_starts_with_the_workers_context_and_an_uncancelled_task():
+    """A runner whose job set a context variable, or whose job was cancelled, gives way to a fresh runner: the next
+    job never sees what an earlier one left behind."""
+    import contextvars
+
+    from skiplock.worker.executor import AsyncExecutor, Result
+
+    var: contextvars.ContextVar[int] = contextvars.ContextVar("var")
+    results: list[Result] = []
+    seen: dict[int, tuple[int | None, int, asyncio.Task[Any]]] = {}  # job id -> (var, cancelling, runner task)
+    gate = asyncio.Event()
+
+    async def handler(j: Job) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        seen[j.id] = (var.get(None), task.cancelling(), task)
+        if j.id in (1, 3):
+            var.set(j.id)
+        if j.id == 5:
+            await gate.wait()  # cancelled here
+        if j.id == 7:
+            with contextlib.suppress(asyncio.CancelledError):
+                await gate.wait()  # cancelled here, and the handler swallows it
+
+    slots = Slots(1)
+    executor = AsyncExecutor(1, slots, None, None, "me", results.append)  # type: ignore[arg-type]
+    try:
+        for i in range(1, 10):
+            slots.wait([async_entry(job(i), handler)])
+            executor.wake()
+            if i in (5, 7):
+                await wait_for(lambda i=i: i in seen)
+                assert slots.cancel({i})[0].handle is not None
+            await wait_for(lambda i=i: len(results) == i)
+        assert [r.outcome for r in results] == ["deferred"] * 4 + ["cancelled"] + ["deferred"] * 4
+        assert all(value is None and cancelling == 0 for value, cancelling, _ in seen.values()), seen
+        runners = [seen[i][2] for i in range(1, 10)]
+        assert runners[0] != runners[1] and runners[1] == runners[2], "a fresh runner after job 1 set the variable"
+        assert runners[5] != runners[4] and runners[7] != runners[6], "and after each cancel"
+        assert len(executor._runners) == 1
+    finally:
+        await executor.stop()
+    assert not executor._runners, "closing stops the idle runners"
+
+
+async def test_async_jobs_handed_back_at_the_end_of_a_drain_end_their_runners_for_good():
+    from skiplock.worker.executor import AsyncExecutor, Result
+
+    results: list[Result] = []
+
+    async def stuck(j: Job) -> None:
+        await asyncio.Event().wait()
+
+    async def cancels_itself(j: Job) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
+
+    slots = Slots(2)
+    executor = AsyncExecutor(2, slots, None, None, "me", results.append)  # type: ignore[arg-type]
+    try:
+        slots.wait([async_entry(job(1), cancels_itself)])
+        executor.wake()
+        await wait_for(lambda: len(results) == 1)
+        assert results[0].outcome == "released"
+        assert slots.pop(results[0].job) is not None  # the loop collects it: its slot is free again
+        await wait_for(lambda: len(executor._runners) == 2)  # a successor keeps the slots served
+        slots.wait([async_entry(job(i), stuck) for i in (2, 3)])
+        executor.wake()
+        await wait_for(lambda: slots.free() == 0)
+        slots.shut()  # the drain: nothing new starts, and the grace period is over
+        handles = [e.handle for e in slots.entries() if e.handle is not None]
+        assert len(handles) == 2
+        for h in handles:
+            h.cancel()
+        await asyncio.wait(handles)
+        assert [r.outcome for r in results[1:]] == ["released", "released"]
+        assert not executor._runners, "no successor once draining"
+    finally:
+        await executor.stop()
 
 
 def test_observing_a_batch_gives_the_histogram_of_observing_each_amount():

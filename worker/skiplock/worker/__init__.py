@@ -299,7 +299,9 @@ class Worker:
             if True in kinds:
                 pool = async_pool(dsn, "skiplock-handlers", s.concurrency, autocommit=True, timeout=30)
                 await pool.open()
-                self._async = AsyncExecutor(pool, control.queue.queries, self.identity, self._on_result)
+                self._async = AsyncExecutor(
+                    s.concurrency, slots, pool, control.queue.queries, self.identity, self._on_result
+                )
             if False in kinds:
                 spool = sync_pool(dsn, "skiplock-handlers", s.concurrency, timeout=30)
                 await asyncio.to_thread(spool.open)
@@ -476,11 +478,13 @@ class Worker:
         self._slots.wait(entries)
 
     def _start_jobs(self, entries: list[Entry]) -> None:
-        """Buffered jobs the loop starts: async handlers, and sync ones with a timeout."""
+        """Slots are free or jobs were buffered: the loop starts the sync jobs with a timeout, and wakes an async
+        runner for the async ones (the runners then take them themselves)."""
         for entry in entries:
-            executor = self._async if entry.target.is_async else self._threads
-            assert executor is not None
-            executor.submit(entry)
+            assert self._threads is not None
+            self._threads.submit(entry)
+        if self._async is not None:
+            self._async.wake()
 
     def _on_results(self, results: list[Result]) -> None:
         assert self._slots is not None and self._completer is not None

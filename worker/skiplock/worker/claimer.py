@@ -166,12 +166,10 @@ class Claimer:
 
     # ------------------------------------------------------------------ prefetch buffer (held in the slots)
     def feed(self) -> None:
-        """Start the buffered jobs the loop runs in the free slots, and wake handler threads for theirs (called
-        whenever slots free: no round trip between jobs)."""
+        """Start the buffered jobs the loop runs in the free slots, and wake handler threads and async runners for
+        theirs (called whenever slots free: no round trip between jobs)."""
         if not self._stopping.is_set():
-            entries = self._slots.start_for_loop()
-            if entries:
-                self._start(entries)
+            self._start(self._slots.start_for_loop())
 
     def buffered(self) -> list[Job]:
         """Jobs claimed but not started: their leases are renewed, and they are this worker's own, never orphans."""
