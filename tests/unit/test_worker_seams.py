@@ -360,6 +360,17 @@ def test_a_claim_row_becomes_the_same_job_as_a_dict_row_and_claims_come_back_in_
     ]
     completed, claimed = completed_and_claimed(rows)
     assert completed == {4, 6} and [c.id for c in claimed] == [10, 8, 9], "priority, then due time, then id"
+    import random
+
+    shuffled = random.Random(13)
+    due = [t0 + timedelta(seconds=s) for s in range(4)]
+    many = [
+        (None, i, "q", None, "{}", 1, 5, shuffled.choice((-1, 0, 2)), t0, shuffled.choice(due), None, None, None)
+        for i in range(1, 81)
+    ]
+    shuffled.shuffle(many)
+    expected = [r[1] for r in sorted(many, key=lambda r: (-r[7], r[9], r[1]))]
+    assert [c.id for c in completed_and_claimed(many)[1]] == expected, "ties of priority and due time included"
 
 
 # ---------------------------------------------------------------------------------------------- lazy job.conn
