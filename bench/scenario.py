@@ -99,14 +99,15 @@ def new_schema(cfg: Config, tag: str) -> str:
     return name
 
 
-def drop_schemas(cfg: Config) -> None:
+def drop_schemas(cfg: Config, only: str | None = None) -> None:
+    """Drop the bench's schemas (``only``: that one, a drain's own, once measured)."""
     if cfg.keep_schemas:
         return
+    names = [only] if only is not None else [PGQ_SCHEMA, *cfg.schemas]
     with connect(cfg) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(PGQ_SCHEMA)))
-        for name in cfg.schemas:
+        for name in names:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-    cfg.schemas.clear()
+    cfg.schemas[:] = [] if only is None else [name for name in cfg.schemas if name != only]
 
 
 @contextlib.contextmanager
@@ -372,6 +373,7 @@ def drain(
         return drain_pgqueuer(cfg, workers=workers)
     n = cfg.drain_jobs
     concurrency = concurrency or cfg.concurrency
+    own = schema is None  # a drained table left behind gets vacuumed during a later case's run: dropped once measured
     schema = schema or new_schema(cfg, "drain")
     ident = sql.Identifier(schema)
     logdir = Path(tempfile.mkdtemp(prefix="bench-drain-"))
@@ -442,6 +444,8 @@ def drain(
     commits = after.commits - before.commits - ours
     write_tx = after.next_xid - before.next_xid - 1  # minus the enqueue transaction
     shutil.rmtree(logdir, ignore_errors=True)
+    if own:
+        drop_schemas(cfg, schema)
     return _drain_figures(
         n, seconds, worker_cpu, pg_cpu0, pg_cpu1, commits, write_tx, after, before, enqueue_wal, rss
     ) | {"max_attempts_seen": max_attempts}

@@ -133,3 +133,17 @@ def test_instruction_counts_come_from_callgrind(pg_dsn: str) -> None:
     [median] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"type": "median"')]
     assert median["variant"] == "tree" and 1_000 < median["instructions_per_job"] < 10_000_000, median
     assert "| tree |" in proc.stdout
+
+
+def test_compare_rows_take_turns_running_before_their_main_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import run
+
+    def case(name: str) -> Any:
+        return ("drain", name, lambda: {})
+
+    cases = [case(n) for n in ("a", "a [old]", "ceiling", "b", "b [old]", "c")]
+    names = [[c[1] for c in run.in_turn(cases, rep, " [old]")] for rep in range(3)]
+    assert names[0] == names[2] == ["a", "a [old]", "ceiling", "b", "b [old]", "c"]
+    assert names[1] == ["a [old]", "a", "ceiling", "b [old]", "b", "c"]
+    assert run.in_turn(cases, 1, None) == cases, "no --compare: always the same order"
