@@ -620,6 +620,32 @@ async def test_each_async_job_starts_with_the_workers_context_and_an_uncancelled
     assert not executor._runners, "closing stops the idle runners"
 
 
+async def test_a_runner_woken_but_cancelled_before_it_ran_does_not_keep_the_others_asleep():
+    from skiplock.worker.executor import AsyncExecutor, Result
+
+    results: list[Result] = []
+
+    async def handler(j: Job) -> None:
+        return None
+
+    slots = Slots(2)
+    executor = AsyncExecutor(2, slots, None, None, "me", results.append)  # type: ignore[arg-type]
+    try:
+        await asyncio.sleep(0)  # both runners idle
+        slots.wait([async_entry(job(1), handler)])
+        executor.wake()  # one runner woken ...
+        for t in list(executor._runners):
+            t.cancel()  # ... and cancelled before it ran; the slots stay open, so successors start
+        await wait_for(lambda: len(results) == 1)
+        await asyncio.sleep(0)
+        slots.wait([async_entry(job(2), handler)])
+        executor.wake()
+        await wait_for(lambda: len(results) == 2)
+        assert [r.outcome for r in results] == ["deferred", "deferred"]
+    finally:
+        await executor.stop()
+
+
 async def test_async_jobs_handed_back_at_the_end_of_a_drain_end_their_runners_for_good():
     from skiplock.worker.executor import AsyncExecutor, Result
 

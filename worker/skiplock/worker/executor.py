@@ -478,9 +478,11 @@ class AsyncExecutor:
 
     def wake(self) -> None:
         """Wake an idle runner when an async job waits and may start (after a claim, or when results freed slots)."""
-        if self._idle and not self._waking and self._slots.task_work():
-            self._waking = True
-            self._idle.pop().set_result(None)
+        while self._idle and not self._waking and self._slots.task_work():
+            idle = self._idle.pop()
+            if not idle.done():  # not one cancelled meanwhile (stop)
+                self._waking = True
+                idle.set_result(None)
 
     async def _runner(self, ended: Entry | None) -> None:
         slots = self._slots
@@ -494,8 +496,11 @@ class AsyncExecutor:
             if entry is None:
                 idle = self._loop.create_future()
                 self._idle.append(idle)
-                await idle
-                self._waking = False
+                try:
+                    await idle
+                finally:
+                    if idle.done() and not idle.cancelled():  # it was woken (even if cancelled before it ran)
+                        self._waking = False
                 streak = 0
                 continue
             self.wake()  # more jobs wait: another runner, in case this job awaits
