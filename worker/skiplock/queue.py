@@ -420,6 +420,11 @@ def fence_params(jobs: Sequence[Job], worker: str, now: datetime | None) -> dict
     return {"ids": [j.id for j in jobs], "attempts": [j.attempts for j in jobs], "worker": worker, "now": now}
 
 
+def fence_one_params(job: Job, worker: str) -> dict[str, Any]:
+    """Parameters of ``job_complete_one``: one job's attempt, fenced by primary key."""
+    return {"id": job.id, "attempts": job.attempts, "worker": worker}
+
+
 def heartbeat_params(
     jobs: Sequence[Job],
     worker: str,

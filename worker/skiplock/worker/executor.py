@@ -29,6 +29,7 @@ from skiplock.app import App, Task
 from skiplock.errors import Snooze
 from skiplock.handlers import Handler
 from skiplock.job import AsyncLazyConnection, Job, LazyConnection
+from skiplock.queue import fence_one_params
 from skiplock.sql import Queries
 
 log = logging.getLogger(__name__)
@@ -236,6 +237,12 @@ class Slots:
             self._waking += 1
             self._cond.notify()
 
+    def _end(self, e: Entry) -> None:
+        """Free ``e``'s slot (its handler returned, or its result was collected), once; under the lock."""
+        if e.busy:
+            e.busy = False
+            self._busy -= 1
+
     def _begin(self, e: Entry) -> Entry:
         e.started = time.monotonic()
         e.busy = True
@@ -257,9 +264,8 @@ class Slots:
         until there is one; None once closed. ``ended``: the job this thread ran last, whose handler returned: its
         slot is freed under the same lock (one lock round a job, not two)."""
         with self._mutex:
-            if ended is not None and ended.busy:  # unless the loop collected its result first
-                ended.busy = False
-                self._busy -= 1
+            if ended is not None:  # its slot, unless the loop collected its result first
+                self._end(ended)
             while not self.closed:
                 e: Entry | None = None
                 if self._handed:
@@ -282,9 +288,8 @@ class Slots:
         """An async runner's next job, once a slot is free; None when there is none now (the runner then waits to be
         woken). ``ended``: the job it ran last, whose slot is freed under the same lock."""
         with self._mutex:
-            if ended is not None and ended.busy:
-                ended.busy = False
-                self._busy -= 1
+            if ended is not None:
+                self._end(ended)
             if self.open and self._by_task and self._busy < self.capacity:
                 return self._begin(self._by_task.popleft())
             if ended is not None:
@@ -332,9 +337,7 @@ class Slots:
                     popped.append(None)
                     continue
                 del running[job.id]
-                if entry.busy:
-                    entry.busy = False
-                    self._busy -= 1
+                self._end(entry)
                 self.per_queue[job.queue] -= 1
                 popped.append(entry)
         for entry in popped:
@@ -384,10 +387,6 @@ class Slots:
         return self.per_queue.get(queue, 0)
 
 
-def _fence_one(job: Job, worker: str) -> dict[str, Any]:
-    return {"id": job.id, "attempts": job.attempts, "worker": worker}
-
-
 def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Queries) -> Outcome:
     """After a sync handler that used job.conn returned: complete in its transaction, else defer to the batch.
     (IDLE: the handler ended the job's transaction itself, with ``commit()`` or ``rollback()``: documented as
@@ -398,7 +397,7 @@ def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Querie
     if status != TransactionStatus.INTRANS:
         conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
-    if conn.execute(q.job_complete_one, _fence_one(job, worker)).fetchone() is None:
+    if conn.execute(q.job_complete_one, fence_one_params(job, worker)).fetchone() is None:
         conn.rollback()
         return "lease_lost"
     conn.commit()
@@ -412,7 +411,7 @@ async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: st
     if status != TransactionStatus.INTRANS:
         await conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
-    if await (await conn.execute(q.job_complete_one, _fence_one(job, worker))).fetchone() is None:
+    if await (await conn.execute(q.job_complete_one, fence_one_params(job, worker))).fetchone() is None:
         await conn.rollback()
         return "lease_lost"
     await conn.commit()
