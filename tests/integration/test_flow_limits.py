@@ -16,7 +16,7 @@ import pytest
 from skiplock import Job, Queue, Settings
 from skiplock.errors import EnqueueError
 from skiplock.limits import RateLimit, TaskLimits
-from skiplock.queue import Failure
+from skiplock.queue import Failure, complete_and_claim_params
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 QUEUES = (["q"], ["q", "other"])  # the one-queue statement and the round-robin one
@@ -248,6 +248,40 @@ def test_a_concurrency_slot_is_found_by_its_primary_key_before_any_statistics(qu
         conn.execute("SET plan_cache_mode = force_generic_plan")
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN EXECUTE free_slot('t', 7, 1, 1)"))
     assert "task_slots_pkey" in plan and "n = $2" in plan, plan
+
+
+def test_the_claim_moves_a_rate_slot_on_by_its_primary_key(queue: Queue, pg_dsn, schema) -> None:
+    """A claim moves the rate slots it took on by (task, kind, n). Planned generic (as the worker's busy claims are)
+    before task_slots has statistics, the rate index (task, free_at) looked as good for that: each of a claim's
+    200 slots was found by walking its task's slots, 11 ms of a 20 ms claim at a rate of 10,000/s."""
+    limit(queue, concurrency=1000, rate=RateLimit(1000, 1.0))
+    params = complete_and_claim_params([], ["q"], 10, "w1", T0, lease_seconds=60.0)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        [(rows,)] = conn.execute(
+            "SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [f'"{schema}".task_slots']
+        ).fetchall()
+        assert rows <= 0, "task_slots was analysed: the test needs a table without statistics"
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        lines = [r[0] for r in conn.execute("EXPLAIN " + queue.queries.job_complete_and_claim_one, params)]
+    start = next(i for i, line in enumerate(lines) if line.strip() == "CTE took_rslot")
+    depth = len(lines[start]) - len(lines[start].lstrip())
+    end = next((i for i in range(start + 1, len(lines)) if len(lines[i]) - len(lines[i].lstrip()) <= depth), None)
+    took = "\n".join(lines[start:end])
+    assert "Index Scan using task_slots_pkey" in took and "task_slots_rate_free_idx" not in took, took
+
+
+def test_the_rate_hint_probes_each_task_once(queue: Queue, pg_dsn, schema) -> None:
+    """The claimer asks for the rate hint after every claim that came back short. It reads each task's earliest
+    rate slot through the rate index and the claim index up to a due job, whatever the statistics: joined slot
+    against slot and against the jobs, it read every slot once for each busy one (400,000 buffers, 200 ms, at a
+    rate of 10,000/s)."""
+    limit(queue, rate=RateLimit(1000, 1.0))
+    params = {"tasks": ["t"], "queues": ["q", "r"], "now": T0}
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + queue.queries.task_limits_next_start, params))
+    assert plan.count(" on task_slots ") == 1 and "task_slots_rate_free_idx" in plan, plan
+    assert "Seq Scan" not in plan and "jobs_claim_idx" in plan, plan
 
 
 # ---------------------------------------------------------------------------------------------- registration

@@ -538,13 +538,28 @@ ORDER BY l.task;
 
 -- name: task_limits_next_start
 -- Seconds until the next start a rate limit allows, over the given tasks that have due pending jobs in the given queues (NULL when none waits: the claimer then waits as usual). A slot that came free within the last second counts (zero or less: claim again now; it may have come free between the claim and this query); a task with a slot free for longer is held back by something else (a concurrency limit, a serial key), so it gives no hint and is not spun on.
-SELECT extract(epoch FROM min(s.free_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS due_in_seconds
-FROM {schema}.task_slots AS s
-WHERE s.task = ANY(%(tasks)s::text[]) AND s.kind = 'rate'
-  AND s.free_at > coalesce(%(now)s::timestamptz, now()) - interval '1 second'
-  AND NOT EXISTS (SELECT 1 FROM {schema}.task_slots AS f
-                  WHERE f.task = s.task AND f.kind = 'rate'
-                    AND f.free_at <= coalesce(%(now)s::timestamptz, now()) - interval '1 second')
-  AND EXISTS (SELECT 1 FROM {schema}.jobs AS j
-              WHERE j.task = s.task AND j.status = 'pending' AND j.queue = ANY(%(queues)s::text[])
-                AND j.visible_at <= coalesce(%(now)s::timestamptz, now()));
+-- Per task, one probe of the rate index for its earliest slot (the whole answer: every other slot comes free later).
+-- Joined slot against slot and against the jobs instead, the statement read every slot of a task once for each of
+-- its busy ones: 400,000 buffers (200 ms) for a rate of 10,000/s, after every claim that came back short.
+SELECT extract(epoch FROM min(e.free_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS due_in_seconds
+FROM unnest(%(tasks)s::text[]) AS t(task)
+CROSS JOIN LATERAL (
+    SELECT s.free_at FROM {schema}.task_slots AS s
+    WHERE s.task = t.task AND s.kind = 'rate'
+    ORDER BY s.free_at
+    LIMIT 1
+) AS e
+CROSS JOIN LATERAL (
+    -- a due job of the task waits: per queue, the claim index in claim order up to the first (no scan of the table,
+    -- whose done rows may be millions, whatever statistics the planner has)
+    SELECT 1 FROM unnest(%(queues)s::text[]) AS q(queue)
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM {schema}.jobs AS j
+        WHERE j.queue = q.queue AND j.status = 'pending' AND j.task = t.task
+          AND j.visible_at <= coalesce(%(now)s::timestamptz, now())
+        ORDER BY j.priority DESC, j.visible_at, j.id
+        LIMIT 1
+    ) AS j
+    LIMIT 1
+) AS d
+WHERE e.free_at > coalesce(%(now)s::timestamptz, now()) - interval '1 second';
