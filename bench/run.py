@@ -110,7 +110,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=3, help="runs per case (default 3; medians reported)")
     p.add_argument("--workers", type=int, default=2, help="worker processes W (default 2)")
     p.add_argument("--concurrency", type=int, default=10, help="concurrency C of each worker (default 10)")
-    p.add_argument("--big-concurrency", type=int, default=32, help="C (and batch) of the RSS case (default 32)")
+    p.add_argument("--big-concurrency", type=int, default=64, help="C (and batch) of the RSS case (default 64)")
     p.add_argument("--batch", type=int, help="SKIPLOCK_BATCH (default: the worker's default)")
     p.add_argument("--poll", type=float, default=2.0, help="SKIPLOCK_POLL_SECONDS (default 2)")
     p.add_argument("--jobs", type=int, help="override N of the drains")

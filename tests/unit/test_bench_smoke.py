@@ -65,7 +65,7 @@ def test_every_case_ran_once(bench_lines: list[dict[str, Any]]) -> None:
     runs = [line for line in bench_lines if line["type"] == "run"]
     cases = {line["case"] for line in runs}
     assert {"enqueue", "drain noop", "drain noop [ceiling]", "drain write", "drain write [plain tx]"} <= cases
-    assert {"drain noop async", "drain write async", "drain noop C=32", "drain noop W=4"} <= cases
+    assert {"drain noop async", "drain write async", "drain noop C=64", "drain noop W=4"} <= cases
     assert {"drain noop [ceiling] W=4", "drain noop, 5,000 finished rows", "latency NOTIFY", "latency poll"} <= cases
     assert {"drain noop, 10% serial keys", "drain noop, limited task", "drain noop, 50 queues"} <= cases
     assert "drain noop, 2 queues, 1 idle" in cases
