@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
@@ -39,6 +39,14 @@ class Backoff:
     base: float
     cap: float
     jitter: float
+
+
+def queue_counts(jobs: list[Job], queues: int) -> Iterable[tuple[str, int]]:
+    """(queue, how many of ``jobs``) pairs: without a pass over the jobs for a worker of one queue (``queues`` 1),
+    whose jobs are all of it."""
+    if queues == 1:
+        return ((jobs[0].queue, len(jobs)),) if jobs else ()
+    return Counter(map(QUEUE_OF, jobs)).items()
 
 
 def failure_for(job: Job, exc: BaseException, task: Task | None, settings: Settings) -> Failure:
@@ -79,11 +87,12 @@ class Completer:
         claims at once instead of waiting for room for a whole batch, or one is in flight and the next follows)."""
 
     # ------------------------------------------------------------------ buffers
-    def defer(self, job: Job) -> None:
-        if not self._done:
+    def defer(self, *jobs: Job) -> None:
+        """Jobs whose handlers returned without writing: the next claim completes them (or the flush loop)."""
+        if jobs and not self._done:
             self._done_since = time.monotonic()
             self._needed.set()
-        self._done.append(job)
+        self._done.extend(jobs)
 
     def fail(self, failure: Failure) -> None:
         self._failed.append(failure)
@@ -154,7 +163,7 @@ class Completer:
         m = self._m
         tally = m[done[0].queue].tally  # one for all queues: a batch's counts are applied together
         if len(completed) == len(done) and not debug and not self.observing():  # all written, nobody to tell
-            counts = Counter(map(QUEUE_OF, done)).items()
+            counts = queue_counts(done, len(m))
             tally.add(counts=[(m[queue].finished["done"], n) for queue, n in counts])
             return
         by_queue: dict[str, int] = {}

@@ -151,11 +151,6 @@ class Entry:
         another reads it, nothing waits on it, so no Event and no object of its own per job)."""
         return self.cancelled
 
-    @property
-    def by_thread(self) -> bool:
-        """A handler thread starts it itself (a sync handler without a timeout); the loop starts the others."""
-        return self.target.by_thread and self.job.timeout_seconds is None
-
 
 class Slots:
     """The jobs this worker holds: claimed ones waiting for a slot (the prefetch buffer) and running ones (at most
@@ -192,7 +187,11 @@ class Slots:
         """Claimed jobs join the buffer; idle handler threads are woken for theirs."""
         with self._mutex:
             for e in entries:
-                (self._by_thread if e.by_thread else self._by_task if e.target.is_async else self._by_loop).append(e)
+                target = e.target  # a sync job without a timeout of its own or its task's: a handler thread starts it
+                if target.by_thread and e.job.timeout_seconds is None:
+                    self._by_thread.append(e)
+                else:
+                    (self._by_task if target.is_async else self._by_loop).append(e)
             self._wake_threads()
 
     def waiting(self) -> int:
