@@ -11,7 +11,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from skiplock import AsyncQueue, PayloadError, Queue, Settings
-from skiplock.queue import COPY_CHUNK
+from skiplock.queue import COLUMN_DEFAULTS, COPY_CHUNK
 
 TRICKY = [
     {"tab\there": "new\nline", "cr": "a\rb", "bs": "C:\\dir\\", "quote": '"', "nul_text": "\\u0000"},
@@ -65,6 +65,46 @@ def test_the_options_are_written_to_every_job(queue: Queue, pg_dsn, schema):
         assert (r["task"], r["priority"], r["max_attempts"]) == ("t\\x.one", -7, 9)
         assert r["visible_at"] == at + timedelta(seconds=1.5)
         assert (r["serial_key"], r["serial_skip_on_retry"]) == ("k\tey\\\nwith\rescapes", True)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"task": "t"},
+        {"priority": 3},
+        {"max_attempts": 6},
+        {"serial_key": "k"},
+        {"serial_key": "k", "serial_skip_on_retry": True},
+        {"delay": 30},
+    ],
+)
+def test_one_option_off_its_column_default_copies_every_column(queue: Queue, pg_dsn, schema, options):
+    assert not queue._s.enqueue_many("q", [1], options).plain
+    ids = queue.enqueue_many("q", [1, 2], **options)
+    for r in _rows(pg_dsn, schema, ids):
+        assert {k: r[k] for k in options if k != "delay"} == {k: v for k, v in options.items() if k != "delay"}
+        assert (r["visible_at"] > r["created_at"]) == ("delay" in options)
+
+
+def test_jobs_that_keep_every_column_default_are_copied_as_id_payload_and_queue(queue: Queue, settings, pg_dsn, schema):
+    defaults = {"priority": 0, "max_attempts": 5, "task": None, "serial_key": None, "serial_skip_on_retry": False}
+    assert queue._s.enqueue_many("q", [1], {}).plain and queue._s.enqueue_many("q", [1], defaults).plain
+    # the settings' max_attempts is not the table's default: written in every row
+    with Queue(settings=settings.replace(max_attempts=7), max_size=1) as q7:
+        assert not q7._s.enqueue_many("q", [1], {}).plain
+        ids = q7.enqueue_many("q", [1, 2])
+    assert [r["max_attempts"] for r in _rows(pg_dsn, schema, ids)] == [7, 7]
+
+
+def test_the_column_defaults_the_plain_copy_relies_on_are_the_tables(pg_dsn, schema):
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            "SELECT column_name, column_default FROM information_schema.columns"
+            " WHERE table_schema = %s AND table_name = 'jobs' AND column_name = ANY(%s)",
+            (schema, list(COLUMN_DEFAULTS)),
+        ).fetchall()
+    expected = {k: None if v is None else str(v).lower() for k, v in COLUMN_DEFAULTS.items()}
+    assert dict(rows) == expected  # e.g. max_attempts '5', serial_skip_on_retry 'false', task NULL
 
 
 def test_a_delay_counts_from_the_transactions_now_and_a_delayed_batch_does_not_notify(queue: Queue, pg_dsn, schema):

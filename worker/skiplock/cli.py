@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -630,7 +631,24 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         _guard_schema(q, settings)
     from skiplock.worker import loops
 
+    tune_gc()
     return loops.run(_run_worker(build_worker(settings, app, handler)), settings.event_loop)
+
+
+GC_YOUNG_THRESHOLD = 20_000
+"""Allocations between the cyclic collector's young collections in a worker process (Python's default: 700). A
+draining worker allocates a few objects a job (its ``Job``, entry and result) that live for milliseconds: at 700,
+most of them are still alive at a collection and are traversed there, and again one generation up. At 20,000 a
+collection comes every few thousand jobs, while only the few hundred jobs in flight are alive (callgrind: 3.6 %
+fewer instructions a no-op job). Cyclic garbage a handler leaves is collected as before, a little later."""
+
+
+def tune_gc() -> None:
+    """The worker process's collector, once the app is imported: what exists now (modules, the app, settings) lives
+    as long as the process, so it is frozen out of every collection; young collections run less often."""
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def build_worker(settings: Settings, app: Any, handler: Any) -> Any:

@@ -90,6 +90,7 @@ class Queries:
     job_enqueue_many: LiteralString
     job_reserve_ids: LiteralString
     job_copy_many: LiteralString
+    job_copy_many_plain: LiteralString
     job_find_by_keys: LiteralString
     job_enqueue_unique: LiteralString
     job_find_by_unique_key: LiteralString

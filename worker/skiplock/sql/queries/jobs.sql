@@ -61,6 +61,10 @@ FROM due;
 COPY {schema}.jobs (id, payload, queue, task, priority, max_attempts, visible_at, serial_key, serial_skip_on_retry)
 FROM STDIN;
 
+-- name: job_copy_many_plain
+-- job_copy_many for jobs whose options all keep the table's defaults (no task, priority 0, 5 attempts, due at the transaction's start, no serial key): id, payload and queue only, a third less for PostgreSQL to read.
+COPY {schema}.jobs (id, payload, queue) FROM STDIN;
+
 -- name: job_find_by_keys
 -- The job holding each of these idempotency keys of a queue (the live one, else the newest): what the duplicates of enqueue_many are.
 SELECT DISTINCT ON (idempotency_key) idempotency_key AS key, id FROM {schema}.jobs
