@@ -684,8 +684,12 @@ COLUMN_DEFAULTS = {"task": None, "priority": 0, "max_attempts": 5, "serial_key":
 def copies_defaults(params: Mapping[str, Any]) -> bool:
     """Whether the jobs of an ``enqueue_many`` keep every column default: their COPY then writes only id, payload and
     queue (``job_copy_many_plain``), which PostgreSQL reads 6 % faster than all nine columns."""
-    due_now = params["run_at"] is None and not params["delay"]
-    return due_now and all(params[k] == v for k, v in COLUMN_DEFAULTS.items())
+    return due_now(params) and all(params[k] == v for k, v in COLUMN_DEFAULTS.items())
+
+
+def due_now(params: Mapping[str, Any]) -> bool:
+    """Whether enqueued jobs are due at the transaction's start (no ``run_at``, no delay): the column's ``now()``."""
+    return params["run_at"] is None and not params["delay"]
 
 
 COPY_CHUNK = 125
@@ -717,7 +721,7 @@ class CopyJobs:
         then the options of all. JSON text escapes every control character, so only its backslashes need escaping
         here."""
         p = self.params
-        if p["run_at"] is None and not p["delay"]:
+        if due_now(p):
             visible_at = "now"  # the transaction's start, as now(): the same value, and 3x cheaper to parse
         options: tuple[Any, ...] = (p["queue"],)
         if not self.plain:
