@@ -11,6 +11,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import pytest
@@ -394,12 +395,11 @@ async def test_an_async_handler_raising_a_base_exception_frees_its_slot_and_fail
         assert await asyncio.wait_for(task, 30) == 0
 
 
-async def test_claims_are_planned_again_on_new_connections_once_the_jobs_table_has_grown(
-    settings: Settings, aqueue, monkeypatch
-):
+async def test_claims_are_planned_again_once_the_jobs_table_has_grown(settings: Settings, aqueue, monkeypatch):
     """A claim prepared while the table was small keeps that plan (a scan of the whole table for the completions
-    it carries) until an ANALYZE: once the table has grown REPLAN_GROWTH times over, the control connections are
-    replaced, the claimer's kept one included, and every job still runs once."""
+    it carries) until an ANALYZE: once the table has grown REPLAN_GROWTH times over, the control connections drop
+    their prepared statements in their own sessions (no connection is replaced), the claimer's kept one before
+    its next claim, and every job still runs once."""
     monkeypatch.setattr(claimer_module, "REPLAN_CHECK_SECONDS", 0.05)
     monkeypatch.setattr(claimer_module, "REPLAN_FLOOR_BYTES", 0)
     ran: list[int] = []
@@ -413,13 +413,12 @@ async def test_claims_are_planned_again_on_new_connections_once_the_jobs_table_h
             await await_for(lambda: set(first) <= set(ran), timeout=10, what="trickle done")
         claimer = worker._claimer
         assert claimer is not None and claimer.replans == 0
-        pool = claimer._control.pool
-        opened = pool.get_stats().get("connections_num", 0)
+        control = claimer._control
         more = await aqueue.enqueue_many("default", [{"pad": "x" * 200} for _ in range(3000)])
         await await_for(lambda: len(ran) == len(first) + len(more), timeout=60, what="backlog done")
-        assert claimer.replans >= 1
-        assert pool.get_stats()["connections_num"] > opened, "the drained connections were replaced by new ones"
+        assert claimer.replans >= 1 and control.plans == claimer.replans
         assert sorted(ran) == sorted(first + more)
+        assert control.pool.get_stats().get("connections_lost", 0) == 0
     finally:
         worker.request_stop()
         assert await asyncio.wait_for(task, 30) == 0
@@ -506,6 +505,48 @@ async def test_control_calls_go_on_unprepared_once_prepared_statements_go_missin
             assert rows == [(0,)]
         warned = [r for r in caplog.records if "prepared statements do not last" in r.getMessage()]
         assert len(warned) == 1
+    finally:
+        await control.close()
+
+
+async def test_a_replan_makes_each_control_connection_drop_its_prepared_statements_in_its_own_session(
+    settings: Settings,
+):
+    """After ``replan`` a pooled control connection, at its next checkout, has none of the statements it prepared
+    before (planned for a smaller table) and is still the same server session; psycopg prepares them again."""
+    control = Control(settings, WorkerMetrics(CollectorRegistry()))
+    await control.open()
+    try:
+        paused = control.queue.queries.queue_paused
+        prepared = paused.replace("%(queues)s", "$1")
+
+        async def statements(conn: psycopg.AsyncConnection[Any]) -> list[str]:
+            cur = await conn.execute("SELECT statement FROM pg_prepared_statements", prepare=False)
+            return [row[0] for row in await cur.fetchall()]
+
+        async def every_connection() -> dict[int, list[str]]:
+            """What each of the pool's connections (all checked out at once) has prepared, by server session."""
+            held = [await control.pool.getconn() for _ in range(control.pool.max_size)]
+            try:
+                return {conn.info.backend_pid: await statements(conn) for conn in held}
+            finally:
+                for conn in held:
+                    await control.pool.putconn(conn)
+
+        held = [await control.pool.getconn() for _ in range(control.pool.max_size)]
+        for conn in held:
+            await conn.execute(paused, {"queues": ["default"]})  # prepared at its first use
+        for conn in held:
+            await control.pool.putconn(conn)
+        before = await every_connection()
+        assert all(prepared in found for found in before.values()), before
+        control.replan()
+        after = await every_connection()
+        assert set(after) == set(before), "the connections were replaced, not kept"
+        assert not any(prepared in found for found in after.values()), after
+        async with control.pool.connection() as conn:
+            assert await (await conn.execute(paused, {"queues": ["default"]})).fetchall() == []
+            assert prepared in await statements(conn), "prepared again at its next use"
     finally:
         await control.close()
 

@@ -130,6 +130,7 @@ class Queries:
     queue_set_paused: LiteralString
     session_generic_plans: LiteralString
     session_reset_plans: LiteralString
+    session_forget_plans: LiteralString
     session_control: LiteralString
     jobs_table_bytes: LiteralString
     queue_paused: LiteralString

@@ -19,7 +19,7 @@ from skiplock.limits import TaskLimits
 from skiplock.metrics import WorkerMetrics
 from skiplock.queue import AsyncQueue
 from skiplock.settings import CONTROL_CONNECTIONS, Settings, redact
-from skiplock.worker.pools import async_pool
+from skiplock.worker.pools import acheck, async_pool
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -41,6 +41,7 @@ UNPREPARED = (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePr
 # Immediate tries of one call before backing off: after a server restart or killed backends every pooled control
 # connection may be dead (each failure discards one), so one more than the pool holds.
 ATTEMPTS = CONTROL_CONNECTIONS + 1
+PLANS_ATTRIBUTE = "_skiplock_plans"  # on a control connection: the generation of its prepared statements
 BACKOFF_CAP_SECONDS = 10.0
 
 
@@ -72,12 +73,14 @@ class Control:
             autocommit=True,
             timeout=10,
             configure=self._configure,
+            check=self._check,
         )
         self.queue = AsyncQueue(self.pool, settings, owned=True)
         self.ok = False
         self.failures = 0
         self.uncertain = False  # a try of the last call failed in flight: it may have committed unseen
         self.prepare = True  # control statements are prepared (False once prepared statements went missing)
+        self.plans = 0  # the generation of the connections' prepared statements (see forget_plans)
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """A new control connection works in UTC and without JIT (see ``session_control``), and prepares each
@@ -85,6 +88,26 @@ class Control:
         unprepared cost 1-3 ms of parsing on top of its planning (the first claims of every drain)."""
         await conn.execute(self.queue.queries.session_control, prepare=False)
         conn.prepare_threshold = 0 if self.prepare else None
+        setattr(conn, PLANS_ATTRIBUTE, self.plans)
+
+    async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """At checkout: a connection whose statements were prepared before the last :meth:`replan` forgets them."""
+        if getattr(conn, PLANS_ATTRIBUTE, self.plans) != self.plans:
+            await self.forget_plans(conn)
+        await acheck(conn)
+
+    def replan(self) -> None:
+        """The jobs table has grown far beyond what the prepared statements were planned for: each control
+        connection drops them before its next use (:meth:`forget_plans`) and prepares them again."""
+        self.plans += 1
+
+    async def forget_plans(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Drop the statements ``conn`` prepared, in its server session (psycopg forgets them too), so the next ones
+        are planned for the jobs table as it is now. Raises what the server raises (a pooler that refuses the
+        command): the caller then drops the connection, and a new one plans afresh too."""
+        if conn.prepare_threshold is not None:  # nothing was prepared on a connection that prepares nothing
+            await conn.execute(self.queue.queries.session_forget_plans, prepare=False)
+        setattr(conn, PLANS_ATTRIBUTE, self.plans)
 
     async def open(self) -> None:
         await self.pool.open()

@@ -25,7 +25,8 @@ def _stale(conn: Any) -> bool:
     return bool(now - last > IDLE_CHECK_SECONDS)
 
 
-async def _acheck(conn: psycopg.AsyncConnection[Any]) -> None:
+async def acheck(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The idle check of an async pool's connection at checkout (see IDLE_CHECK_SECONDS)."""
     if _stale(conn):
         await conn.execute("SELECT 1")
         if not conn.autocommit:
@@ -48,6 +49,7 @@ def make_pool(
     autocommit: bool,
     timeout: float,
     configure: Callable[[Any], Awaitable[None]] | None = None,
+    check: Callable[[Any], Awaitable[None]] | None = None,
 ) -> AsyncConnectionPool[Any] | ConnectionPool[Any]:
     """The one pool constructor of the worker, unopened: control calls (async, autocommit) and ``job.conn``
     (the handler's colour; autocommit too, since the executor opens the job's transaction itself at checkout
@@ -61,7 +63,7 @@ def make_pool(
         name=name,
         reconnect_timeout=0,
         timeout=timeout,
-        check=_acheck if asynchronous else _check,
+        check=check or (acheck if asynchronous else _check),
         configure=configure,
         kwargs={"application_name": APPLICATION_NAME, "autocommit": autocommit},
     )
@@ -75,9 +77,13 @@ def async_pool(
     timeout: float,
     autocommit: bool = True,
     configure: Callable[[Any], Awaitable[None]] | None = None,
+    check: Callable[[Any], Awaitable[None]] | None = None,
 ) -> AsyncConnectionPool[Any]:
-    """``configure``: run on each new connection before the pool hands it out."""
-    pool = make_pool(dsn, name, size, asynchronous=True, autocommit=autocommit, timeout=timeout, configure=configure)
+    """``configure``: run on each new connection before the pool hands it out; ``check``: on each checkout instead of
+    :func:`acheck` (a connection it fails is dropped and another one checked out)."""
+    pool = make_pool(
+        dsn, name, size, asynchronous=True, autocommit=autocommit, timeout=timeout, configure=configure, check=check
+    )
     assert isinstance(pool, AsyncConnectionPool)
     return pool
 
