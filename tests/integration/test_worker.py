@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
+from psycopg import sql
 
 from skiplock import Queue, Settings
 from skiplock.errors import HandlerImportError
@@ -509,44 +510,62 @@ async def test_control_calls_go_on_unprepared_once_prepared_statements_go_missin
         await control.close()
 
 
-async def test_a_replan_makes_each_control_connection_drop_its_prepared_statements_in_its_own_session(
-    settings: Settings,
+async def test_a_replan_makes_each_control_connection_plan_its_statements_again_in_its_own_session(
+    settings: Settings, pg_dsn: str
 ):
-    """After ``replan`` a pooled control connection, at its next checkout, has none of the statements it prepared
-    before (planned for a smaller table) and is still the same server session; psycopg prepares them again."""
+    """A completion prepared while the jobs table was empty keeps its plan (a sequential scan of the table for the
+    ids it completes) however much the table grows. After ``replan`` each pooled control connection, at its next
+    checkout, plans it again for the table as it is (the primary key), and is still the same server session."""
     control = Control(settings, WorkerMetrics(CollectorRegistry()))
     await control.open()
     try:
-        paused = control.queue.queries.queue_paused
-        prepared = paused.replace("%(queues)s", "$1")
+        complete = control.queue.queries.job_complete
+        params = {"ids": [1], "attempts": [1], "worker": "w", "now": None}
 
-        async def statements(conn: psycopg.AsyncConnection[Any]) -> list[str]:
-            cur = await conn.execute("SELECT statement FROM pg_prepared_statements", prepare=False)
-            return [row[0] for row in await cur.fetchall()]
+        async def scans(conn: psycopg.AsyncConnection[Any]) -> str:
+            """How the completion prepared on ``conn`` reads the jobs table, as planned now."""
+            found = "SELECT name, parameter_types::text[] FROM pg_prepared_statements WHERE statement LIKE 'UPDATE%%'"
+            row = await (await conn.execute(found, prepare=False)).fetchone()
+            assert row is not None, "the completion is not prepared on this connection"
+            name, types = row
+            args = sql.SQL(", ").join(
+                sql.Literal(None)
+                if t.startswith("timestamp")
+                else sql.Literal("w")
+                if t == "text"
+                else sql.Literal("{1}")
+                for t in types
+            )
+            explain = sql.SQL("EXPLAIN EXECUTE {}({})").format(sql.Identifier(name), args)
+            plan = [r[0] for r in await (await conn.execute(explain, prepare=False)).fetchall()]
+            return next(line.strip() for line in plan if "Scan" in line and " on jobs j" in line)
 
-        async def every_connection() -> dict[int, list[str]]:
-            """What each of the pool's connections (all checked out at once) has prepared, by server session."""
+        async def every_connection() -> dict[int, str]:
+            """The completion's scan on each of the pool's connections (all checked out at once), by session."""
             held = [await control.pool.getconn() for _ in range(control.pool.max_size)]
             try:
-                return {conn.info.backend_pid: await statements(conn) for conn in held}
+                return {conn.info.backend_pid: await scans(conn) for conn in held}
             finally:
                 for conn in held:
                     await control.pool.putconn(conn)
 
         held = [await control.pool.getconn() for _ in range(control.pool.max_size)]
-        for conn in held:
-            await conn.execute(paused, {"queues": ["default"]})  # prepared at its first use
+        for conn in held:  # one generic plan each, as the claimer's connection keeps them, made on the empty table
+            await conn.execute("SET plan_cache_mode = force_generic_plan", prepare=False)
+            await conn.execute(complete, params)
         for conn in held:
             await control.pool.putconn(conn)
         before = await every_connection()
-        assert all(prepared in found for found in before.values()), before
+        assert all("Seq Scan" in scan for scan in before.values()), before
+        with psycopg.connect(pg_dsn, autocommit=True) as other:
+            grow = sql.SQL("INSERT INTO {}.jobs (queue, payload) SELECT 'q', '{{}}' FROM generate_series(1, 50000)")
+            other.execute(grow.format(sql.Identifier(settings.schema)))
+        stale = await every_connection()
+        assert stale == before, "plans made for the empty table are kept however much it grows"
         control.replan()
         after = await every_connection()
         assert set(after) == set(before), "the connections were replaced, not kept"
-        assert not any(prepared in found for found in after.values()), after
-        async with control.pool.connection() as conn:
-            assert await (await conn.execute(paused, {"queues": ["default"]})).fetchall() == []
-            assert prepared in await statements(conn), "prepared again at its next use"
+        assert all("Index Scan using jobs_pkey" in scan for scan in after.values()), after
     finally:
         await control.close()
 

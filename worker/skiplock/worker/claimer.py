@@ -34,12 +34,11 @@ log = logging.getLogger(__name__)
 # the table invalidates it. A worker that prepared its claim while the table was small (idle, or jobs trickling in)
 # went on reading the whole table for the completions each claim carries once a backlog arrived: 100,000 jobs
 # drained at a quarter of the speed, for as long as autovacuum took to analyze the table (for ever with it off). So
-# whenever the table's file has grown REPLAN_GROWTH times over since, every control connection drops its prepared
-# statements before its next use (DEALLOCATE ALL, in its own session: replacing the connections cost each worker
-# about 40 ms of server CPU in backend starts and plans made with cold caches, a third of the server's work for
-# a 20,000-job drain shared by four workers) and the next claims are planned for the table as it is: a plan is
-# never made for less than half the table. Below REPLAN_FLOOR_BYTES every plan is cheap. The size is read without
-# touching a row.
+# whenever the table's file has grown REPLAN_GROWTH times over since, every control connection drops its plans
+# before its next use (DISCARD PLANS, in its own session: replacing the connections cost each worker about 30 ms of
+# server CPU in backend starts and plans made with cold caches) and the next claims are planned for the table as
+# it is: a plan is never made for less than half the table. Below REPLAN_FLOOR_BYTES every plan is cheap. The size
+# is read without touching a row.
 REPLAN_GROWTH = 2
 REPLAN_FLOOR_BYTES = 1 << 20
 REPLAN_CHECK_SECONDS = 1.0

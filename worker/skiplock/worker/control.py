@@ -91,20 +91,21 @@ class Control:
         setattr(conn, PLANS_ATTRIBUTE, self.plans)
 
     async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """At checkout: a connection whose statements were prepared before the last :meth:`replan` forgets them."""
+        """At checkout: a connection whose statements were planned before the last :meth:`replan` drops their plans."""
         if getattr(conn, PLANS_ATTRIBUTE, self.plans) != self.plans:
             await self.forget_plans(conn)
         await acheck(conn)
 
     def replan(self) -> None:
         """The jobs table has grown far beyond what the prepared statements were planned for: each control
-        connection drops them before its next use (:meth:`forget_plans`) and prepares them again."""
+        connection drops their plans before its next use (:meth:`forget_plans`)."""
         self.plans += 1
 
     async def forget_plans(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Drop the statements ``conn`` prepared, in its server session (psycopg forgets them too), so the next ones
-        are planned for the jobs table as it is now. Raises what the server raises (a pooler that refuses the
-        command): the caller then drops the connection, and a new one plans afresh too."""
+        """Drop the plans of the statements ``conn`` prepared (``DISCARD PLANS``: the statements stay, so psycopg's
+        names for them stay valid), so each is planned again at its next execution, for the jobs table as it is
+        now. Raises what the server raises (a pooler that refuses the command): the caller then drops the
+        connection, and a new one plans afresh too."""
         if conn.prepare_threshold is not None:  # nothing was prepared on a connection that prepares nothing
             await conn.execute(self.queue.queries.session_forget_plans, prepare=False)
         setattr(conn, PLANS_ATTRIBUTE, self.plans)

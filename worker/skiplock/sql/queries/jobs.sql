@@ -442,8 +442,8 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', false);
 SELECT set_config('plan_cache_mode', reset_val, false) FROM pg_settings WHERE name = 'plan_cache_mode';
 
 -- name: session_forget_plans
--- Drop every statement this session prepared (psycopg sees the command and forgets them too): a control connection planned for a much smaller jobs table prepares its statements again, planned for the table as it is, and keeps its server session (a new one costs a backend start and plans made with cold caches).
-DEALLOCATE ALL;
+-- Drop the plans of every statement this session prepared, keeping the statements (psycopg's names stay valid): a control connection planned for a much smaller jobs table plans each statement again at its next execution, for the table as it is, and keeps its server session (a new one costs a backend start and plans made with cold caches).
+DISCARD PLANS;
 
 -- name: session_control
 -- Every control connection of a worker works in UTC: the timestamps of a claim's rows then load without a time zone conversion (converting two timestamps a row to the server's zone was 7 % of a worker's instructions), so `job.created_at` and `job.visible_at` are UTC. And without JIT: a plan whose LIMIT the planner cannot see (a generic plan, or the per-queue shares of a claim of several queues, which it guesses at a tenth of the table) passes jit_above_cost on a large table, and compiling it cost 0.75-1 s a claim; no statement of a worker is large enough to gain from it.
