@@ -141,7 +141,6 @@ class Claimer:
         self._short: dict[str, int] = {}  # queues that came back short in the last claim: their next share
         self._after: Job | None = None  # the last job of a full batch of one queue: where the next claim may start
         self._after_until = 0.0  # claims start after it until then (monotonic)
-        self._replan = False  # the kept connection goes back to the (drained) pool before the next claim
         self._gathering = False  # waiting in _gather_slots for room for a whole batch
         self._claiming = False  # a claim statement is in flight
         self._hurried = False  # the completer asked for a claim now (its jobs waited long enough)
@@ -271,8 +270,7 @@ class Claimer:
         while True:
             size = await self._control.call("claim", self._control.queue.jobs_table_bytes)
             if size is not None and planned is not None and size > REPLAN_GROWTH * max(planned, REPLAN_FLOOR_BYTES):
-                self._control.replan()  # each pooled connection at its next checkout
-                self._replan = True  # the claimer's kept one before its next claim
+                self._control.replan()  # each control connection before its next use, the claimer's kept one too
                 self.replans += 1
                 log.info(
                     "jobs table grew from %d to %d bytes: claims are planned again",
@@ -393,14 +391,12 @@ class Claimer:
         """The hot path, on the connection kept between claims (a pool checkout per claim cost as much client CPU
         as the statement). A connection that fails goes back to the pool (which drops it if broken)."""
         aq = self._control.queue
-        if self._replan:
-            self._replan = False
-            if self._conn is not None:
-                try:
-                    await self._control.forget_plans(self._conn)
-                except psycopg.Error:  # a pooler that refuses the command: a new connection plans afresh as well
-                    await self._conn.close()
-                    await self._return_conn()
+        if self._conn is not None:  # kept since its checkout: its plans may be older than the last replan
+            try:
+                await self._control.forget_stale_plans(self._conn)
+            except psycopg.Error:  # a pooler that refuses the command: a new connection plans afresh as well
+                await self._conn.close()
+                await self._return_conn()
         try:
             if self._conn is None:
                 self._conn = await aq.pool.getconn()

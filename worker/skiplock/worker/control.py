@@ -41,7 +41,7 @@ UNPREPARED = (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePr
 # Immediate tries of one call before backing off: after a server restart or killed backends every pooled control
 # connection may be dead (each failure discards one), so one more than the pool holds.
 ATTEMPTS = CONTROL_CONNECTIONS + 1
-PLANS_ATTRIBUTE = "_skiplock_plans"  # on a control connection: the generation of its prepared statements
+PLANS_ATTRIBUTE = "_skiplock_plans"  # on a control connection: the replan its plans were made after
 BACKOFF_CAP_SECONDS = 10.0
 
 
@@ -80,7 +80,7 @@ class Control:
         self.failures = 0
         self.uncertain = False  # a try of the last call failed in flight: it may have committed unseen
         self.prepare = True  # control statements are prepared (False once prepared statements went missing)
-        self.plans = 0  # the generation of the connections' prepared statements (see forget_plans)
+        self.plans = 0  # replans so far (see replan): a connection's plans are current when made after the last
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """A new control connection works in UTC and without JIT (see ``session_control``), and prepares each
@@ -91,21 +91,22 @@ class Control:
         setattr(conn, PLANS_ATTRIBUTE, self.plans)
 
     async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """At checkout: a connection whose statements were planned before the last :meth:`replan` drops their plans."""
-        if getattr(conn, PLANS_ATTRIBUTE, self.plans) != self.plans:
-            await self.forget_plans(conn)
+        """At checkout: plans older than the last :meth:`replan` are dropped, then the idle check."""
+        await self.forget_stale_plans(conn)
         await acheck(conn)
 
     def replan(self) -> None:
         """The jobs table has grown far beyond what the prepared statements were planned for: each control
-        connection drops their plans before its next use (:meth:`forget_plans`)."""
+        connection drops their plans before its next use (:meth:`forget_stale_plans`)."""
         self.plans += 1
 
-    async def forget_plans(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Drop the plans of the statements ``conn`` prepared (``DISCARD PLANS``: the statements stay, so psycopg's
-        names for them stay valid), so each is planned again at its next execution, for the jobs table as it is
-        now. Raises what the server raises (a pooler that refuses the command): the caller then drops the
-        connection, and a new one plans afresh too."""
+    async def forget_stale_plans(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """When ``conn``'s plans were made before the last :meth:`replan`, drop them (``DISCARD PLANS``: the
+        statements stay, so psycopg's names for them stay valid): each statement is planned again at its next
+        execution, for the jobs table as it is now. Raises what the server raises (a pooler that refuses the
+        command): the caller then drops the connection, and a new one plans afresh too."""
+        if getattr(conn, PLANS_ATTRIBUTE, self.plans) == self.plans:
+            return
         if conn.prepare_threshold is not None:  # nothing was prepared on a connection that prepares nothing
             await conn.execute(self.queue.queries.session_forget_plans, prepare=False)
         setattr(conn, PLANS_ATTRIBUTE, self.plans)
