@@ -51,8 +51,7 @@ def test_a_jobs_own_timeout_beats_its_tasks():
     def t(j):
         pass
 
-    target = Router(app, None).resolve(job(1, task="t"))
-    assert isinstance(target, Target)
+    target = Router(app, None).targets["t"]
     assert timeout_for(job(1, task="t"), target) == 30
     assert timeout_for(job(1, task="t", timeout_seconds=5), target) == 5
     assert timeout_for(job(1), Target(lambda j: None, False)) is None

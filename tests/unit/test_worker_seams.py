@@ -52,10 +52,12 @@ def test_router_sends_a_job_to_its_task_and_a_job_without_one_to_the_catch_all()
     app = app_with("a")
     handler = Handler("h:f", lambda job: None, False)
     router = Router(app, handler)
-    target_a = router.resolve(job(task="a"))
-    assert not isinstance(target_a, UnknownTaskError) and target_a.task is app.get("a")
-    assert router.resolve(job()) is router.default
-    unknown = router.resolve(job(task="b"))
+    target_a = router.targets.get("a")
+    assert target_a is not None and target_a.task is app.get("a")
+    default = router.targets.get(None)
+    assert default is not None and default.func is handler.func and default.task is None
+    assert "b" not in router.targets
+    unknown = router.unknown(job(task="b"))
     assert isinstance(unknown, UnknownTaskError) and str(unknown) == "no task 'b' registered in this worker"
 
 
@@ -71,7 +73,8 @@ def test_router_without_a_catch_all_refuses_jobs_without_a_task_and_knows_its_co
         pass
 
     router = Router(app, None)
-    assert isinstance(router.resolve(job()), UnknownTaskError)
+    assert None not in router.targets
+    assert str(router.unknown(job())) == "job has no task and this worker has no default handler (--handler)"
     assert router.kinds == {True, False}
     assert Router(app_with("x", lease_seconds=5), None).lease_overrides() == {"x": 5}
 
@@ -97,7 +100,11 @@ async def test_slots_count_free_places_forget_only_the_same_attempt_and_signal_e
     assert slots.pop(job(1, attempts=2)) is None, "another attempt of the same job is not this slot"
     assert slots.pop(first) is not None and slots.freed.is_set() and slots.free() == 1
     assert slots.pop(first) is None
-    assert slots.per_queue == {"q": 1}, "running jobs by queue, for the in-flight gauges"
+    assert slots.running_in("q") == 1 and slots.running_in("other") == 0, "running jobs by queue, for the gauges"
+    again = slots.add(entry(first))  # the same attempt claimed anew (handed back, then claimed again)
+    stale = entry(first)
+    assert slots.collect([stale]) == [], "a result of an entry the slots no longer hold is dropped"
+    assert slots.collect([again]) == [again] and slots.running_in("q") == 1 and slots.free() == 1
 
 
 # ---------------------------------------------------------------------------------------------- failures
@@ -477,10 +484,10 @@ def test_a_claim_of_several_queues_gives_the_queues_that_came_back_short_a_small
 async def test_handler_threads_start_buffered_jobs_themselves_and_a_slow_one_holds_only_its_slot():
     import threading
 
-    from skiplock.worker.executor import Result, ThreadExecutor
+    from skiplock.worker.executor import ThreadExecutor
 
     gate = threading.Event()
-    results: list[Result] = []
+    results: list[Entry] = []
     slow_id = 3  # blocks until the gate opens: the other jobs still run, on the other thread
 
     def handler(j: Job) -> None:
@@ -488,7 +495,7 @@ async def test_handler_threads_start_buffered_jobs_themselves_and_a_slow_one_hol
             gate.wait(30)
 
     slots = Slots(2)
-    executor = ThreadExecutor(2, slots, None, None, "me", results.extend)  # type: ignore[arg-type]
+    executor = ThreadExecutor(2, slots, None, None, "me", results.extend, lambda e, err: None)  # type: ignore[arg-type]
     try:
         jobs = [job(i) for i in range(1, 41)]
         slots.wait([entry(j, handler) for j in jobs])  # no loop start: the threads take them as slots free
@@ -513,12 +520,12 @@ async def test_handler_threads_start_buffered_jobs_themselves_and_a_slow_one_hol
 
 
 async def test_handler_threads_start_nothing_once_draining_and_the_buffer_is_handed_back_whole():
-    from skiplock.worker.executor import Result, ThreadExecutor
+    from skiplock.worker.executor import ThreadExecutor
 
-    results: list[Result] = []
+    results: list[Entry] = []
     slots = Slots(2)
     slots.shut()
-    executor = ThreadExecutor(2, slots, None, None, "me", results.extend)  # type: ignore[arg-type]
+    executor = ThreadExecutor(2, slots, None, None, "me", results.extend, lambda e, err: None)  # type: ignore[arg-type]
     try:
         slots.wait([entry(job(i)) for i in range(1, 6)])
         await asyncio.sleep(0.2)
@@ -544,10 +551,10 @@ async def wait_for(check: Callable[[], bool]) -> None:
 
 
 async def test_async_runners_take_buffered_jobs_themselves_and_a_slow_one_holds_only_its_slot():
-    from skiplock.worker.executor import AsyncExecutor, Result
+    from skiplock.worker.executor import AsyncExecutor
 
     gate = asyncio.Event()
-    results: list[Result] = []
+    results: list[Entry] = []
     slow_id = 3  # awaits the gate: the other jobs still run, on the other runner
 
     async def handler(j: Job) -> None:
@@ -580,10 +587,10 @@ async def test_each_async_job_starts_with_the_workers_context_and_an_uncancelled
     job never sees what an earlier one left behind."""
     import contextvars
 
-    from skiplock.worker.executor import AsyncExecutor, Result
+    from skiplock.worker.executor import AsyncExecutor
 
     var: contextvars.ContextVar[int] = contextvars.ContextVar("var")
-    results: list[Result] = []
+    results: list[Entry] = []
     seen: dict[int, tuple[int | None, int, asyncio.Task[Any]]] = {}  # job id -> (var, cancelling, runner task)
     gate = asyncio.Event()
 
@@ -621,9 +628,9 @@ async def test_each_async_job_starts_with_the_workers_context_and_an_uncancelled
 
 
 async def test_a_runner_woken_but_cancelled_before_it_ran_does_not_keep_the_others_asleep():
-    from skiplock.worker.executor import AsyncExecutor, Result
+    from skiplock.worker.executor import AsyncExecutor
 
-    results: list[Result] = []
+    results: list[Entry] = []
 
     async def handler(j: Job) -> None:
         return None
@@ -647,9 +654,9 @@ async def test_a_runner_woken_but_cancelled_before_it_ran_does_not_keep_the_othe
 
 
 async def test_async_jobs_handed_back_at_the_end_of_a_drain_end_their_runners_for_good():
-    from skiplock.worker.executor import AsyncExecutor, Result
+    from skiplock.worker.executor import AsyncExecutor
 
-    results: list[Result] = []
+    results: list[Entry] = []
 
     async def stuck(j: Job) -> None:
         await asyncio.Event().wait()

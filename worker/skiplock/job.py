@@ -267,7 +267,8 @@ _new_job = object.__new__
 
 def job_from_claim(row: tuple[Any, ...]) -> Job:
     """The Job of a claim's row (``completed``, then ``CLAIM_ROW``), built without the frozen ``__init__`` (which
-    sets each field through ``object.__setattr__``): this runs for every claimed job."""
+    sets each field through ``object.__setattr__``): this runs for every claimed job. The private fields keep their
+    class defaults (None) until a worker binds them."""
     _, id_, queue, task, text, attempts, max_attempts, priority, created_at, visible_at, key, timeout, serial = row
     payload, error = decode_payload(text)
     job: Job = _new_job(Job)
@@ -284,10 +285,9 @@ def job_from_claim(row: tuple[Any, ...]) -> Job:
         task=task,
         timeout_seconds=timeout,
         serial_key=serial,
-        _conn=None,
-        _decode_error=error,
-        _cancel=None,
     )
+    if error is not None:
+        job.__dict__["_decode_error"] = error
     return job
 
 

@@ -45,11 +45,10 @@ from skiplock.worker.executor import (
     AsyncExecutor,
     Entry,
     Outcome,
-    Result,
     Router,
     Slots,
     ThreadExecutor,
-    UnknownTaskError,
+    is_timeout,
 )
 from skiplock.worker.leases import Leases
 from skiplock.worker.pools import APPLICATION_NAME, async_pool, sync_pool
@@ -142,7 +141,7 @@ class Worker:
         self._task: asyncio.Task[int] | None = None
         self._last_tick = time.monotonic()
         self._to_release: list[Job] = []
-        self._async_results: list[Result] = []  # async results of this loop iteration, collected together
+        self._async_results: list[Entry] = []  # async results of this loop iteration, collected together
         self._slots: Slots | None = None
         self._control: Control | None = None
         self._claimer: Claimer | None = None
@@ -305,7 +304,13 @@ class Worker:
                 spool = sync_pool(dsn, "skiplock-handlers", s.concurrency, timeout=30)
                 await asyncio.to_thread(spool.open)
                 self._threads = ThreadExecutor(
-                    s.concurrency, slots, spool, control.queue.queries, self.identity, self._on_results
+                    s.concurrency,
+                    slots,
+                    spool,
+                    control.queue.queries,
+                    self.identity,
+                    self._on_results,
+                    self._on_timeout,
                 )
             flusher = asyncio.create_task(completer.run(stopping), name="completer")
             halt = asyncio.Event()  # set once the drain is over: heartbeats and recovery end by themselves
@@ -458,15 +463,15 @@ class Worker:
         now = datetime.now(zone or UTC)
         claimed = time.monotonic()
         self._callback(self.on_claimed, len(jobs))
-        resolve = self.router.resolve
+        targets = self.router.targets
         entries = []
         for job in jobs:
             if job._decode_error is not None:  # never retried
                 self._completer.fail(Failure(job, job._decode_error, 0.0, False))
                 continue
-            target = resolve(job)
-            if isinstance(target, UnknownTaskError):  # retried with backoff, failed when attempts are spent
-                self._completer.fail(failure_for(job, target, None, self.settings))
+            target = targets.get(job.task)
+            if target is None:  # retried with backoff, failed when attempts are spent
+                self._completer.fail(failure_for(job, self.router.unknown(job), None, self.settings))
                 continue
             visible = job.visible_at
             delta = (now - visible).total_seconds() if visible is not None else 0.0
@@ -485,34 +490,29 @@ class Worker:
         if self._async is not None:
             self._async.wake()
 
-    def _on_results(self, results: list[Result]) -> None:
+    def _on_results(self, results: list[Entry]) -> None:
+        """Entries whose handlers returned (a batch): the ones still held are forgotten, their jobs completed."""
         assert self._slots is not None and self._completer is not None
         durations: dict[str, list[float]] = {}  # run times by queue, handed to the tally once per batch
         waits: dict[str, list[float]] = {}  # waits from visible to start, likewise
         deferred: list[Job] = []  # handed to the completer at once, whatever happens to the rest of the batch
         defer = deferred.append
         try:
-            timed_out = [r for r in results if r.outcome == "timed_out"]
-            for r in timed_out:
-                self._on_timeout(r)
-            ended = [r for r in results if r.outcome != "timed_out"] if timed_out else results
             queue: str | None = None
             ran: list[float] = []
             waited: list[float] = []
-            for r, entry in zip(ended, self._slots.pop_many([r.job for r in ended]), strict=True):
-                if entry is None:  # handed back meanwhile (drain): the late result is dropped
-                    continue
-                job = r.job
+            for entry in self._slots.collect(results):  # a late result of a job handed back meanwhile is dropped
+                job = entry.job
                 if job.queue != queue:  # a batch is mostly of one queue: its lists are looked up once
                     queue = job.queue
                     ran, waited = durations.setdefault(queue, []), waits.setdefault(queue, [])
                 started = entry.started
-                ran.append(r.finished - started)
+                ran.append(entry.finished - started)
                 waited.append(entry.waited + started - entry.claimed)
-                if r.outcome == "deferred" and not (entry.stuck or entry.cancelled):  # the common case, only here
+                if entry.outcome == "deferred" and not (entry.stuck or entry.cancelled):  # the common case, only here
                     defer(job)
                 else:
-                    self._finish(r, entry)
+                    self._finish(entry)
         finally:
             self._completer.defer(*deferred)
             bound = self._bound
@@ -524,11 +524,11 @@ class Worker:
             )
         self._refill()
 
-    def _on_result(self, r: Result) -> None:
+    def _on_result(self, entry: Entry) -> None:
         """An async job's result: collected with the others of this loop iteration (one batch, one refill)."""
         if not self._async_results:
             asyncio.get_running_loop().call_soon(self._collect_async)
-        self._async_results.append(r)
+        self._async_results.append(entry)
 
     def _collect_async(self) -> None:
         results, self._async_results = self._async_results, []
@@ -546,53 +546,52 @@ class Worker:
         if self._claimer is not None:
             self._claimer.feed()
 
-    def _finish(self, r: Result, entry: Entry) -> None:
+    def _finish(self, entry: Entry) -> None:
         """A result whose entry the slots just gave up, other than a plain deferred one (:meth:`_on_results` defers
-        those itself; timed-out ones go to :meth:`_on_timeout`)."""
+        those itself; a sync job's timeout goes to :meth:`_on_timeout` as it happens)."""
         assert self._completer is not None
-        job = r.job
+        job, outcome, error = entry.job, entry.outcome, entry.error
         m = self._bound[job.queue]
         if entry.stuck:  # the thread of a timed-out job returned: its slot is free again
             m.stuck.dec()
-            if r.outcome == "done":  # it committed before the timeout was recorded (that write was refused)
+            if outcome == "done":  # it committed before the timeout was recorded (that write was refused)
                 m.finished["done"].inc()
                 self._observe(job, "done")
             return  # otherwise its job was already failed at the timeout and its writes are rolled back
-        if r.timed_out:
+        if is_timeout(error):  # an async handler stopped at its deadline
             m.timed_out.inc()
-        if r.outcome == "cancelled" or (entry.cancelled and r.outcome != "done"):
+        if outcome == "cancelled" or (entry.cancelled and outcome != "done"):
             self._completer.count_cancelled(job)  # the row says cancelled already; its writes were rolled back
-        elif r.outcome == "snoozed":
-            assert isinstance(r.error, Snooze)
-            self._completer.snooze(job, r.error.seconds)
-        elif r.outcome == "failed":
-            assert r.error is not None
-            self._completer.fail(failure_for(job, r.error, r.task, self.settings))
-        elif r.outcome == "done":
+        elif outcome == "snoozed":
+            assert isinstance(error, Snooze)
+            self._completer.snooze(job, error.seconds)
+        elif outcome == "failed":
+            assert error is not None
+            self._completer.fail(failure_for(job, error, entry.target.task, self.settings))
+        elif outcome == "done":
             m.finished["done"].inc()
             self._observe(job, "done")
             log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
-        elif r.outcome == "lease_lost":  # lost, or cancelled before this worker was told: the completer asks
+        elif outcome == "lease_lost":  # lost, or cancelled before this worker was told: the completer asks
             self._completer.refused(job)
-        elif r.outcome == "released":
+        elif outcome == "released":
             self._to_release.append(job)
 
-    def _on_timeout(self, r: Result) -> None:
+    def _on_timeout(self, entry: Entry, error: BaseException) -> None:
         """A sync handler ran past its timeout: the job is failed (retried) now; the thread cannot be stopped, so
         its slot stays taken, reported stuck, until it returns (its late writes are fenced out)."""
         assert self._slots is not None and self._completer is not None
-        entry = self._slots.get(r.job)
-        if entry is None or entry.stuck:
+        job = entry.job
+        if self._slots.get(job) is not entry or entry.stuck:  # its result was collected, or it was handed back
             return
         entry.stuck = True
-        m = self._bound[r.job.queue]
+        m = self._bound[job.queue]
         m.timed_out.inc()
         m.stuck.inc()
-        assert r.error is not None
-        self._completer.fail(failure_for(r.job, r.error, r.task, self.settings))
+        self._completer.fail(failure_for(job, error, entry.target.task, self.settings))
         log.warning(
             "sync handler past its timeout: job failed, slot stuck until the thread returns",
-            extra={"action": "job_timed_out", "queue": r.job.queue, "job_id": r.job.id, "stuck": self._slots.stuck()},
+            extra={"action": "job_timed_out", "queue": job.queue, "job_id": job.id, "stuck": self._slots.stuck()},
         )
 
     def _on_cancelled(self, ids: set[int]) -> None:

@@ -86,43 +86,27 @@ class Target:
         object.__setattr__(self, "by_thread", not self.is_async and no_timeout)
 
 
-@dataclass(slots=True)
-class Result:
-    job: Job
-    outcome: Outcome
-    error: BaseException | None
-    finished: float  # time.monotonic()
-    task: Task | None = None
-    timed_out: bool = False  # the error is the job's timeout
-
-
 class Router:
     """Job -> Target: the app's task named by the job, or the catch-all handler for jobs without a task."""
 
     def __init__(self, app: App | None, handler: Handler | None) -> None:
         self.app = app
-        self.default = Target(handler.func, handler.is_async) if handler is not None else None
-        self._targets = {t.name: Target(t.func, t.is_async, t) for t in (app or ())}
+        self.targets: dict[str | None, Target] = {t.name: Target(t.func, t.is_async, t) for t in (app or ())}
+        """A job's ``task`` -> its Target (``None``: the catch-all handler, if any); a task missing here is unknown."""
+        if handler is not None:
+            self.targets[None] = Target(handler.func, handler.is_async)
 
-    def resolve(self, job: Job) -> Target | UnknownTaskError:
+    @staticmethod
+    def unknown(job: Job) -> UnknownTaskError:
+        """Why ``job`` has no Target here."""
         if job.task is None:
-            if self.default is not None:
-                return self.default
             return UnknownTaskError("job has no task and this worker has no default handler (--handler)")
-        target = self._targets.get(job.task)
-        if target is None:
-            return UnknownTaskError(f"no task {job.task!r} registered in this worker")
-        return target
-
-    def task(self, name: str | None) -> Task | None:
-        target = self._targets.get(name) if name is not None else None
-        return target.task if target is not None else None
+        return UnknownTaskError(f"no task {job.task!r} registered in this worker")
 
     @property
     def kinds(self) -> set[bool]:
         """Colours in use: True for async, False for sync (a worker opens pools and threads only for these)."""
-        targets = list(self._targets.values()) + ([self.default] if self.default else [])
-        return {t.is_async for t in targets}
+        return {t.is_async for t in self.targets.values()}
 
     def lease_overrides(self) -> dict[str, float]:
         return {t.name: t.options.lease_seconds for t in (self.app or ()) if t.options.lease_seconds is not None}
@@ -133,7 +117,8 @@ class Router:
 
 @dataclass(slots=True, eq=False)
 class Entry:
-    """A claimed job on its way through this worker: waiting for a slot (prefetched), then running."""
+    """A claimed job on its way through this worker: waiting for a slot (prefetched), then running, then its result
+    on its way back to the loop (the executors report the entry itself: no result object per job)."""
 
     job: Job
     target: Target
@@ -145,6 +130,9 @@ class Entry:
     cancelled: bool = False  # the job was cancelled while it ran (job.cancelled)
     stuck: bool = False  # a sync handler past its timeout: its job was failed, its thread still runs
     timer: asyncio.TimerHandle | None = None  # the sync handler's timeout
+    outcome: Outcome | None = None  # set by the executor once the handler returned (or the job was handed back)
+    error: BaseException | None = None  # what the handler raised (failed, snoozed)
+    finished: float = 0.0  # time.monotonic() when the handler returned
 
     def is_set(self) -> bool:
         """What ``job.cancelled`` reads in the handler (the entry is the job's cancel flag: one thread sets it and
@@ -180,7 +168,6 @@ class Slots:
         self._waking = 0  # of them, notified but not running yet
         self.started = 0  # jobs started so far (the pace that sizes the buffer)
         self.freed = asyncio.Event()
-        self.per_queue: dict[str, int] = {}  # running jobs by queue (the in-flight gauges, set once per batch)
 
     # ------------------------------------------------------------------ waiting (the prefetch buffer)
     def wait(self, entries: list[Entry]) -> None:
@@ -242,13 +229,12 @@ class Slots:
             e.busy = False
             self._busy -= 1
 
-    def _begin(self, e: Entry) -> Entry:
-        e.started = time.monotonic()
+    def _begin(self, e: Entry, now: float | None = None) -> Entry:
+        e.started = time.monotonic() if now is None else now
         e.busy = True
         self._busy += 1
         self.started += 1
         self._running[e.job.id] = e
-        self.per_queue[e.job.queue] = self.per_queue.get(e.job.queue, 0) + 1
         return e
 
     # ------------------------------------------------------------------ handler threads
@@ -258,13 +244,15 @@ class Slots:
             self._handed.append(e)
             self._wake_threads()
 
-    def next_for_thread(self, ended: Entry | None = None) -> Entry | None:
+    def next_for_thread(self, ended: Entry | None = None, now: float | None = None) -> Entry | None:
         """A handler thread's next job: one handed to it, else the next waiting sync job once a slot is free; blocks
         until there is one; None once closed. ``ended``: the job this thread ran last, whose handler returned: its
-        slot is freed under the same lock (one lock round a job, not two)."""
+        slot is freed under the same lock (one lock round a job, not two); ``now``: when it returned (the next job's
+        start, unless the thread has to wait for one: one clock read a job)."""
         with self._mutex:
-            if ended is not None:  # its slot, unless the loop collected its result first
-                self._end(ended)
+            if ended is not None and ended.busy:  # its slot, unless the loop collected its result first
+                ended.busy = False
+                self._busy -= 1
             while not self.closed:
                 e: Entry | None = None
                 if self._handed:
@@ -272,14 +260,16 @@ class Slots:
                     if self._running.get(e.job.id) is not e:  # handed back meanwhile (drain)
                         continue
                 elif self.open and self._by_thread and self._busy < self.capacity:
-                    e = self._begin(self._by_thread.popleft())
+                    e = self._begin(self._by_thread.popleft(), now)
                 if e is not None:
-                    self._wake_threads()  # more jobs wait: the next thread, in case this job takes long
+                    if self._sleeping:
+                        self._wake_threads()  # more jobs wait: the next thread, in case this job takes long
                     return e
                 self._sleeping += 1
                 self._cond.wait()
                 self._sleeping -= 1
                 self._waking = max(0, self._waking - 1)
+                now = None  # it waited: the next job starts later
             return None
 
     # ------------------------------------------------------------------ async runners (on the loop)
@@ -323,28 +313,30 @@ class Slots:
 
     def pop(self, job: Job) -> Entry | None:
         """Forget ``job`` (same attempt only); None when it was handed back meanwhile."""
-        return self.pop_many([job])[0]
+        with self._mutex:
+            entry = self.get(job)
+        return self.collect([entry])[0] if entry is not None else None
 
-    def pop_many(self, jobs: list[Job]) -> list[Entry | None]:
-        """:meth:`pop` for each of ``jobs`` (a batch of results), under one lock."""
-        popped: list[Entry | None] = []
+    def collect(self, entries: list[Entry]) -> list[Entry]:
+        """Forget the entries whose results came back (a batch, under one lock): the ones still held, in order; an
+        entry handed back meanwhile (drain), or replaced by a later claim of its job, is left out."""
+        held: list[Entry] = []
+        keep = held.append
         with self._mutex:
             running = self._running
-            for job in jobs:
-                entry = running.get(job.id)
-                if entry is None or entry.job.attempts != job.attempts:
-                    popped.append(None)
-                    continue
-                del running[job.id]
-                self._end(entry)
-                self.per_queue[job.queue] -= 1
-                popped.append(entry)
-        for entry in popped:
-            if entry is not None and entry.timer is not None:
-                entry.timer.cancel()
-        if any(e is not None for e in popped):
+            for e in entries:
+                if running.get(e.job.id) is e:
+                    del running[e.job.id]
+                    if e.busy:
+                        e.busy = False
+                        self._busy -= 1
+                    keep(e)
+        for e in held:
+            if e.timer is not None:
+                e.timer.cancel()
+        if held:
             self.freed.set()
-        return popped
+        return held
 
     def holds(self, job: Job) -> bool:
         """Whether this attempt is this worker's: running (not stuck) or waiting."""
@@ -382,8 +374,9 @@ class Slots:
             return running + [e.job for q in self._queues for e in q]
 
     def running_in(self, queue: str) -> int:
-        """Jobs of ``queue`` running now (the in-flight gauge, read at each scrape)."""
-        return self.per_queue.get(queue, 0)
+        """Jobs of ``queue`` running now (the in-flight gauge, counted at each scrape: nothing per job)."""
+        with self._mutex:
+            return sum(1 for e in self._running.values() if e.job.queue == queue)
 
 
 def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Queries) -> Outcome:
@@ -442,7 +435,7 @@ class AsyncExecutor:
         pool: AsyncConnectionPool[Any],
         queries: Queries,
         worker: str,
-        report: Callable[[Result], None],
+        report: Callable[[Entry], None],
     ) -> None:
         self.pool = pool
         self._slots = slots
@@ -487,6 +480,7 @@ class AsyncExecutor:
         task = asyncio.current_task()
         assert task is not None
         context = contextvars.copy_context()
+        lazy = AsyncLazyConnection(self._checkout)  # job.conn of this runner's jobs, cleared for each
         entry: Entry | None = ended
         streak = 0
         while True:
@@ -503,8 +497,9 @@ class AsyncExecutor:
                 continue
             self.wake()  # more jobs wait: another runner, in case this job awaits
             entry.handle = task
+            lazy.conn = lazy.failed = None
             try:
-                await self._run(entry.job, entry.target, entry)
+                await self._run(entry, lazy)
             finally:
                 entry.handle = None
             if task.cancelling() or contextvars.copy_context() != context:
@@ -515,22 +510,24 @@ class AsyncExecutor:
                 streak = 0
                 await asyncio.sleep(0)
 
-    async def _run(self, job: Job, target: Target, cancel: Entry) -> None:
+    async def _run(self, entry: Entry, lazy: AsyncLazyConnection) -> None:
         try:
-            outcome = await self._unit(job, target, cancel)
-            result = Result(job, outcome, None, time.monotonic(), target.task)
+            entry.outcome = await self._unit(entry, lazy)
         except asyncio.CancelledError:
-            if cancel.is_set():  # the job was cancelled: its writes are rolled back, the row says cancelled
-                self._report(Result(job, "cancelled", None, time.monotonic(), target.task))
-                return
-            # past the grace period of a drain: the job is handed back
-            self._report(Result(job, "released", None, time.monotonic(), target.task))
-            raise
+            # cancelled: its writes are rolled back, the row says cancelled; else past the grace period of a drain:
+            # the job is handed back
+            entry.outcome = "cancelled" if entry.cancelled else "released"
+            entry.finished = time.monotonic()
+            self._report(entry)
+            if entry.outcome == "released":
+                raise
+            return
         except Snooze as exc:
-            result = Result(job, "snoozed", exc, time.monotonic(), target.task)
+            entry.outcome, entry.error = "snoozed", exc
         except BaseException as exc:  # the handler raised: retry or fail, fenced
-            result = Result(job, "failed", exc, time.monotonic(), target.task, is_timeout(exc))
-        self._report(result)
+            entry.outcome, entry.error = "failed", exc
+        entry.finished = time.monotonic()
+        self._report(entry)
 
     async def _checkout(self) -> Any:
         """A job connection with its transaction already open, so the handler's ``transaction()`` blocks are
@@ -543,19 +540,18 @@ class AsyncExecutor:
             raise
         return conn
 
-    async def _unit(self, job: Job, target: Target, cancel: Entry) -> Outcome:
-        pool = self.pool
-        lazy = AsyncLazyConnection(self._checkout)
+    async def _unit(self, entry: Entry, lazy: AsyncLazyConnection) -> Outcome:
+        job, target = entry.job, entry.target
         timeout = timeout_for(job, target)
         try:
             try:
                 if timeout is None:
-                    await target.func(job._bind(lazy, cancel))
+                    await target.func(job._bind(lazy, entry))
                 else:
                     deadline = asyncio.timeout(timeout)  # cancels the handler at the deadline
                     try:
                         async with deadline:
-                            await target.func(job._bind(lazy, cancel))
+                            await target.func(job._bind(lazy, entry))
                     except TimeoutError:
                         if deadline.expired():
                             raise timed_out_error(timeout) from None
@@ -573,7 +569,7 @@ class AsyncExecutor:
         finally:
             job._bind(None, None)  # the job and its entry no longer refer to each other: freed without the GC
             if lazy.conn is not None:
-                await pool.putconn(lazy.conn)
+                await self.pool.putconn(lazy.conn)
 
     async def stop(self) -> None:
         """Stop the runners (idle by now, or running jobs already handed back): no successor starts."""
@@ -601,15 +597,17 @@ class ThreadExecutor:
         pool: ConnectionPool[Any],
         queries: Queries,
         worker: str,
-        report: Callable[[list[Result]], None],
+        report: Callable[[list[Entry]], None],
+        expire: Callable[[Entry, BaseException], None],
     ) -> None:
         self.pool = pool
         self._slots = slots
         self._q = queries
         self._worker = worker
         self._report = report
+        self._expire = expire  # on the loop, at a sync job's timeout (its thread goes on)
         self._loop = asyncio.get_running_loop()
-        self._outbox: deque[Result] = deque()
+        self._outbox: deque[Entry] = deque()
         self._scheduled = False
         # Daemon threads: one stuck in a handler must not keep the process alive after its job was handed back.
         self._threads = [
@@ -623,30 +621,29 @@ class ThreadExecutor:
         job is reported timed out) goes to a thread."""
         timeout = timeout_for(entry.job, entry.target)
         if timeout is not None:
-            entry.timer = self._loop.call_later(timeout, self._expire, entry, timeout)
+            entry.timer = self._loop.call_later(timeout, self._expire, entry, timed_out_error(timeout))
         self._slots.hand(entry)
-
-    def _expire(self, entry: Entry, timeout: float) -> None:
-        job, task = entry.job, entry.target.task
-        self._report([Result(job, "timed_out", timed_out_error(timeout), time.monotonic(), task, True)])
 
     def _thread(self) -> None:
         clock = time.monotonic
         slots = self._slots
+        outbox = self._outbox
+        lazy = LazyConnection(self._checkout)  # job.conn of this thread's jobs, cleared for each
         entry = slots.next_for_thread()
         while entry is not None:
-            job, target = entry.job, entry.target
+            lazy.conn = lazy.failed = None
             try:
-                outcome = self._unit(job, target, entry)
-                result = Result(job, outcome, None, clock(), target.task)
+                entry.outcome = self._unit(entry, lazy)
             except Snooze as exc:
-                result = Result(job, "snoozed", exc, clock(), target.task)
+                entry.outcome, entry.error = "snoozed", exc
             except BaseException as exc:
-                result = Result(job, "failed", exc, clock(), target.task)
-            self._outbox.append(result)
-            self._post()
+                entry.outcome, entry.error = "failed", exc
+            now = entry.finished = clock()
+            outbox.append(entry)
+            if not self._scheduled:
+                self._post()
             # its slot is free for the next job now; the job stays held until its result is written
-            entry = slots.next_for_thread(entry)
+            entry = slots.next_for_thread(entry, now)
 
     def _post(self) -> None:
         """Have the loop collect the posted results (one loop wake-up carries every result posted until it runs)."""
@@ -658,9 +655,8 @@ class ThreadExecutor:
     def collect(self) -> None:
         """On the loop: hand every posted result to the worker."""
         self._scheduled = False  # before draining: a result posted from now on schedules another call
-        results = []
-        while self._outbox:
-            results.append(self._outbox.popleft())
+        outbox = self._outbox
+        results = [outbox.popleft() for _ in range(len(outbox))]  # each thread only appends meanwhile
         if results:
             self._report(results)
 
@@ -674,12 +670,11 @@ class ThreadExecutor:
             raise
         return conn
 
-    def _unit(self, job: Job, target: Target, cancel: Entry) -> Outcome:
-        pool = self.pool
-        lazy = LazyConnection(self._checkout)
+    def _unit(self, entry: Entry, lazy: LazyConnection) -> Outcome:
+        job = entry.job
         try:
             try:
-                target.func(job._bind(lazy, cancel))
+                entry.target.func(job._bind(lazy, entry))
             except BaseException:
                 if lazy.conn is not None:
                     with contextlib.suppress(psycopg.Error):
@@ -693,7 +688,7 @@ class ThreadExecutor:
         finally:
             job._bind(None, None)  # see AsyncExecutor._unit
             if lazy.conn is not None:
-                pool.putconn(lazy.conn)
+                self.pool.putconn(lazy.conn)
 
     def close(self, *, join: bool) -> None:
         """Stop the threads after their current job; with ``join``, wait for them and close the pool."""
