@@ -205,9 +205,7 @@ WITH /* include: claim_done */
 -- Mark claimed jobs done, fenced (the UPDATE of job_complete_and_claim, alone: that statement costs a handler's transaction 1.2x).
 UPDATE {schema}.jobs AS j
 SET status = 'done', locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts)
-WHERE j.id = c.id AND j.attempts = c.attempts AND j.status = /* include: processing_by_id */
-  AND j.locked_by = %(worker)s
+WHERE /* include: by_attempts */ AND j.status = /* include: processing_by_id */ AND j.locked_by = %(worker)s
 RETURNING j.id;
 
 -- name: job_complete_one
@@ -221,8 +219,7 @@ RETURNING j.id;
 -- name: job_confirm_done
 -- Of these attempts, the ones this worker already completed (a retried completion whose first reply was lost).
 SELECT j.id FROM {schema}.jobs AS j
-JOIN unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts) ON j.id = c.id AND j.attempts = c.attempts
-WHERE j.status = 'done' AND j.locked_by = %(worker)s;
+WHERE /* include: by_attempts */ AND j.status = 'done' AND j.locked_by = %(worker)s;
 
 -- name: job_fail
 -- Record failed attempts, fenced: back to pending after a per-job delay, or failed when exhausted or final; each appends {{attempt, at, error, worker}} to the error history (the last 20 kept).
@@ -260,9 +257,7 @@ RETURNING j.id;
 UPDATE {schema}.jobs AS j
 SET status = 'pending', attempts = j.attempts - 1, visible_at = coalesce(%(now)s::timestamptz, now()),
     locked_by = NULL, locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS r(id, attempts)
-WHERE j.id = r.id AND j.attempts = r.attempts AND j.status = /* include: processing_by_id */
-  AND j.locked_by = %(worker)s
+WHERE /* include: by_attempts */ AND j.status = /* include: processing_by_id */ AND j.locked_by = %(worker)s
 RETURNING j.id;
 
 -- name: job_release_orphans
@@ -404,8 +399,7 @@ SELECT c.id, c.queue, c.was, (SELECT count(*) FROM told) AS told FROM cancelled 
 -- name: job_cancelled_among
 -- Of these attempts held by this worker, the ids cancelled meanwhile (checked on a control notification and by the heartbeat).
 SELECT j.id FROM {schema}.jobs AS j
-JOIN unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS c(id, attempts) ON j.id = c.id AND j.attempts = c.attempts
-WHERE j.status = 'cancelled' AND j.locked_by = %(worker)s;
+WHERE /* include: by_attempts */ AND j.status = 'cancelled' AND j.locked_by = %(worker)s;
 
 -- name: job_purge_batch
 -- Delete up to `limit` finished jobs last updated before a cutoff (one batch, its own transaction).
