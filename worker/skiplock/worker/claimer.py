@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 # A prepared statement keeps the plan made for the jobs table as it was when it was prepared, until an ANALYZE of
 # the table invalidates it. A worker that prepared its claim while the table was small (idle, or jobs trickling in)
 # went on reading the whole table for the completions each claim carries once a backlog arrived: 100,000 jobs
-# drained at a quarter of the speed, for as long as autovacuum took to analyze the table (for ever with it off). So
+# drained at a quarter of the speed, for as long as autovacuum took to analyze the table (for ever with it off).
+# The claim and the completions now find their rows by primary key whatever the table's size (SQL part
+# by_attempts); other statements of the control connections (heartbeat, failures, snoozes) still join. So
 # whenever the table's file has grown REPLAN_GROWTH times over since, every control connection drops its plans
 # before its next use (DISCARD PLANS, in its own session: replacing the connections cost each worker about 30 ms of
 # server CPU in backend starts and plans made with cold caches) and the next claims are planned for the table as
