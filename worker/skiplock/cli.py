@@ -23,8 +23,8 @@ from skiplock import __version__
 from skiplock.errors import ConfigError, DatabaseUnavailableError, PayloadError, SchemaNotReadyError, SkiplockError
 from skiplock.knobs import KNOBS, Knob
 from skiplock.logs import configure_logging
-from skiplock.queue import check_queue_name
 from skiplock.settings import Settings, redact
+from skiplock.store.validation import check_queue_name
 
 log = logging.getLogger(__name__)
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_DATABASE = 0, 1, 2, 3
@@ -368,14 +368,8 @@ def _unique_options(args: argparse.Namespace, payload: Any) -> dict[str, Any]:
 
 
 def cmd_schedules(args: argparse.Namespace, settings: Settings) -> int:
-    import psycopg
-
-    from skiplock import schedule
     from skiplock.handlers import load_app
-    from skiplock.queue import check_connect
-    from skiplock.sql import queries_for
 
-    q = queries_for(settings.schema)
     if args.action == "sync" and not args.schedules_app:
         raise ConfigError("schedules sync: give --app module:attr (the app whose periodic tasks to register)")
     if args.action == "remove" and not args.names:
@@ -383,23 +377,19 @@ def cmd_schedules(args: argparse.Namespace, settings: Settings) -> int:
     app = load_app(args.schedules_app) if args.action == "sync" else None
     with _queue(settings) as queue:
         _guard_schema(queue, settings)
-    dsn = settings.require_dsn()
-    check_connect(dsn)
-    with psycopg.connect(dsn, autocommit=True) as conn:
         if app is not None:
-            schedule.register_sync(conn, q, app.schedules)
+            queue.register_schedules(app.schedules)
             print(f"registered {len(app.schedules)} schedule(s) of app {app.name!r}")
             if args.prune:
-                names = [s.name for s in app.schedules]
-                gone = conn.execute(q.schedule_prune, {"app": app.name, "names": names}).fetchall()
-                print(f"removed {len(gone)} schedule(s) no longer defined" + "".join(f"\n  {r[0]}" for r in gone))
+                gone = queue.prune_schedules(app.name, [s.name for s in app.schedules])
+                print(f"removed {len(gone)} schedule(s) no longer defined" + "".join(f"\n  {n}" for n in gone))
             return EXIT_OK
         if args.action == "remove":
-            removed = {r[0] for r in conn.execute(q.schedule_delete, {"names": args.names}).fetchall()}
+            removed = queue.remove_schedules(args.names)
             for name in args.names:
                 print(f"{name}: {'removed' if name in removed else 'no such schedule'}")
             return EXIT_OK if removed == set(args.names) else EXIT_PROBLEMS
-        rows = schedule.list_schedules(conn, q)
+        rows = queue.schedules()
     if args.json:
         print(json.dumps(rows, default=str, indent=2))
         return EXIT_OK
@@ -688,7 +678,7 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     import psycopg
 
     from skiplock import doctor
-    from skiplock.queue import check_connect
+    from skiplock.store.run import check_connect
 
     dsn = settings.require_dsn()
     check_connect(dsn)
@@ -702,7 +692,7 @@ def cmd_grant(args: argparse.Namespace, settings: Settings) -> int:
     import psycopg
 
     from skiplock import grant
-    from skiplock.queue import check_connect
+    from skiplock.store.run import check_connect
 
     roles = {"producer": args.producer, "worker": args.worker, "operator": args.operator}
     if args.dry_run:

@@ -121,11 +121,9 @@ class Queries:
     job_retry_failed: LiteralString
     job_cancel: LiteralString
     job_cancelled_among: LiteralString
-    job_purge_batch: LiteralString
-    job_purge_expired: LiteralString
-    retention_try_lock: LiteralString
+    job_purge: LiteralString
+    retention_xact_lock: LiteralString
     retention_try_xact_lock: LiteralString
-    retention_unlock: LiteralString
     queue_stats: LiteralString
     queue_set_paused: LiteralString
     session_generic_plans: LiteralString

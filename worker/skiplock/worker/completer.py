@@ -9,18 +9,17 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from functools import partial
 from operator import attrgetter
 
 from skiplock.app import Task
 from skiplock.backoff import backoff_seconds
-from skiplock.errors import NonRetryableError
+from skiplock.errors import NonRetryableError, format_error
 from skiplock.job import Job
 from skiplock.metrics import BoundMetrics
-from skiplock.queue import Failure, format_error
 from skiplock.settings import Settings
-from skiplock.worker.control import Scope
+from skiplock.store.statements import Failure
 from skiplock.worker.executor import UnknownTaskError
+from skiplock.worker.scope import Scope
 
 log = logging.getLogger(__name__)
 FLUSH_MAX = 500
@@ -65,7 +64,7 @@ def failure_for(job: Job, exc: BaseException, task: Task | None, settings: Setti
 class Completer:
     def __init__(self, scope: Scope, metrics: dict[str, BoundMetrics], observe: Callable[[Job, str], None]) -> None:
         self._observe = observe  # each written outcome: done, retried, failed, unknown_*, lease_lost
-        self._control = scope.control
+        self._store = scope.store
         self._settings = scope.settings
         self._m = metrics
         self._identity = scope.identity
@@ -139,9 +138,7 @@ class Completer:
         was lost with its connection: those are confirmed as done by this worker, not reported as lost."""
         if len(completed) < len(done):
             refused = [j for j in done if j.id not in completed]
-            confirmed = await self._control.call(
-                "complete", lambda: self._control.queue.confirm_done(refused, worker=self._identity)
-            )
+            confirmed = await self._store.confirm_done(refused, worker=self._identity)
             completed = completed | (confirmed or set())
         cancelled = await self.cancelled_among([j for j in done if j.id not in completed])
         self.count_done(done, completed, cancelled)
@@ -150,9 +147,7 @@ class Completer:
         """Of jobs whose write the fence refused, the ones cancelled meanwhile (not lost: counted as cancelled)."""
         if not jobs:
             return set()
-        found = await self._control.call(
-            "complete", lambda: self._control.queue.cancelled_among(jobs, worker=self._identity)
-        )
+        found = await self._store.cancelled_among(jobs, worker=self._identity)
         return found or set()
 
     def count_done(self, done: list[Job], completed: set[int], cancelled: Collection[int] = ()) -> None:
@@ -239,7 +234,7 @@ class Completer:
             ended = self._done + [f.job for f in self._failed]
             self.flushes += bool(self._done)
             if not await self.flush():
-                await self._control.backoff(stopping)
+                await self._store.backoff(stopping)
                 self._needed.set()
             elif ended and not stopping.is_set():
                 self.on_written(ended)  # jobs ended without a claim: one may have held back another (serial keys)
@@ -261,9 +256,7 @@ class Completer:
             self._writing = list(batch)
             ok = False
             try:
-                done = await self._control.call(
-                    "complete", partial(self._control.queue.complete, batch, worker=self._identity)
-                )
+                done = await self._store.complete(batch, worker=self._identity)
                 if done is not None:
                     await self.settle(batch, done)
                     ok = True
@@ -280,9 +273,7 @@ class Completer:
             self._writing = [f.job for f in fails]
             ok = False
             try:
-                statuses = await self._control.call(
-                    "fail", partial(self._control.queue.fail, fails, worker=self._identity)
-                )
+                statuses = await self._store.fail(fails, worker=self._identity)
                 if statuses is not None:
                     cancelled = await self.cancelled_among([f.job for f in fails if f.job.id not in statuses])
                     for f in fails:
@@ -300,10 +291,7 @@ class Completer:
         jobs = [j for j, _ in batch]
         self._writing = list(jobs)
         try:
-            written = await self._control.call(
-                "fail",
-                lambda: self._control.queue.snooze(jobs, [d for _, d in batch], worker=self._identity),
-            )
+            written = await self._store.snooze(jobs, [d for _, d in batch], worker=self._identity)
         except BaseException:
             self._snoozed[:0] = batch
             raise

@@ -29,8 +29,8 @@ from skiplock.app import App, Task
 from skiplock.errors import Snooze
 from skiplock.handlers import Handler
 from skiplock.job import AsyncLazyConnection, Job, LazyConnection
-from skiplock.queue import fence_one_params
-from skiplock.sql import Queries
+from skiplock.store.run import aexecute, execute
+from skiplock.store.statements import Statements
 
 log = logging.getLogger(__name__)
 
@@ -379,7 +379,7 @@ class Slots:
             return sum(1 for e in self._running.values() if e.job.queue == queue)
 
 
-def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Queries) -> Outcome:
+def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Statements) -> Outcome:
     """After a sync handler that used job.conn returned: complete in its transaction, else defer to the batch.
     (IDLE: the handler ended the job's transaction itself, with ``commit()`` or ``rollback()``: documented as
     unfenced; the job is completed in the batch.)"""
@@ -389,21 +389,21 @@ def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Querie
     if status != TransactionStatus.INTRANS:
         conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
-    if conn.execute(q.job_complete_one, fence_one_params(job, worker)).fetchone() is None:
+    if not execute(conn, q.complete_one(job, worker)):
         conn.rollback()
         return "lease_lost"
     conn.commit()
     return "done"
 
 
-async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: str, q: Queries) -> Outcome:
+async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: str, q: Statements) -> Outcome:
     status = conn.info.transaction_status
     if status == TransactionStatus.IDLE:
         return "deferred"
     if status != TransactionStatus.INTRANS:
         await conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
-    if await (await conn.execute(q.job_complete_one, fence_one_params(job, worker))).fetchone() is None:
+    if not await aexecute(conn, q.complete_one(job, worker)):
         await conn.rollback()
         return "lease_lost"
     await conn.commit()
@@ -433,7 +433,7 @@ class AsyncExecutor:
         size: int,
         slots: Slots,
         pool: AsyncConnectionPool[Any],
-        queries: Queries,
+        queries: Statements,
         worker: str,
         report: Callable[[Entry], None],
     ) -> None:
@@ -595,7 +595,7 @@ class ThreadExecutor:
         size: int,
         slots: Slots,
         pool: ConnectionPool[Any],
-        queries: Queries,
+        queries: Statements,
         worker: str,
         report: Callable[[list[Entry]], None],
         expire: Callable[[Entry, BaseException], None],

@@ -401,19 +401,6 @@ SELECT c.id, c.queue, c.was, (SELECT count(*) FROM told) AS told FROM cancelled 
 SELECT j.id FROM {schema}.jobs AS j
 WHERE /* include: by_attempts */ AND j.status = 'cancelled' AND j.locked_by = %(worker)s;
 
--- name: job_purge_batch
--- Delete up to `limit` finished jobs last updated before a cutoff (one batch, its own transaction).
-WITH doomed AS (
-    SELECT id FROM {schema}.jobs
-    WHERE (status IN ('done', 'failed') OR status = 'cancelled') AND updated_at < %(before)s
-      AND status = ANY(%(statuses)s::text[])
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-    ORDER BY updated_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM {schema}.jobs AS j USING doomed WHERE j.id = doomed.id;
-
 -- name: queue_set_paused
 -- Pause or resume a queue (stored in the queues table); tells the workers on the control channel and, on resume, wakes those serving it.
 WITH upsert AS (
@@ -453,19 +440,25 @@ SELECT queue, updated_at FROM {schema}.queues
 WHERE paused AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 ORDER BY queue;
 
--- name: job_purge_expired
--- One batch of the scheduled retention: up to `limit` done, failed and cancelled jobs each, older than their own retention (database clock); returns the status of each row deleted.
+-- name: job_purge
+-- One batch of a purge: up to `limit` done, failed and cancelled jobs each, older than that status's age in seconds (NULL: none of that status), of one queue or all; run in the transaction that took the schema's purge lock; returns the status of each row deleted.
 WITH done AS (
     SELECT id FROM {schema}.jobs
-    WHERE status = 'done' AND updated_at < now() - make_interval(secs => %(done_seconds)s)
+    WHERE status = 'done' AND %(done_seconds)s::float8 IS NOT NULL
+      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(done_seconds)s::float8)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), failed AS (
     SELECT id FROM {schema}.jobs
-    WHERE status = 'failed' AND updated_at < now() - make_interval(secs => %(failed_seconds)s)
+    WHERE status = 'failed' AND %(failed_seconds)s::float8 IS NOT NULL
+      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(failed_seconds)s::float8)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), cancelled AS (
     SELECT id FROM {schema}.jobs
-    WHERE status = 'cancelled' AND updated_at < now() - make_interval(secs => %(cancelled_seconds)s)
+    WHERE status = 'cancelled' AND %(cancelled_seconds)s::float8 IS NOT NULL
+      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(cancelled_seconds)s::float8)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 DELETE FROM {schema}.jobs AS j
@@ -473,17 +466,13 @@ USING (SELECT id FROM done UNION ALL SELECT id FROM failed UNION ALL SELECT id F
 WHERE j.id = doomed.id
 RETURNING j.status;
 
--- name: retention_try_lock
--- Take the fleet-wide retention lock of this schema if free (session level: held by one worker's connection).
-SELECT pg_try_advisory_lock(%(key)s::bigint) AS locked;
+-- name: retention_xact_lock
+-- Wait for the purge lock of this schema, held until the current transaction ends (an explicit purge: `skiplock purge`, Queue.purge).
+SELECT true AS locked FROM (SELECT pg_advisory_xact_lock(%(key)s::bigint)) AS l;
 
 -- name: retention_try_xact_lock
--- Take the retention lock of this schema for the current transaction if free (the operator's batches; a worker's purge holds the same key at session level).
+-- Take the purge lock of this schema for the current transaction if free (the scheduled retention of a worker or of the operator: a round that finds it taken ends, someone else purges).
 SELECT pg_try_advisory_xact_lock(%(key)s::bigint) AS locked;
-
--- name: retention_unlock
--- Release the retention lock.
-SELECT pg_advisory_unlock(%(key)s::bigint) AS unlocked;
 
 -- name: task_limits_register
 -- Register the limits of an app's tasks (a worker at start; the latest registration wins): upsert or remove each task's limits and bring its slot rows to the new counts (slots above a lowered limit go at once, held or not: their runs go on without one); returns what each task had before.
