@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -105,6 +106,43 @@ async def test_slots_count_free_places_forget_only_the_same_attempt_and_signal_e
     stale = entry(first)
     assert slots.collect([stale]) == [], "a result of an entry the slots no longer hold is dropped"
     assert slots.collect([again]) == [again] and slots.running_in("q") == 1 and slots.free() == 1
+
+
+def test_a_waiting_job_whose_lease_ran_out_by_the_workers_estimate_never_starts():
+    """Its lease ends ``lease`` seconds after its claim or the last heartbeat that renewed it, whichever is later:
+    past that (the worker stalled, or heartbeats failed) another worker may run it, so no slot starts it."""
+    now = time.monotonic()
+    slots = Slots(3, lease=5.0)
+    stale_async, fresh, renewed = job(2), job(4), job(5)
+    stale_loop = Job(id=3, queue="q", payload={}, attempts=1, max_attempts=5, timeout_seconds=9.0)
+    slots.wait(
+        [
+            Entry(stale_async, Target(lambda j: None, True), now - 6.0),
+            Entry(stale_loop, Target(lambda j: None, False), now - 6.0),  # a timeout of its own: the loop starts it
+            Entry(fresh, Target(lambda j: None, True), now - 1.0),
+        ]
+    )
+    assert slots.start_for_loop() == [], "a sync job with a timeout, started by the loop"
+    started = slots.next_for_task()
+    assert started is not None and started.job is fresh, "an async job: the stale one is passed over"
+    assert [e.job for e in slots.take_expired()] == [stale_loop, stale_async]
+    assert slots.take_expired() == []
+    slots.wait([Entry(renewed, Target(lambda j: None, True), now - 6.0)])
+    slots.mark_renewed(now - 1.0)  # a heartbeat since renewed the leases of the jobs still waiting
+    started = slots.next_for_task()
+    assert started is not None and started.job is renewed
+    assert slots.take_expired() == []
+
+
+def test_a_handler_thread_skips_a_waiting_job_whose_lease_ran_out():
+    now = time.monotonic()
+    slots = Slots(1, lease=5.0)
+    old, new = job(1), job(2)
+    slots.wait([Entry(old, Target(lambda j: None, False), now - 6.0), Entry(new, Target(lambda j: None, False), now)])
+    e = slots.next_for_thread(now=now)
+    assert e is not None and e.job is new
+    assert [x.job for x in slots.take_expired()] == [old]
+    assert not slots.holds(old), "no longer held: no heartbeat renews it"
 
 
 # ---------------------------------------------------------------------------------------------- failures

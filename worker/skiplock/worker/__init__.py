@@ -273,11 +273,12 @@ class Worker:
         store = self._store = PgWorkerStore(s, self.metrics)
         await store.open()
         kinds = self.router.kinds
-        slots = self._slots = Slots(s.concurrency)
+        overrides = self.router.lease_overrides()
+        slots = self._slots = Slots(s.concurrency, lease=min([s.lease_seconds, *overrides.values()]))
         for queue, m in self._bound.items():  # read at each scrape: handler threads start jobs the loop never sees
             m.in_flight.set_function(partial(slots.running_in, queue))
         limits = await flow.register_limits(store, self.app, self.identity) if self.app is not None else ()
-        scope = Scope(store, s, self.identity, self.queues, self.router.lease_overrides(), limits)
+        scope = Scope(store, s, self.identity, self.queues, overrides, limits)
         completer = self._completer = Completer(scope, self._bound, self._observe)
         completer.observing = lambda: self.observe is not _ignore
         leases = self._leases = Leases(
@@ -288,6 +289,9 @@ class Worker:
             wake=lambda: self._wake("recovered"),
             cancelled=self._on_cancelled,
             timeouts=self.router.timeouts(),
+            unstarted=slots.forget_waiting,
+            renewed=slots.mark_renewed,
+            unstarted_lost=completer.count_unstarted,
         )
         completer.on_written = partial(self._on_written, {x.task for x in limits if x.global_concurrency is not None})
         claimer = self._claimer = Claimer(

@@ -176,6 +176,18 @@ class Completer:
                 warn_lost(job, "completion refused: the lease was lost before it was written")
         tally.add(counts=[(m[queue].finished["done"], n) for queue, n in by_queue.items()])
 
+    def count_unstarted(self, job: Job, cancelled: bool) -> None:
+        """A prefetched job whose lease was lost (or that was cancelled) before it started: it never starts."""
+        if cancelled:
+            self.count_cancelled(job)
+            return
+        self._m[job.queue].finished["lease_lost"].inc()
+        self._observe(job, "lease_lost")
+        log.warning(
+            "a prefetched job's lease was lost before it started (recovered elsewhere): not started",
+            extra={"action": "lease_lost_unstarted", "job_id": job.id, "queue": job.queue, "attempt": job.attempts},
+        )
+
     def count_cancelled(self, job: Job) -> None:
         self._m[job.queue].finished["cancelled"].inc()
         self._observe(job, "cancelled")

@@ -147,10 +147,17 @@ class Slots:
     the rest (async handlers, sync ones with a timeout), and collects every result: a running job stays held (its
     lease renewed) until then, its slot free as soon as its handler returned. Async jobs are taken the same way by
     the async runners (:meth:`next_for_task`), on the loop. ``freed`` is set on the loop whenever results free
-    slots."""
+    slots.
 
-    def __init__(self, capacity: int) -> None:
+    A waiting job whose lease has run out by this worker's estimate (``lease`` seconds after its claim or after the
+    last heartbeat that renewed it, whichever is later: the worker stalled, or heartbeats failed) never starts: it
+    is set aside for the loop to hand back (:meth:`take_expired`), since another worker may have recovered it."""
+
+    def __init__(self, capacity: int, lease: float = float("inf")) -> None:
         self.capacity = capacity
+        self.lease = lease  # the shortest lease of any job this worker runs
+        self.renewed = 0.0  # time.monotonic() when the last heartbeat that renewed every held lease was sent
+        self._expired: list[Entry] = []  # waiting jobs not started because their lease ran out (for the loop)
         # One plain lock, taken directly (a C-level context manager, not Condition.__enter__, which runs Python code
         # on every job); the condition on it is only for the handler threads' sleep and wake-up.
         self._mutex = threading.Lock()
@@ -194,6 +201,24 @@ class Slots:
         with self._mutex:
             return [e for q in self._queues for e in q]
 
+    def mark_renewed(self, sent: float) -> None:
+        """A heartbeat sent at ``sent`` (time.monotonic()) renewed the lease of every job still waiting."""
+        self.renewed = sent
+
+    def take_expired(self) -> list[Entry]:
+        """The waiting jobs set aside since the last call because their lease ran out before they could start."""
+        if not self._expired:
+            return []
+        with self._mutex:
+            expired, self._expired = self._expired, []
+        return expired
+
+    def forget_waiting(self, jobs: list[Job]) -> list[Job]:
+        """Remove these jobs (these attempts) from the buffer, if still there: their leases were lost, so they
+        never start; returns the ones removed."""
+        mine = {id(j) for j in jobs}
+        return [e.job for e in self.drop_waiting(lambda e: id(e.job) not in mine)]
+
     def drop_waiting(self, keep: Callable[[Entry], bool]) -> list[Entry]:
         """Remove the waiting entries ``keep`` refuses (cancelled, waited too long, shutdown): they never start."""
         with self._mutex:
@@ -207,10 +232,16 @@ class Slots:
 
     def start_for_loop(self) -> list[Entry]:
         """Start the waiting jobs the loop runs, as slots allow; wake handler threads for theirs."""
+        now = time.monotonic()
+        lease = self.lease
         with self._mutex:
             started = []
             while self.open and self._by_loop and self._busy < self.capacity:
-                started.append(self._begin(self._by_loop.popleft()))
+                e = self._by_loop.popleft()
+                if now - e.claimed >= lease and now - self.renewed >= lease:
+                    self._expired.append(e)
+                    continue
+                started.append(self._begin(e, now))
             self._wake_threads()
             return started
 
@@ -260,7 +291,13 @@ class Slots:
                     if self._running.get(e.job.id) is not e:  # handed back meanwhile (drain)
                         continue
                 elif self.open and self._by_thread and self._busy < self.capacity:
-                    e = self._begin(self._by_thread.popleft(), now)
+                    e = self._by_thread.popleft()
+                    if now is None:
+                        now = time.monotonic()
+                    if now - e.claimed >= self.lease and now - self.renewed >= self.lease:  # see the class
+                        self._expired.append(e)
+                        continue
+                    e = self._begin(e, now)
                 if e is not None:
                     if self._sleeping:
                         self._wake_threads()  # more jobs wait: the next thread, in case this job takes long
@@ -279,8 +316,13 @@ class Slots:
         with self._mutex:
             if ended is not None:
                 self._end(ended)
-            if self.open and self._by_task and self._busy < self.capacity:
-                return self._begin(self._by_task.popleft())
+            while self.open and self._by_task and self._busy < self.capacity:
+                e = self._by_task.popleft()
+                now = time.monotonic()
+                if now - e.claimed >= self.lease and now - self.renewed >= self.lease:  # see the class
+                    self._expired.append(e)
+                    continue
+                return self._begin(e, now)
             if ended is not None:
                 self._wake_threads()  # the freed slot may start a waiting sync job
             return None
