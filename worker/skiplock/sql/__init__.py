@@ -1,8 +1,8 @@
 """Loads the named SQL of ``queries/*.sql`` and the ``migrations/NNNN_*.sql`` files, rendered for one schema.
 
-Each query starts with ``-- name: <query>`` and one description line. ``{schema}`` is rendered with
-``psycopg.sql.Identifier`` (so any schema name is quoted), values stay ``%(name)s`` parameters. A query may include
-a named part of ``PART_FILES`` with ``/* include: <name> */`` (the claim statements share theirs this way).
+Each query starts with ``-- name: <query>`` and one description line, and is the SQL that runs, written out whole.
+``{schema}`` is rendered with ``psycopg.sql.Identifier`` (so any schema name is quoted), values stay ``%(name)s``
+parameters.
 """
 
 from __future__ import annotations
@@ -16,11 +16,7 @@ from typing import Any, LiteralString
 from psycopg import sql
 
 _HEADER = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>.+)\n", re.MULTILINE)
-_INCLUDE = re.compile(r"/\* include: (?P<name>\w+) \*/")
-QUERY_FILES = ("jobs.sql", "stats.sql", "schema.sql", "doctor.sql", "schedules.sql")
-PART_FILES = ("claim_parts.sql",)
-"""Named parts that queries include with ``/* include: <name> */`` (pasted in as they are, before rendering)."""
-MAX_INCLUDE_DEPTH = 4
+QUERY_FILES = ("jobs.sql", "claim.sql", "stats.sql", "schema.sql", "doctor.sql", "schedules.sql")
 
 
 @dataclass(frozen=True)
@@ -50,31 +46,12 @@ def render(text: str, schema: str) -> LiteralString:
     return composed.as_string(None)  # type: ignore[return-value]
 
 
-def include(text: str, parts: dict[str, str]) -> str:
-    """``text`` with each ``/* include: <name> */`` replaced by that part (a missing part is a ValueError)."""
-
-    def part(m: re.Match[str]) -> str:
-        if m["name"] not in parts:
-            raise ValueError(f"no SQL part named {m['name']!r} to include")
-        return parts[m["name"]]
-
-    for _ in range(MAX_INCLUDE_DEPTH):  # parts may include parts
-        if not _INCLUDE.search(text):
-            return text
-        text = _INCLUDE.sub(part, text)
-    raise ValueError(f"SQL parts nested deeper than {MAX_INCLUDE_DEPTH} (an include cycle?)")
-
-
 @cache
 def _raw_queries() -> tuple[Statement, ...]:
     folder = resources.files(__package__).joinpath("queries")
-    parts = {
-        p.name: p.text for filename in PART_FILES for p in parse(folder.joinpath(filename).read_text(encoding="utf-8"))
-    }
     out: list[Statement] = []
     for filename in QUERY_FILES:
-        statements = parse(folder.joinpath(filename).read_text(encoding="utf-8"))
-        out.extend(Statement(s.name, s.doc, include(s.text, parts)) for s in statements)
+        out.extend(parse(folder.joinpath(filename).read_text(encoding="utf-8")))
     names = [s.name for s in out]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:

@@ -141,85 +141,27 @@ ORDER BY unique_key, (status = ANY (unique_states)) DESC, id DESC;
 -- Wake the workers of one queue (delivered at commit; repeated notifications in one transaction fold into one).
 SELECT pg_notify(%(channel)s, %(queue)s);
 
--- name: job_complete_and_claim
--- Mark claimed jobs done, fenced (rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of the given queues that are not paused: at most its share (`per_queue[i]`) of each, taken round-robin from the queue after `rotate` on (the claimer moves it every claim), so a busy queue never starves a quiet one; one statement, one commit (claim alone: no ids).
-WITH /* include: claim_done */
-), /* include: claim_limit_full */
-), /* include: claim_pick_many */
-), /* include: claim_slots */
-), /* include: claim_update */
-), /* include: claim_take_slots */
-)
-/* include: claim_result */
-
--- name: job_complete_and_claim_one
--- The claim of job_complete_and_claim for a worker of one queue: the same completion, lease and columns, with a plain index scan instead of the per-queue round-robin (no window function, sort or rotation).
-WITH /* include: claim_done */
-), /* include: claim_limit_full */
-), /* include: claim_pick_one */
-), /* include: claim_slots */
-), /* include: claim_update */
-), /* include: claim_take_slots */
-)
-/* include: claim_result */
-
--- name: job_complete_and_claim_unlimited
--- job_complete_and_claim for a worker none of whose tasks has a global concurrency or rate limit: the same completion, round-robin, serial keys and lease, without the slot bookkeeping (a third of the planning); jobs of limited tasks are left pending for the workers that know their limits.
-WITH /* include: claim_done */
-), /* include: claim_limit_all */
-), /* include: claim_pick_many */
-), /* include: claim_update_all */
-)
-/* include: claim_result */
-
--- name: job_complete_and_claim_unlimited_one
--- job_complete_and_claim_one for a worker none of whose tasks has a global concurrency or rate limit (see job_complete_and_claim_unlimited).
-WITH /* include: claim_done */
-), /* include: claim_limit_all */
-), /* include: claim_pick_one */
-), /* include: claim_update_all */
-)
-/* include: claim_result */
-
--- name: job_complete_and_claim_one_after
--- job_complete_and_claim_one from a position in claim order (claim_pick_one_after): the claimer's claim while a backlog drains.
-WITH /* include: claim_done */
-), /* include: claim_limit_full */
-), /* include: claim_pick_one_after */
-), /* include: claim_slots */
-), /* include: claim_update */
-), /* include: claim_take_slots */
-)
-/* include: claim_result */
-
--- name: job_complete_and_claim_unlimited_one_after
--- job_complete_and_claim_unlimited_one from a position in claim order (claim_pick_one_after).
-WITH /* include: claim_done */
-), /* include: claim_limit_all */
-), /* include: claim_pick_one_after */
-), /* include: claim_update_all */
-)
-/* include: claim_result */
-
 -- name: job_complete
 -- Mark claimed jobs done, fenced (the UPDATE of job_complete_and_claim, alone: that statement costs a handler's transaction 1.2x).
 UPDATE {schema}.jobs AS j
 SET status = 'done', locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE /* include: by_attempts */ AND j.status = /* include: processing_by_id */ AND j.locked_by = %(worker)s
+WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], j.id)] AND j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
 RETURNING j.id;
 
 -- name: job_complete_one
 -- Mark one claimed job done, fenced, in its handler's transaction: job_complete for one job by primary key, which PostgreSQL plans once per connection (job_complete's unnest made it plan every call afresh, 0.3 ms, and run 2.4x longer).
 UPDATE {schema}.jobs AS j
 SET status = 'done', locked_at = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE j.id = %(id)s AND j.attempts = %(attempts)s AND j.status = /* include: processing_by_id */
+WHERE j.id = %(id)s AND j.attempts = %(attempts)s AND j.status = (SELECT 'processing'::text)
   AND j.locked_by = %(worker)s
 RETURNING j.id;
 
 -- name: job_confirm_done
 -- Of these attempts, the ones this worker already completed (a retried completion whose first reply was lost).
 SELECT j.id FROM {schema}.jobs AS j
-WHERE /* include: by_attempts */ AND j.status = 'done' AND j.locked_by = %(worker)s;
+WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], j.id)] AND j.status = 'done' AND j.locked_by = %(worker)s;
 
 -- name: job_fail
 -- Record failed attempts, fenced: back to pending after a per-job delay, or failed when exhausted or final; each appends {{attempt, at, error, worker}} to the error history (the last 20 kept).
@@ -237,7 +179,7 @@ SET status = CASE WHEN f.retry AND j.attempts < j.max_attempts THEN 'pending' EL
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[], %(delays)s::float8[],
             %(retry)s::boolean[]) AS f(id, attempts, error, delay, retry)
-WHERE j.id = f.id AND j.attempts = f.attempts AND j.status = /* include: processing_by_id */
+WHERE j.id = f.id AND j.attempts = f.attempts AND j.status = (SELECT 'processing'::text)
   AND j.locked_by = %(worker)s
 RETURNING j.id, j.status, j.visible_at;
 
@@ -248,7 +190,7 @@ SET status = 'pending', attempts = j.attempts - 1,
     visible_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => s.delay),
     locked_by = NULL, locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::float8[]) AS s(id, attempts, delay)
-WHERE j.id = s.id AND j.attempts = s.attempts AND j.status = /* include: processing_by_id */
+WHERE j.id = s.id AND j.attempts = s.attempts AND j.status = (SELECT 'processing'::text)
   AND j.locked_by = %(worker)s
 RETURNING j.id;
 
@@ -257,7 +199,8 @@ RETURNING j.id;
 UPDATE {schema}.jobs AS j
 SET status = 'pending', attempts = j.attempts - 1, visible_at = coalesce(%(now)s::timestamptz, now()),
     locked_by = NULL, locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE /* include: by_attempts */ AND j.status = /* include: processing_by_id */ AND j.locked_by = %(worker)s
+WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], j.id)] AND j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
 RETURNING j.id;
 
 -- name: job_release_orphans
@@ -277,7 +220,7 @@ WITH h AS (
 ), mine AS (
     SELECT j.id, h.lease, j.updated_at + make_interval(secs => h.timeout) AS timeout_at
     FROM {schema}.jobs AS j JOIN h ON j.id = h.id AND j.attempts = h.attempts
-    WHERE j.status = /* include: processing_by_id */ AND j.locked_by = %(worker)s
+    WHERE j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 ), renewed AS (
@@ -291,7 +234,7 @@ WITH h AS (
 SELECT h.id FROM h
 WHERE NOT EXISTS (
     SELECT 1 FROM {schema}.jobs AS j
-    WHERE j.id = h.id AND j.attempts = h.attempts AND j.status = /* include: processing_by_id */
+    WHERE j.id = h.id AND j.attempts = h.attempts AND j.status = (SELECT 'processing'::text)
       AND j.locked_by = %(worker)s);
 
 -- name: job_recover_expired
@@ -399,7 +342,8 @@ SELECT c.id, c.queue, c.was, (SELECT count(*) FROM told) AS told FROM cancelled 
 -- name: job_cancelled_among
 -- Of these attempts held by this worker, the ids cancelled meanwhile (checked on a control notification and by the heartbeat).
 SELECT j.id FROM {schema}.jobs AS j
-WHERE /* include: by_attempts */ AND j.status = 'cancelled' AND j.locked_by = %(worker)s;
+WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], j.id)] AND j.status = 'cancelled' AND j.locked_by = %(worker)s;
 
 -- name: queue_set_paused
 -- Pause or resume a queue (stored in the queues table); tells the workers on the control channel and, on resume, wakes those serving it.
