@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC
 from typing import Any
 
-from skiplock import __version__
+from skiplock import __version__, render
 from skiplock.errors import ConfigError, DatabaseUnavailableError, PayloadError, SchemaNotReadyError, SkiplockError
 from skiplock.knobs import KNOBS, Knob
 from skiplock.logs import configure_logging
@@ -422,11 +422,11 @@ def cmd_limits(args: argparse.Namespace, settings: Settings) -> int:
         for r in limits
     ]  # fmt: skip
     head = ("task", "global_concurrency", "running", "rate_limit", "recent_starts", "registered_by")
-    print(_table(head, body) if body else "no task limits registered (workers register them at start)")
+    print(render.table(head, body) if body else "no task limits registered (workers register them at start)")
     held = [(r["queue"], r["serial_key"], r["concurrency"], r["rate"]) for r in waiting]
     if held:
         print()
-        print(_table(("queue", "waiting_serial_key", "waiting_concurrency", "waiting_rate"), held))
+        print(render.table(("queue", "waiting_serial_key", "waiting_concurrency", "waiting_rate"), held))
     return EXIT_OK
 
 
@@ -444,35 +444,8 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     if args.queue and not rows:
         print(f"queue {args.queue!r} has no pending, processing or failed jobs", file=sys.stderr)
     else:
-        print(render_stats(rows))
+        print(render.stats(rows))
     return EXIT_OK
-
-
-def render_stats(rows: Sequence[Any]) -> str:
-    head = ("queue", "ready", "delayed", "processing", "stalled", "failed", "oldest_ready_s", "next_due",
-            "avg_attempts_done", "paused")  # fmt: skip
-    body = [
-        (r.queue, r.ready, r.delayed, r.processing, r.stalled, r.failed, round(r.oldest_ready_age_seconds, 1),
-         r.next_due.isoformat(timespec="seconds") if r.next_due else "-",
-         "-" if r.avg_attempts_done is None else f"{r.avg_attempts_done:.2f}", "yes" if r.paused else "no")
-        for r in rows
-    ]  # fmt: skip
-    return _table(head, body) if body else "no pending, processing or failed jobs"
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A text table: numeric columns right-aligned, text columns left-aligned."""
-    numeric = [
-        all(isinstance(r[i], int | float) and not isinstance(r[i], bool) for r in rows) for i in range(len(head))
-    ]
-    cells = [list(map(str, head))] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
-    lines = [
-        "  ".join((c.rjust(w) if num else c.ljust(w)) for c, w, num in zip(r, widths, numeric, strict=True)).rstrip()
-        for r in cells
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def cmd_failed(args: argparse.Namespace, settings: Settings) -> int:
@@ -495,7 +468,7 @@ def cmd_failed(args: argparse.Namespace, settings: Settings) -> int:
         )
         for r in rows
     ]
-    print(_table(("id", "queue", "attempts", "failed_at", "last_error"), body))
+    print(render.table(("id", "queue", "attempts", "failed_at", "last_error"), body))
     return EXIT_OK
 
 
@@ -548,7 +521,7 @@ def cmd_stalled(args: argparse.Namespace, settings: Settings) -> int:
             )
             for r in rows
         ]
-        print(_table(("id", "queue", "task", "locked_by", "lease_expired_at", "attempts"), body))
+        print(render.table(("id", "queue", "task", "locked_by", "lease_expired_at", "attempts"), body))
     return EXIT_PROBLEMS if rows else EXIT_OK
 
 
@@ -578,31 +551,8 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps(row, indent=2, default=str))
         return EXIT_OK
-    print(render_job(row))
+    print(render.job(row))
     return EXIT_OK
-
-
-def render_job(row: dict[str, Any]) -> str:
-    """``skiplock show``: one field a line, then the error history, oldest first."""
-    keys = ("id", "queue", "task", "status", "priority", "attempts", "max_attempts", "timeout_seconds",
-            "visible_at", "locked_by", "locked_at", "lease_expires_at", "idempotency_key", "created_at",
-            "updated_at", "last_error")  # fmt: skip
-    width = max(map(len, keys))
-    lines = [f"{k.ljust(width)}  {_show_value(row.get(k))}" for k in keys]
-    lines.append(f"{'payload'.ljust(width)}  {json.dumps(row.get('payload'), ensure_ascii=False)}")
-    errors = row.get("errors") or []
-    lines.append(f"errors ({len(errors)}, oldest first):" if errors else "errors: none")
-    for e in errors:
-        lines.append(f"  #{e.get('attempt')} {e.get('at')} {e.get('worker') or '-'}: {e.get('error')}")
-    return "\n".join(lines)
-
-
-def _show_value(value: Any) -> str:
-    if value is None:
-        return "-"
-    if hasattr(value, "isoformat"):
-        return str(value.isoformat(timespec="seconds"))
-    return str(value).replace("\n", " ")
 
 
 def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:

@@ -16,7 +16,7 @@ from typing import Any, LiteralString
 from psycopg import sql
 
 _HEADER = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>.+)\n", re.MULTILINE)
-QUERY_FILES = ("jobs.sql", "claim.sql", "stats.sql", "schema.sql", "doctor.sql", "schedules.sql")
+QUERY_FILES = ("jobs.sql", "claim.sql", "stats.sql", "schema.sql", "doctor.sql", "schedules.sql", "demo.sql")
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,11 @@ class Queries:
     schedule_delete: LiteralString
     schedule_prune: LiteralString
     schedule_now: LiteralString
+    demo_reset: LiteralString
+    demo_receipts_create: LiteralString
+    demo_receipt_insert: LiteralString
+    demo_receipts_count: LiteralString
+    job_status_counts: LiteralString
 
     def __init__(self, schema: str) -> None:
         self.schema = schema

@@ -584,6 +584,16 @@ class Statements:
             raise ValueError(f"{name!r} is not a session command")
         return Call(getattr(self.q, name), None, lambda r: None)
 
+    def status_counts(self) -> Call[dict[str, int]]:
+        """Jobs by status (every job of the schema)."""
+        return Call(self.q.job_status_counts, None, lambda r: {x["status"]: int(x["n"]) for x in r.rows})
+
+    def demo(self, name: str, params: dict[str, Any] | None = None) -> Call[list[dict[str, Any]]]:
+        """A statement of the demo (``demo_*``: reset its schema, its receipts table)."""
+        if not name.startswith("demo_"):
+            raise ValueError(f"{name!r} is not a demo statement")
+        return Call(getattr(self.q, name), params, _rows)
+
     # ---------------------------------------------------------------------------------- schedules
     def schedule_now(self) -> Call[datetime]:
         return Call(self.q.schedule_now, None, lambda r: r.rows[0]["now"])
