@@ -123,6 +123,7 @@ class Queries:
     schema_versions: LiteralString
     schema_record: LiteralString
     schema_present: LiteralString
+    roles_existing: LiteralString
     doctor_indexes: LiteralString
     doctor_autovacuum: LiteralString
     doctor_table_stats: LiteralString

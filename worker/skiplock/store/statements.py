@@ -584,6 +584,13 @@ class Statements:
             raise ValueError(f"{name!r} is not a session command")
         return Call(getattr(self.q, name), None, lambda r: None)
 
+    def roles_existing(self, names: Sequence[str]) -> Call[set[str]]:
+        return Call(self.q.roles_existing, {"names": list(names)}, lambda r: {x["rolname"] for x in r.rows})
+
+    def command(self, statement: Any) -> Call[None]:
+        """One composed command without parameters or rows (``skiplock grant``'s GRANT and ALTER statements)."""
+        return Call(statement, None, lambda r: None)
+
     def status_counts(self) -> Call[dict[str, int]]:
         """Jobs by status (every job of the schema)."""
         return Call(self.q.job_status_counts, None, lambda r: {x["status"]: int(x["n"]) for x in r.rows})
