@@ -579,8 +579,8 @@ GC_YOUNG_THRESHOLD = 20_000
 """Allocations between the cyclic collector's young collections in a worker process (Python's default: 700). A
 draining worker allocates a few objects a job (its ``Job``, entry and result) that live for milliseconds: at 700,
 most of them are still alive at a collection and are traversed there, and again one generation up. At 20,000 a
-collection comes every few thousand jobs, while only the few hundred jobs in flight are alive (callgrind: 3.6 %
-fewer instructions a no-op job). Cyclic garbage a handler leaves is collected as before, a little later."""
+collection comes every few thousand jobs, while only the few hundred jobs in flight are alive (ADR 0007 gives the
+instructions it saves). Cyclic garbage a handler leaves is collected as before, a little later."""
 
 
 def tune_gc() -> None:

@@ -129,8 +129,7 @@ WITH done AS (
     SET free_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => t.period)
     FROM taken AS t
     -- by primary key: the kind is an init plan, not a constant, so the rate index (task, free_at), whose predicate
-    -- needs the constant, cannot serve it (read through that index, each of 200 slots walked hundreds of others:
-    -- 11 ms of a 20 ms claim)
+    -- needs the constant, cannot serve it (read through that index, each slot walked hundreds of others: ADR 0007)
     WHERE s.task = t.task AND s.kind = (SELECT 'rate'::text) AND s.n = t.rslot
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
@@ -252,8 +251,7 @@ WITH done AS (
     SET free_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => t.period)
     FROM taken AS t
     -- by primary key: the kind is an init plan, not a constant, so the rate index (task, free_at), whose predicate
-    -- needs the constant, cannot serve it (read through that index, each of 200 slots walked hundreds of others:
-    -- 11 ms of a 20 ms claim)
+    -- needs the constant, cannot serve it (read through that index, each slot walked hundreds of others: ADR 0007)
     WHERE s.task = t.task AND s.kind = (SELECT 'rate'::text) AND s.n = t.rslot
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
@@ -486,8 +484,7 @@ WITH done AS (
     SET free_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => t.period)
     FROM taken AS t
     -- by primary key: the kind is an init plan, not a constant, so the rate index (task, free_at), whose predicate
-    -- needs the constant, cannot serve it (read through that index, each of 200 slots walked hundreds of others:
-    -- 11 ms of a 20 ms claim)
+    -- needs the constant, cannot serve it (read through that index, each slot walked hundreds of others: ADR 0007)
     WHERE s.task = t.task AND s.kind = (SELECT 'rate'::text) AND s.n = t.rslot
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c

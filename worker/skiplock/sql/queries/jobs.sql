@@ -150,7 +150,7 @@ WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
 RETURNING j.id;
 
 -- name: job_complete_one
--- Mark one claimed job done, fenced, in its handler's transaction: job_complete for one job by primary key, which PostgreSQL plans once per connection (job_complete's unnest made it plan every call afresh, 0.3 ms, and run 2.4x longer).
+-- Mark one claimed job done, fenced, in its handler's transaction: job_complete for one job by primary key, which PostgreSQL plans once per connection (job_complete's unnest made it plan every call afresh, and run longer: ADR 0007).
 UPDATE {schema}.jobs AS j
 SET status = 'done', locked_at = NULL, lease_expires_at = NULL, updated_at = now()
 WHERE j.id = %(id)s AND j.attempts = %(attempts)s AND j.status = (SELECT 'processing'::text)
@@ -359,7 +359,7 @@ WITH upsert AS (
 SELECT u.queue, u.paused, (SELECT count(*) FROM told) AS told FROM upsert AS u;
 
 -- name: session_generic_plans
--- The claimer's connection keeps one generic plan per claim statement (a custom plan costs 0.7 ms of planning each claim, and PostgreSQL keeps choosing custom ones once the table has statistics).
+-- The claimer's connection keeps one generic plan per claim statement (a custom plan is planned again at each claim, and PostgreSQL keeps choosing custom ones once the table has statistics: ADR 0007).
 SELECT set_config('plan_cache_mode', 'force_generic_plan', false);
 
 -- name: session_reset_plans
@@ -371,7 +371,7 @@ SELECT set_config('plan_cache_mode', reset_val, false) FROM pg_settings WHERE na
 DISCARD PLANS;
 
 -- name: session_control
--- Every control connection of a worker works in UTC: the timestamps of a claim's rows then load without a time zone conversion (converting two timestamps a row to the server's zone was 7 % of a worker's instructions), so `job.created_at` and `job.visible_at` are UTC. And without JIT: a plan whose LIMIT the planner cannot see (a generic plan, or the per-queue shares of a claim of several queues, which it guesses at a tenth of the table) passes jit_above_cost on a large table, and compiling it cost 0.75-1 s a claim; no statement of a worker is large enough to gain from it.
+-- Every control connection of a worker works in UTC: the timestamps of a claim's rows then load without a time zone conversion (converting two timestamps a row to the server's zone was a measurable share of a worker's work: ADR 0007), so `job.created_at` and `job.visible_at` are UTC. And without JIT: a plan whose LIMIT the planner cannot see (a generic plan, or the per-queue shares of a claim of several queues, which it guesses at a tenth of the table) passes jit_above_cost on a large table, and compiling it cost far more than the claim itself (ADR 0007); no statement of a worker is large enough to gain from it.
 SELECT set_config('TimeZone', 'UTC', false), set_config('jit', 'off', false);
 
 -- name: jobs_table_bytes
@@ -475,7 +475,7 @@ ORDER BY l.task;
 -- Seconds until the next start a rate limit allows, over the given tasks that have due pending jobs in the given queues (NULL when none waits: the claimer then waits as usual). A slot that came free within the last second counts (zero or less: claim again now; it may have come free between the claim and this query); a task with a slot free for longer is held back by something else (a concurrency limit, a serial key), so it gives no hint and is not spun on.
 -- Per task, one probe of the rate index for its earliest slot (the whole answer: every other slot comes free later).
 -- Joined slot against slot and against the jobs instead, the statement read every slot of a task once for each of
--- its busy ones: 400,000 buffers (200 ms) for a rate of 10,000/s, after every claim that came back short.
+-- its busy ones, after every claim that came back short (ADR 0007 gives the figures).
 SELECT extract(epoch FROM min(e.free_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS due_in_seconds
 FROM unnest(%(tasks)s::text[]) AS t(task)
 CROSS JOIN LATERAL (
