@@ -22,14 +22,14 @@ HOST_HAS_PIP = $(shell $(HOST_PYTHON) -m pip --version >/dev/null 2>&1 && echo y
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip >/dev/null
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[operator,test,dev,demo,docs]'
+	$(BIN)/python -m pip install -q -e '.[operator,test,dev,demo,docs,ui]'
 	touch $(STAMP) $(DEMO_STAMP)
 
-# The demo needs only the package and the embedded PostgreSQL: a fresh `make demo` does not wait for the
+# The demo needs only the package, the embedded PostgreSQL and the UI to look at it: a fresh `make demo` does not wait for the
 # operator, test and lint toolchains.
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	$(if $(HOST_HAS_PIP),$(HOST_PYTHON) -m pip --python $(BIN)/python,$(BIN)/python -m ensurepip >/dev/null && $(BIN)/python -m pip) \
-	  install -q -e '.[demo]'
+	  install -q -e '.[demo,ui]'
 	touch $(DEMO_STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,54 @@
+-- name: 0009_ui
+-- The web UI: failures grouped by a fingerprint the database computes (indexed over failed rows only), and the audit table of the UI's actions.
+
+-- A failure's error with what varies between occurrences of one cause normalised away: UUIDs, hex ids, quoted
+-- values and numbers. Only the first line counts (the type and message; a traceback may follow), at most 500
+-- characters of it. IMMUTABLE (only immutable built-ins, schema-qualified): an index can store it.
+CREATE FUNCTION {schema}.error_normalised(error text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE STRICT AS $$
+    SELECT pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+           pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+               pg_catalog.left(pg_catalog.split_part(error, E'\n', 1), 500),
+               '[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{12}}', '<uuid>', 'g'),
+               '''[^'']*''|"[^"]*"', '<str>', 'g'),
+               '\m0x[0-9a-fA-F]+\M|\m(?=[a-f]*[0-9])[0-9a-f]{{8,}}\M', '<hex>', 'g'),
+               '[0-9]+([.][0-9]+)?', '<n>', 'g'),
+               '\s+', ' ', 'g')
+$$;
+
+-- One group per task and normalised error: a short stable key (16 hex digits) the UI and the CLI name groups by.
+CREATE FUNCTION {schema}.error_fingerprint(task text, error text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT pg_catalog.left(pg_catalog.md5(
+        coalesce(task, '') || E'\x1f' || coalesce({schema}.error_normalised(error), '')), 16)
+$$;
+
+-- Failed rows only: the fingerprint is computed when a job fails for good (and only then), never on the claim or
+-- the completion of a job that succeeds (a row whose new version is not failed does not get an entry). Groups
+-- are read from it; the job ids let a group's jobs be paged and acted on by keyset.
+-- The index build takes a SHARE lock on jobs: bounded like 0007 (past 5 s of waiting the migration fails,
+-- changing nothing; running it again applies it).
+SET LOCAL lock_timeout = '5s';
+CREATE INDEX jobs_failure_fingerprint_idx ON {schema}.jobs ({schema}.error_fingerprint(task, last_error), id)
+    WHERE status = 'failed';
+
+-- The failed jobs newest first by id, for the UI's job list filtered on status failed (failed rows only).
+CREATE INDEX jobs_failed_id_idx ON {schema}.jobs (id) WHERE status = 'failed';
+
+-- One row per action taken from the UI (or its API): who (the token's name, or the user a trusted proxy named),
+-- what, on what, when, and how many jobs it changed. action_key makes an action idempotent: a second submission
+-- with the same key (a double click) finds this row and changes nothing more. detail holds what the action
+-- needs to continue or be checked later (a canary's job ids, a bulk action's keyset cursor).
+CREATE TABLE {schema}.ui_audit (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at         timestamptz NOT NULL DEFAULT now(),
+    actor      text        NOT NULL,
+    action     text        NOT NULL,
+    target     text        NOT NULL,
+    jobs       integer     NOT NULL DEFAULT 0,
+    action_key text        NOT NULL,
+    detail     jsonb       NOT NULL DEFAULT '{{}}'::jsonb,
+    CONSTRAINT ui_audit_action_key_key UNIQUE (action_key),
+    CONSTRAINT ui_audit_actor_check CHECK (length(actor) BETWEEN 1 AND 200),
+    CONSTRAINT ui_audit_action_key_check CHECK (length(action_key) BETWEEN 1 AND 100)
+);
