@@ -31,6 +31,8 @@ def hide(row: dict[str, Any], config: UiConfig) -> dict[str, Any]:
     if "payload" in out:
         out["payload"] = None
         out["payload_hidden"] = True
+    if out.get("normalised") is not None:  # a group keeps only its error's type: the message may name a person
+        out["normalised"] = str(out["normalised"]).split(":", 1)[0] + ": (message hidden)"
     for key in ("last_error", "sample_error"):
         if out.get(key) is not None:
             out[f"{key}_bytes"] = len(str(out[key]).encode())

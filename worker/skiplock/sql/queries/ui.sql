@@ -32,7 +32,7 @@ SELECT w.id, w.queue, w.task, w.status, w.attempts, w.max_attempts, w.priority, 
 FROM (
     SELECT * FROM {schema}.jobs AS j
     WHERE j.status = 'failed' AND j.id < %(before)s
-      AND (%(fingerprint)s::text IS NULL OR {schema}.error_fingerprint(j.task, j.last_error) = %(fingerprint)s)
+      AND (%(fingerprint)s::text IS NULL OR j.failure_fingerprint = %(fingerprint)s)
     ORDER BY j.id DESC LIMIT %(scan)s
 ) AS w
 WHERE (%(queue)s::text IS NULL OR w.queue = %(queue)s)
@@ -54,7 +54,7 @@ SELECT min(w.id) AS id, count(*) AS rows FROM (
 SELECT min(w.id) AS id, count(*) AS rows FROM (
     SELECT j.id FROM {schema}.jobs AS j
     WHERE j.status = 'failed' AND j.id < %(before)s
-      AND (%(fingerprint)s::text IS NULL OR {schema}.error_fingerprint(j.task, j.last_error) = %(fingerprint)s)
+      AND (%(fingerprint)s::text IS NULL OR j.failure_fingerprint = %(fingerprint)s)
     ORDER BY j.id DESC LIMIT %(scan)s
 ) AS w;
 
@@ -63,13 +63,13 @@ SELECT min(w.id) AS id, count(*) AS rows FROM (
 SELECT id, queue, task, payload, octet_length(payload::text) AS payload_bytes, status, priority, attempts,
        max_attempts, visible_at, locked_by, locked_at, lease_expires_at, timeout_seconds, last_error, errors,
        idempotency_key, unique_key, serial_key, created_at, updated_at,
-       CASE WHEN status = 'failed' THEN {schema}.error_fingerprint(task, last_error) END AS fingerprint
+       CASE WHEN status = 'failed' THEN failure_fingerprint END AS fingerprint
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: ui_failure_groups
--- Failed jobs grouped by fingerprint (read from the failed rows' fingerprint index): count, first and last failure, a sample (the newest job), largest group first; keyset by (jobs, fingerprint).
+-- Failed jobs grouped by fingerprint (an index-only scan of the failed rows' fingerprint index): count, first and last failure, a sample (the newest job), largest group first; keyset by (jobs, fingerprint).
 WITH g AS (
-    SELECT {schema}.error_fingerprint(j.task, j.last_error) AS fingerprint, count(*) AS jobs,
+    SELECT j.failure_fingerprint AS fingerprint, count(*) AS jobs,
            min(j.updated_at) AS first_seen, max(j.updated_at) AS last_seen, max(j.id) AS sample_id
     FROM {schema}.jobs AS j
     WHERE j.status = 'failed' AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
@@ -88,7 +88,7 @@ LIMIT %(limit)s;
 WITH g AS (
     SELECT count(*) AS jobs, min(j.updated_at) AS first_seen, max(j.updated_at) AS last_seen, max(j.id) AS sample_id
     FROM {schema}.jobs AS j
-    WHERE j.status = 'failed' AND {schema}.error_fingerprint(j.task, j.last_error) = %(fingerprint)s
+    WHERE j.status = 'failed' AND j.failure_fingerprint = %(fingerprint)s
 )
 SELECT %(fingerprint)s::text AS fingerprint, g.jobs, g.first_seen, g.last_seen, g.sample_id, s.task, s.queue,
        {schema}.error_normalised(s.last_error) AS normalised, left(s.last_error, 500) AS sample_error
@@ -97,7 +97,7 @@ FROM g JOIN {schema}.jobs AS s ON s.id = g.sample_id;
 -- name: ui_group_ids
 -- The next batch of a failure group's failed jobs above the keyset cursor `after`, oldest first (what a bulk action of the group changes in one transaction).
 SELECT j.id FROM {schema}.jobs AS j
-WHERE j.status = 'failed' AND {schema}.error_fingerprint(j.task, j.last_error) = %(fingerprint)s
+WHERE j.status = 'failed' AND j.failure_fingerprint = %(fingerprint)s
   AND j.id > %(after)s AND j.id <= %(upto)s
 ORDER BY j.id
 LIMIT %(limit)s;
