@@ -163,6 +163,7 @@ class Queries:
     schedule_prune: LiteralString
     schedule_now: LiteralString
     # the web UI's statements (queries/ui.sql)
+    ui_queue_stats: LiteralString
     ui_done_last_minute: LiteralString
     ui_jobs_window: LiteralString
     ui_jobs_failed_window: LiteralString
@@ -183,6 +184,7 @@ class Queries:
     ui_audit_lock: LiteralString
     ui_audit_get: LiteralString
     ui_audit_progress: LiteralString
+    ui_session: LiteralString
 
     def __init__(self, schema: str) -> None:
         self.schema = schema

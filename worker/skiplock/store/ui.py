@@ -27,12 +27,14 @@ from skiplock.sql import Queries, queries_for
 
 BATCH = 500
 """Jobs a bulk action changes in one transaction."""
-SCAN = 20_000
+SCAN = 10_000
 """Rows of the primary key (or of the failed jobs' index) one page of the job list reads at most."""
 DONE_CAP = 100_000
 """Done jobs counted per queue for "done in the last minute" (past it the UI shows the cap and a "+")."""
 STATEMENT_TIMEOUT_MS = 5_000
 """A UI statement that runs longer is stopped by the server (nothing it reads is worth more)."""
+MAX_GROUPS = 10_000
+"""Distinct failure fingerprints the groups page walks at most (past them a group is not listed)."""
 MAX_CANARY = 1_000
 MAX_ID = 2**63 - 1
 CANARY_ACTION = "retry_group_canary"
@@ -106,7 +108,9 @@ async def _run(conn: psycopg.AsyncConnection[Any], call: Call[Any]) -> Any:
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    await conn.execute("SELECT set_config('statement_timeout', %s, false)", (str(STATEMENT_TIMEOUT_MS),))
+    """Each UI connection: a statement timeout, and no JIT or parallel workers (every UI statement reads a bounded
+    part of an index: compiling or forking for it costs more than it runs, as on a 5 M-row table it did)."""
+    await _fetch(conn, queries_for("skiplock").ui_session, {"ms": str(STATEMENT_TIMEOUT_MS)})
 
 
 class UiStore:
@@ -144,11 +148,11 @@ class UiStore:
     # ------------------------------------------------------------------------------------------ reads
     async def queues(self) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn:
-            stats = await _run(conn, self.s.stats(None, None, None))
-            names = [s.queue for s in stats]
+            stats = await _fetch(conn, self.q.ui_queue_stats, {"lease_seconds": self.settings.lease_seconds})
+            names = [s["queue"] for s in stats]
             done = await _fetch(conn, self.q.ui_done_last_minute, {"queues": names, "cap": DONE_CAP})
         per_minute = {r["queue"]: r["done_last_minute"] for r in done}
-        return [dataclasses.asdict(s) | {"done_last_minute": per_minute.get(s.queue, 0)} for s in stats]
+        return [s | {"done_last_minute": per_minute.get(s["queue"], 0)} for s in stats]
 
     async def jobs(self, f: JobFilter, *, before: int | None, limit: int) -> Page:
         """A page of jobs newest first; ``next`` is the id the next page starts below. A page reads at most
@@ -186,6 +190,7 @@ class UiStore:
             "after_jobs": after[0] if after else None,
             "after_fingerprint": after[1] if after else None,
             "limit": limit,
+            "max_groups": MAX_GROUPS,
         }
         rows = await self._read(self.q.ui_failure_groups, params)
         last = rows[-1] if len(rows) >= limit else None

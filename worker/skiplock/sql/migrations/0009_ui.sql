@@ -1,17 +1,18 @@
 -- name: 0009_ui
 -- The web UI: failures grouped by a fingerprint the database computes (indexed over failed rows only), and the audit table of the UI's actions.
 
--- A failure's error with what varies between occurrences of one cause normalised away: UUIDs, hex ids, quoted
--- values and numbers. Only the first line counts (the type and message; a traceback may follow), at most 500
--- characters of it. IMMUTABLE (only immutable built-ins, schema-qualified): an index can store it.
+-- A failure's error with what varies between occurrences of one cause normalised away: UUIDs, quoted values,
+-- 0x hex numbers, ids (a word with a digit and a letter: user_42, a1b2c3) and numbers. Only the first line counts
+-- (the type and message; a traceback may follow), at most 500 characters of it. IMMUTABLE (only immutable built-ins, schema-qualified): an index can store it.
 CREATE FUNCTION {schema}.error_normalised(error text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE STRICT AS $$
     SELECT pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
-           pg_catalog.regexp_replace(pg_catalog.regexp_replace(
+           pg_catalog.regexp_replace(pg_catalog.regexp_replace(pg_catalog.regexp_replace(
                pg_catalog.left(pg_catalog.split_part(error, E'\n', 1), 500),
                '[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{12}}', '<uuid>', 'g'),
                '''[^'']*''|"[^"]*"', '<str>', 'g'),
-               '\m0x[0-9a-fA-F]+\M|\m(?=[a-f]*[0-9])[0-9a-f]{{8,}}\M', '<hex>', 'g'),
+               '\m0x[0-9a-fA-F]+\M', '<hex>', 'g'),
+               '\m(?=\w*[0-9])(?=\w*[A-Za-z_])\w+\M', '<id>', 'g'),
                '[0-9]+([.][0-9]+)?', '<n>', 'g'),
                '\s+', ' ', 'g')
 $$;

@@ -1,3 +1,32 @@
+-- name: ui_queue_stats
+-- Each queue's ready, delayed, processing, stalled and failed jobs, oldest ready job and next due, and whether it is paused: from index-only scans of the partial indexes of pending and failed jobs and the few processing rows (queue_stats reads every failed row's heap page).
+WITH pending AS (
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.visible_at <= now()) AS ready,
+           count(*) FILTER (WHERE j.visible_at > now()) AS delayed,
+           min(j.visible_at) FILTER (WHERE j.visible_at <= now()) AS oldest_ready,
+           min(j.visible_at) FILTER (WHERE j.visible_at > now()) AS next_due
+    FROM {schema}.jobs AS j WHERE j.status = 'pending'
+    GROUP BY j.queue
+), processing AS (
+    SELECT j.queue, count(*) AS processing,
+           count(*) FILTER (WHERE coalesce(j.lease_expires_at, j.locked_at + make_interval(secs => %(lease_seconds)s))
+                                  < now()) AS stalled
+    FROM {schema}.jobs AS j WHERE j.status = 'processing'
+    GROUP BY j.queue
+), failed AS (
+    SELECT j.queue, count(*) AS failed FROM {schema}.jobs AS j WHERE j.status = 'failed' GROUP BY j.queue
+)
+SELECT queue, coalesce(p.ready, 0) AS ready, coalesce(p.delayed, 0) AS delayed,
+       coalesce(r.processing, 0) AS processing, coalesce(r.stalled, 0) AS stalled, coalesce(f.failed, 0) AS failed,
+       coalesce(extract(epoch FROM now() - p.oldest_ready), 0)::float8 AS oldest_ready_age_seconds, p.next_due,
+       coalesce(q.paused, false) AS paused
+FROM pending AS p
+FULL JOIN processing AS r USING (queue)
+FULL JOIN failed AS f USING (queue)
+FULL JOIN {schema}.queues AS q USING (queue)
+ORDER BY queue;
+
 -- name: ui_done_last_minute
 -- Jobs of each given queue finished as done in the last minute, from the done index alone, counted up to `cap` per queue (the UI shows "cap+" past it).
 SELECT q.queue, (
@@ -67,13 +96,27 @@ SELECT id, queue, task, payload, octet_length(payload::text) AS payload_bytes, s
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: ui_failure_groups
--- Failed jobs grouped by fingerprint (an index-only scan of the failed rows' fingerprint index): count, first and last failure, a sample (the newest job), largest group first; keyset by (jobs, fingerprint).
-WITH g AS (
-    SELECT j.failure_fingerprint AS fingerprint, count(*) AS jobs,
-           min(j.updated_at) AS first_seen, max(j.updated_at) AS last_seen, max(j.id) AS sample_id
-    FROM {schema}.jobs AS j
-    WHERE j.status = 'failed' AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
-    GROUP BY 1
+-- Failed jobs grouped by fingerprint, largest first (keyset by jobs, fingerprint): count, first and last failure, a sample (the newest job). The distinct fingerprints are walked in the fingerprint index (one probe each), each group counted by an index-only scan of it: no failed row's heap page is read (a plain GROUP BY is planned on the failed jobs' id index, reading one heap page per failed job).
+WITH RECURSIVE fps(fp) AS (
+    (SELECT j.failure_fingerprint FROM {schema}.jobs AS j
+     WHERE j.status = 'failed' AND j.failure_fingerprint IS NOT NULL
+     ORDER BY j.failure_fingerprint LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.failure_fingerprint FROM {schema}.jobs AS j
+            WHERE j.status = 'failed' AND j.failure_fingerprint > fps.fp
+            ORDER BY j.failure_fingerprint LIMIT 1)
+    FROM fps WHERE fps.fp IS NOT NULL
+), g AS (
+    SELECT f.fp AS fingerprint, c.jobs, c.first_seen, c.last_seen, c.sample_id
+    FROM (SELECT fp FROM fps WHERE fp IS NOT NULL LIMIT %(max_groups)s) AS f
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS jobs, min(j.updated_at) AS first_seen, max(j.updated_at) AS last_seen,
+               max(j.id) AS sample_id
+        FROM {schema}.jobs AS j
+        WHERE j.status = 'failed' AND j.failure_fingerprint = f.fp
+          AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+    ) AS c
+    WHERE c.jobs > 0
 )
 SELECT g.fingerprint, g.jobs, g.first_seen, g.last_seen, g.sample_id, s.task, s.queue,
        {schema}.error_normalised(s.last_error) AS normalised, left(s.last_error, 500) AS sample_error
@@ -192,3 +235,8 @@ SELECT id, at, actor, action, target, jobs, action_key, detail FROM {schema}.ui_
 UPDATE {schema}.ui_audit SET jobs = jobs + %(jobs)s, detail = detail || %(detail)s::jsonb
 WHERE id = %(id)s
 RETURNING id, at, actor, action, target, jobs, action_key, detail;
+
+-- name: ui_session
+-- A UI connection's settings: its statement timeout (milliseconds as text), no JIT and no parallel workers (its statements read bounded parts of indexes).
+SELECT set_config('statement_timeout', %(ms)s, false), set_config('jit', 'off', false),
+       set_config('max_parallel_workers_per_gather', '0', false);
