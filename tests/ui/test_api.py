@@ -331,3 +331,41 @@ def test_the_app_mounts_inside_another_asgi_app(settings: object, queue: Queue) 
         assert page.status_code == 200 and 'href="/ops/queue/jobs"' in page.text
         assert c.get("/ops/queue/api/queues").json()["queues"][0]["ready"] == 1
         assert c.get("/ops/queue/static/ui.js").status_code == 200
+
+
+def test_a_bulk_action_out_of_time_answers_202_and_goes_on_when_sent_again(
+    client: TestClient, queue: Queue, pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_ui, "BATCH", 2)
+    monkeypatch.setattr(store_ui, "BULK_SECONDS", 0.0)  # one batch a request
+    ids = add_failed(pg_dsn, schema, [f"ValueError: bad amount {n}" for n in range(5)])
+    fp = group_of(client, ids[0])
+    headers = AUTH | {"Idempotency-Key": "slow-1"}
+    answers = [client.post(f"/api/failures/{fp}/retry", headers=headers) for _ in range(4)]
+    assert [a.status_code for a in answers] == [202, 202, 200, 200]
+    assert [a.json()["action"]["jobs"] for a in answers] == [2, 4, 5, 5]
+    assert answers[0].json()["continue_with_key"] == "slow-1"
+    assert [a.json()["action"]["repeated"] for a in answers] == [False, False, False, True]
+    assert set(queue.statuses(ids).values()) == {"pending"}
+    assert len(audit_rows(pg_dsn, schema)) == 1
+
+
+def test_a_bulk_form_out_of_time_sends_itself_again(
+    client: TestClient, queue: Queue, pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_ui, "BATCH", 2)
+    monkeypatch.setattr(store_ui, "BULK_SECONDS", 0.0)
+    ids = add_failed(pg_dsn, schema, [f"ValueError: bad amount {n}" for n in range(3)])
+    fp = group_of(client, ids[0])
+    csrf = re.search(r'name="csrf" value="([^"]+)"', client.get("/login").text)[1]  # type: ignore[index]
+    client.post("/login", data={"csrf": csrf, "token": "test-token-0123456789"})
+    csrf = re.search(r'name="csrf" value="([^"]+)"', client.get("/queues").text)[1]  # type: ignore[index]
+    first = client.post(f"/failures/{fp}/retry", data={"csrf": csrf, "action_key": "form-1"})
+    assert first.status_code == 303
+    page = client.get(first.headers["location"]).text
+    resume = re.search(r'<form method="post" action="([^"]+)" id="continue" data-autosubmit="1">(.*?)</form>', page, re.S)
+    assert resume is not None and resume[1] == f"/failures/{fp}/retry" and 'value="form-1"' in resume[2]
+    fields = dict(re.findall(r'name="([^"]+)" value="([^"]*)"', resume[2]))
+    assert client.post(resume[1], data=fields).status_code == 303
+    assert set(queue.statuses(ids).values()) == {"pending"}
+    assert [r["jobs"] for r in audit_rows(pg_dsn, schema)] == [3]

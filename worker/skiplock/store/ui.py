@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,6 +28,9 @@ from skiplock.sql import Queries, queries_for
 
 BATCH = 500
 """Jobs a bulk action changes in one transaction."""
+BULK_SECONDS = 0.15
+"""A bulk action's request stops starting batches after this long; the same request again (same action key)
+continues where it stopped (its detail says ``finished``)."""
 SCAN = 10_000
 """Rows of the primary key (or of the failed jobs' index) one page of the job list reads at most."""
 DONE_CAP = 100_000
@@ -380,7 +384,9 @@ class UiStore:
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """retry or cancel (``verb`` retry_group / cancel_group / retry_filter / cancel_filter) every job of a
-        failure group or of a filter, :data:`BATCH` jobs a transaction, the cursor in the audit row."""
+        failure group or of a filter, :data:`BATCH` jobs a transaction, the cursor in the audit row. Batches run
+        for :data:`BULK_SECONDS` at most: then the row's detail has ``finished`` false, and a repeat of the call
+        with the same ``key`` goes on."""
         async with self.pool.connection() as conn:
             if upto is None:
                 upto = (await _fetch(conn, self.q.ui_newest_id, {}))[0]["id"]
@@ -392,19 +398,21 @@ class UiStore:
             audit = _audit(actor, verb, target, key, detail)
             async with conn.transaction():
                 begun = await _fetch(conn, self.q.ui_audit_begin, audit | {"detail": _json(detail)})
-            repeated = not begun
+            started, first = time.monotonic(), True
             while True:
                 async with conn.transaction():
                     row = (await _fetch(conn, self.q.ui_audit_lock, {"action_key": key}))[0]
                     d = row["detail"]
-                    if d.get("finished"):
-                        return row | {"repeated": repeated}
+                    if d.get("finished"):  # finished before this request looked: a repeat
+                        return row | {"repeated": first and not begun}
+                    first = False
                     ids = await self._batch(conn, verb, d, group, filter)
                     changed = await self._apply(conn, verb, ids, actor) if ids else []
                     patch = {"after": max(ids) if ids else d["after"], "finished": len(ids) < BATCH}
-                    await _fetch(
-                        conn, self.q.ui_audit_progress, {"id": row["id"], "jobs": len(changed), "detail": _json(patch)}
-                    )
+                    progress = {"id": row["id"], "jobs": len(changed), "detail": _json(patch)}
+                    row = (await _fetch(conn, self.q.ui_audit_progress, progress))[0]
+                if patch["finished"] or time.monotonic() - started > BULK_SECONDS:
+                    return row | {"repeated": False}
 
     async def _batch(
         self,

@@ -247,6 +247,8 @@ def _post(kind: str) -> Callable[[Request], Awaitable[Response]]:
         act = action_for(kind, request.path_params, body)
         key = action_key(request.headers.get("idempotency-key") or body.get("action_key"))
         result = await act(await store_of(request), actor, key)
+        if (result.get("detail") or {}).get("finished") is False:  # a bulk action's time ran out: POST it again
+            return Json({"action": result, "finished": False, "continue_with_key": result["action_key"]}, status_code=202)
         return Json({"action": result})
 
     return _json_errors(endpoint)

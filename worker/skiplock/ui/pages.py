@@ -51,6 +51,11 @@ def _form_action(kind: str, fallback: str) -> Callable[[Request], Awaitable[Resp
         key = api.action_key(form.get("action_key"))
         result = await act(await api.store_of(request), actor, key)
         request.session["flash"] = _said(result)
+        if (result.get("detail") or {}).get("finished") is False:
+            # a bulk action's time ran out: the next page sends the same form again (ui.js), which goes on
+            fields = {k: str(v) for k, v in form.items()} | {"action_key": key}
+            request.session["continue"] = {"url": str(request.url.path), "fields": fields}
+            request.session["flash"] += " so far, continuing…"
         target = fallback.format(**request.path_params)
         if kind == "retry_group" and "canary" in (result.get("detail") or {}):
             target += f"?canary={result['id']}"

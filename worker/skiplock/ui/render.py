@@ -66,11 +66,13 @@ templates.env.filters.update(ago=ago, when=when, number=number)
 def page(request: Request, name: str, context: dict[str, Any], *, status: int = 200) -> Response:
     config = request.app.state.config
     flash = request.session.pop("flash", None)
+    resume = request.session.pop("continue", None)
     base = {
         "config": config,
         "csrf": csrf_token(request.session),
         "actor": request.session.get("actor"),
         "flash": flash,
+        "resume": resume,
         "root": request.scope.get("root_path", ""),
     }
     return templates.TemplateResponse(request, name, base | context, status_code=status)

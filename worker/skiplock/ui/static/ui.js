@@ -53,6 +53,9 @@ async function refreshQueues(table) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  // a bulk action whose request ran out of time: send it again (same action key), it goes on where it stopped
+  const resume = document.querySelector("form[data-autosubmit]");
+  if (resume) resume.submit();
   const table = document.querySelector("table[data-poll]");
   if (!table) return;
   setInterval(() => refreshQueues(table), 2000);
