@@ -130,12 +130,34 @@ def run(dsn: str, repeat: int) -> list[dict[str, Any]]:
         some_done = c.get("/api/jobs?status=done&limit=1").json()["jobs"][0]["id"]
         since = (datetime.now(UTC) - timedelta(days=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
         reads = [
-            "/api/queues", "/queues", "/api/jobs", "/jobs", "/api/jobs?status=failed", "/jobs?status=failed",
-            "/api/jobs?status=done&queue=q1", "/api/jobs?status=pending", "/api/jobs?q=timeout",
-            "/api/jobs?q=no-such-text", "/api/jobs?status=failed&q=no-such-text", "/api/jobs?task=task3&status=failed",
-            f"/api/jobs?since={since}&limit=200", f"/api/jobs/{sample}", f"/jobs/{sample}", f"/jobs/{some_done}",
-            "/api/failures", "/failures", f"/api/failures/{big}", f"/failures/{big}", "/api/schedules",
-            "/schedules", "/api/limits", "/limits", "/api/workers", "/workers", "/api/audit", "/audit",
+            "/api/queues",
+            "/queues",
+            "/api/jobs",
+            "/jobs",
+            "/api/jobs?status=failed",
+            "/jobs?status=failed",
+            "/api/jobs?status=done&queue=q1",
+            "/api/jobs?status=pending",
+            "/api/jobs?q=timeout",
+            "/api/jobs?q=no-such-text",
+            "/api/jobs?status=failed&q=no-such-text",
+            "/api/jobs?task=task3&status=failed",
+            f"/api/jobs?since={since}&limit=200",
+            f"/api/jobs/{sample}",
+            f"/jobs/{sample}",
+            f"/jobs/{some_done}",
+            "/api/failures",
+            "/failures",
+            f"/api/failures/{big}",
+            f"/failures/{big}",
+            "/api/schedules",
+            "/schedules",
+            "/api/limits",
+            "/limits",
+            "/api/workers",
+            "/workers",
+            "/api/audit",
+            "/audit",
         ]
         out += [timed(c, "GET", url, repeat) for url in reads]
         out.append(timed(c, "POST", "/api/queues/q1/pause", repeat, headers=auth))
@@ -157,7 +179,10 @@ def run(dsn: str, repeat: int) -> list[dict[str, Any]]:
 
 def render(rows: list[dict[str, Any]]) -> str:
     width = max(len(r["call"]) for r in rows)
-    lines = [f"| {'call'.ljust(width)} | status | median ms | max ms |", f"|{'-' * (width + 2)}|--------|-----------|--------|"]
+    lines = [
+        f"| {'call'.ljust(width)} | status | median ms | max ms |",
+        f"|{'-' * (width + 2)}|--------|-----------|--------|",
+    ]
     for r in rows:
         extra = f" ({r['jobs']} jobs)" if "jobs" in r else ""
         call = (r["call"] + extra).ljust(width)

@@ -8,11 +8,9 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-
-from skiplock import Queue, Settings
-
 from starlette.testclient import TestClient
 
+from skiplock import Queue, Settings
 from skiplock.ui import UiConfig, create_app
 
 TOKEN = "test-token-0123456789"

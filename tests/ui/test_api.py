@@ -52,15 +52,27 @@ def test_every_read_endpoint_answers_with_the_rows(client: TestClient, queue: Qu
     job = client.get(f"/api/jobs/{failed}").json()["job"]
     assert job["payload"] == {"n": 1} and job["errors"][0]["error"] == "RuntimeError: order 7 rejected"
     groups = client.get("/api/failures").json()["groups"]
-    assert [(g["jobs"], g["task"], g["normalised"]) for g in groups] == [(1, "send", "RuntimeError: order <n> rejected")]
+    assert [(g["jobs"], g["task"], g["normalised"]) for g in groups] == [
+        (1, "send", "RuntimeError: order <n> rejected")
+    ]
     group = client.get(f"/api/failures/{groups[0]['fingerprint']}").json()
     assert group["group"]["sample_id"] == failed and [j["id"] for j in group["jobs"]] == [failed]
     assert client.get("/api/schedules").json() == {"schedules": [], "next_after": None}
     assert client.get("/api/limits").json() == {"limits": [], "waiting": []}
     assert client.get("/api/workers").json() == {"workers": []}
     assert client.get("/api/audit").json() == {"entries": [], "next_before": None}
-    for page in ("/queues", "/jobs", f"/jobs/{failed}", "/failures", f"/failures/{groups[0]['fingerprint']}",
-                 "/schedules", "/limits", "/workers", "/audit", "/login"):
+    for page in (
+        "/queues",
+        "/jobs",
+        f"/jobs/{failed}",
+        "/failures",
+        f"/failures/{groups[0]['fingerprint']}",
+        "/schedules",
+        "/limits",
+        "/workers",
+        "/audit",
+        "/login",
+    ):
         r = client.get(page)
         assert r.status_code == 200 and "<!doctype html>" in r.text, page
 
@@ -123,7 +135,12 @@ def test_retry_and_cancel_a_job_write_one_audit_row_each_and_a_second_click_repe
     key = {"Idempotency-Key": "click-1"} | AUTH
     first = client.post(f"/api/jobs/{failed}/retry", headers=key).json()["action"]
     assert (first["actor"], first["action"], first["target"], first["jobs"], first["repeated"]) == (
-        "ops", "retry", f"job {failed}", 1, False)
+        "ops",
+        "retry",
+        f"job {failed}",
+        1,
+        False,
+    )
     again = client.post(f"/api/jobs/{failed}/retry", headers=key).json()["action"]
     assert again["repeated"] is True and again["id"] == first["id"]
     assert queue.statuses([failed]) == {failed: "pending"}
@@ -154,12 +171,16 @@ def test_pause_and_resume_show_on_the_queues(client: TestClient, queue: Queue) -
 
 
 def test_failures_group_by_task_and_normalised_error(client: TestClient, pg_dsn: str, schema: str) -> None:
-    add_failed(pg_dsn, schema, [
-        "HTTPError: 503 from /orders/123 after 2.5 s",
-        "HTTPError: 502 from /orders/98765 after 10 s",
-        "KeyError: 'customer-1' for 3f2504e0-4f89-11d3-9a0c-0305e82c3301",
-        'KeyError: "customer-2" for 6ba7b810-9dad-11d1-80b4-00c04fd430c8',
-    ])
+    add_failed(
+        pg_dsn,
+        schema,
+        [
+            "HTTPError: 503 from /orders/123 after 2.5 s",
+            "HTTPError: 502 from /orders/98765 after 10 s",
+            "KeyError: 'customer-1' for 3f2504e0-4f89-11d3-9a0c-0305e82c3301",
+            'KeyError: "customer-2" for 6ba7b810-9dad-11d1-80b4-00c04fd430c8',
+        ],
+    )
     add_failed(pg_dsn, schema, ["HTTPError: 500 from /orders/1 after 1 s"], task="bill")
     groups = client.get("/api/failures").json()["groups"]
     assert sorted((g["task"], g["jobs"], g["normalised"]) for g in groups) == [
@@ -224,11 +245,19 @@ def test_a_bulk_action_runs_in_batches_and_a_repeat_does_not_double_it(
     headers = AUTH | {"Idempotency-Key": "bulk-1"}
     done = client.post(f"/api/failures/{fp}/retry", headers=headers).json()["action"]
     assert (done["action"], done["jobs"], done["detail"]["finished"], done["detail"]["after"]) == (
-        "retry_group", 10, True, ids[-1])
+        "retry_group",
+        10,
+        True,
+        ids[-1],
+    )
     assert set(queue.statuses(ids).values()) == {"pending"} and queue.statuses(other) == {other[0]: "failed"}
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # they fail again: a repeated click must not retry them
-        conn.execute(sql.SQL("UPDATE {}.jobs SET status = 'failed', last_error = 'ValueError: bad amount 1' "
-                             "WHERE id = ANY(%s)").format(sql.Identifier(schema)), (ids,))
+        conn.execute(
+            sql.SQL(
+                "UPDATE {}.jobs SET status = 'failed', last_error = 'ValueError: bad amount 1' WHERE id = ANY(%s)"
+            ).format(sql.Identifier(schema)),
+            (ids,),
+        )
     again = client.post(f"/api/failures/{fp}/retry", headers=headers).json()["action"]
     assert again["repeated"] is True and again["jobs"] == 10
     assert set(queue.statuses(ids).values()) == {"failed"}
@@ -363,7 +392,9 @@ def test_a_bulk_form_out_of_time_sends_itself_again(
     first = client.post(f"/failures/{fp}/retry", data={"csrf": csrf, "action_key": "form-1"})
     assert first.status_code == 303
     page = client.get(first.headers["location"]).text
-    resume = re.search(r'<form method="post" action="([^"]+)" id="continue" data-autosubmit="1">(.*?)</form>', page, re.S)
+    resume = re.search(
+        r'<form method="post" action="([^"]+)" id="continue" data-autosubmit="1">(.*?)</form>', page, re.S
+    )
     assert resume is not None and resume[1] == f"/failures/{fp}/retry" and 'value="form-1"' in resume[2]
     fields = dict(re.findall(r'name="([^"]+)" value="([^"]*)"', resume[2]))
     assert client.post(resume[1], data=fields).status_code == 303

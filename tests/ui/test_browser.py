@@ -27,8 +27,15 @@ from support.pg import drop_schema
 from support.workers import WorkerProcess
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "ui"
 TOKEN = "browser-token-0123456789"
 QUEUE = "orders"
@@ -97,8 +104,9 @@ def readonly_ui(db: Settings) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def worker(db: Settings) -> Iterator[WorkerProcess]:
-    w = WorkerProcess(db.require_dsn(), db.schema, QUEUE, "ui.handlers:until_fixed", poll_seconds=0.3,
-                      max_attempts=1, concurrency=4)
+    w = WorkerProcess(
+        db.require_dsn(), db.schema, QUEUE, "ui.handlers:until_fixed", poll_seconds=0.3, max_attempts=1, concurrency=4
+    )
     yield w
     w.stop()
 
@@ -149,8 +157,9 @@ def failed_jobs(queue: Queue, db: Settings, n: int, worker: WorkerProcess) -> li
     until(lambda: set(queue.statuses(ids).values()) == {"failed"}, f"the worker to fail {ids}")
     assert worker.alive, worker.output()
     with psycopg.connect(db.require_dsn(), autocommit=True) as conn:  # a job another cause failed is left out
-        q = sql.SQL("SELECT id FROM {}.jobs WHERE id = ANY(%s) AND last_error LIKE 'RuntimeError: upstream%%' "
-                    "ORDER BY id").format(sql.Identifier(db.schema))
+        q = sql.SQL(
+            "SELECT id FROM {}.jobs WHERE id = ANY(%s) AND last_error LIKE 'RuntimeError: upstream%%' ORDER BY id"
+        ).format(sql.Identifier(db.schema))
         return [r[0] for r in conn.execute(q, (ids,)).fetchall()]
 
 
@@ -162,8 +171,9 @@ def log_in(page: Any, ui: str) -> None:
     assert "logged in as ops" in page.inner_text(".flash")
 
 
-def test_without_a_token_the_buttons_are_refused(browser: Any, readonly_ui: str, queue: Queue, db: Settings,
-                                                 worker: WorkerProcess) -> None:
+def test_without_a_token_the_buttons_are_refused(
+    browser: Any, readonly_ui: str, queue: Queue, db: Settings, worker: WorkerProcess
+) -> None:
     job = failed_jobs(queue, db, 1, worker)[0]
     pg = browser.new_page()
     pg.goto(f"{readonly_ui}/jobs/{job}")
@@ -177,8 +187,7 @@ def test_without_a_token_the_buttons_are_refused(browser: Any, readonly_ui: str,
         conn.execute(sql.SQL("DELETE FROM {}.jobs WHERE id = %s").format(sql.Identifier(db.schema)), (job,))
 
 
-def test_a_failed_job_is_retried_to_done(page: Any, ui: str, queue: Queue, db: Settings,
-                                         worker: WorkerProcess) -> None:
+def test_a_failed_job_is_retried_to_done(page: Any, ui: str, queue: Queue, db: Settings, worker: WorkerProcess) -> None:
     job = failed_jobs(queue, db, 1, worker)[0]
     log_in(page, ui)
     page.goto(f"{ui}/jobs?status=failed")
@@ -194,8 +203,9 @@ def test_a_failed_job_is_retried_to_done(page: Any, ui: str, queue: Queue, db: S
     assert queue.statuses([job]) == {job: "done"}
 
 
-def test_a_failure_group_canary_then_the_rest(page: Any, ui: str, queue: Queue, db: Settings,
-                                              worker: WorkerProcess) -> None:
+def test_a_failure_group_canary_then_the_rest(
+    page: Any, ui: str, queue: Queue, db: Settings, worker: WorkerProcess
+) -> None:
     ids = failed_jobs(queue, db, 6, worker)
     log_in(page, ui)
     page.goto(f"{ui}/failures")

@@ -157,12 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true")
     f.add_argument("--group", action="store_true", help="failures grouped by fingerprint (task and normalised error)")
 
-    u = sub.add_parser("ui", parents=[common], help="serve the web UI (needs skiplock[ui]; read-only without a token)")
-    u.add_argument("--host", default="127.0.0.1")
-    u.add_argument("--port", type=int, default=8080)
-    u.add_argument("--token-file", metavar="PATH", help="the token actions need (default: SKIPLOCK_UI_TOKEN)")
-    u.add_argument("--hide-payloads", action="store_true", help="show only the size of payloads, results, errors")
-    u.add_argument("--trusted-user-header", metavar="NAME", help="behind an authenticating proxy: its user header")
+    ui = sub.add_parser("ui", parents=[common], help="serve the web UI (needs skiplock[ui]; read-only without a token)")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=8080)
+    ui.add_argument("--token-file", metavar="PATH", help="the token actions need (default: SKIPLOCK_UI_TOKEN)")
+    ui.add_argument("--hide-payloads", action="store_true", help="show only the size of payloads, results, errors")
+    ui.add_argument("--trusted-user-header", metavar="NAME", help="behind an authenticating proxy: its user header")
 
     for name, helptext in (("retry", "re-drive failed jobs"), ("cancel", "cancel pending or running jobs")):
         r = sub.add_parser(name, parents=[common], help=helptext)

@@ -97,7 +97,9 @@ def _json(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
-async def _fetch(conn: psycopg.AsyncConnection[Any], query: LiteralString, params: dict[str, Any]) -> list[dict[str, Any]]:
+async def _fetch(
+    conn: psycopg.AsyncConnection[Any], query: LiteralString, params: dict[str, Any]
+) -> list[dict[str, Any]]:
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(query, params)
         return await cur.fetchall() if cur.description else []
@@ -311,41 +313,39 @@ class UiStore:
 
         detail: dict[str, Any] = {"fingerprint": fingerprint, "n": n}
         audit = _audit(actor, CANARY_ACTION, f"group {fingerprint}", key, detail)
-        async with self.pool.connection() as conn:
-            async with conn.transaction():
-                begun = await _fetch(conn, self.q.ui_audit_begin, audit | {"detail": _json(detail)})
-                if not begun:
-                    return await self._repeat(conn, key)
-                params = {"fingerprint": fingerprint, "after": 0, "upto": MAX_ID, "limit": n}
-                ids = [r["id"] for r in await _fetch(conn, self.q.ui_group_ids, params)]
-                if not ids:
-                    raise NotFoundError(f"no failed job has the fingerprint {fingerprint}")
-                retried: list[int] = await _run(conn, self.s.retry_failed(ids, None, None))
-                if not retried:
-                    raise ActionError("no job of the canary could be retried (their keys are held by live jobs)")
-                newest = (await _fetch(conn, self.q.ui_newest_id, {}))[0]["id"]
-                patch = {"canary": retried, "upto": newest}
-                progress = {"id": begun[0]["id"], "jobs": len(retried), "detail": _json(patch)}
-                rows = await _fetch(conn, self.q.ui_audit_progress, progress)
+        async with self.pool.connection() as conn, conn.transaction():
+            begun = await _fetch(conn, self.q.ui_audit_begin, audit | {"detail": _json(detail)})
+            if not begun:
+                return await self._repeat(conn, key)
+            params = {"fingerprint": fingerprint, "after": 0, "upto": MAX_ID, "limit": n}
+            ids = [r["id"] for r in await _fetch(conn, self.q.ui_group_ids, params)]
+            if not ids:
+                raise NotFoundError(f"no failed job has the fingerprint {fingerprint}")
+            retried: list[int] = await _run(conn, self.s.retry_failed(ids, None, None))
+            if not retried:
+                raise ActionError("no job of the canary could be retried (their keys are held by live jobs)")
+            newest = (await _fetch(conn, self.q.ui_newest_id, {}))[0]["id"]
+            patch = {"canary": retried, "upto": newest}
+            progress = {"id": begun[0]["id"], "jobs": len(retried), "detail": _json(patch)}
+            rows = await _fetch(conn, self.q.ui_audit_progress, progress)
         return rows[0] | {"repeated": False}
 
     async def retry_rest(self, fingerprint: str, canary_id: int, *, actor: str, key: str) -> dict[str, Any]:
         """Retry the rest of a group whose canary (the audit entry ``canary_id``) fully succeeded."""
-        async with self.pool.connection() as conn:
-            async with conn.transaction():
-                canary = await _fetch(conn, self.q.ui_audit_get, {"id": canary_id})
-                if not canary or canary[0]["action"] != CANARY_ACTION:
-                    raise NotFoundError(f"no canary {canary_id}")
-                detail = canary[0]["detail"]
-                if detail.get("fingerprint") != fingerprint:
-                    raise ActionError(f"canary {canary_id} is of group {detail.get('fingerprint')}, not {fingerprint}")
-                used = detail.get("rest_key")
-                if used is not None and used != key:
-                    raise StaleError(f"canary {canary_id} was used already: the rest of its group was retried")
-                if used is None:
-                    await self._check_canary(conn, canary_id, detail["canary"])
-                    mark = {"rest_key": key}
-                    await _fetch(conn, self.q.ui_audit_progress, {"id": canary_id, "jobs": 0, "detail": _json(mark)})
+        async with self.pool.connection() as conn, conn.transaction():
+            canary = await _fetch(conn, self.q.ui_audit_get, {"id": canary_id})
+            if not canary or canary[0]["action"] != CANARY_ACTION:
+                raise NotFoundError(f"no canary {canary_id}")
+            detail = canary[0]["detail"]
+            if detail.get("fingerprint") != fingerprint:
+                raise ActionError(f"canary {canary_id} is of group {detail.get('fingerprint')}, not {fingerprint}")
+            used = detail.get("rest_key")
+            if used is not None and used != key:
+                raise StaleError(f"canary {canary_id} was used already: the rest of its group was retried")
+            if used is None:
+                await self._check_canary(conn, canary_id, detail["canary"])
+                mark = {"rest_key": key}
+                await _fetch(conn, self.q.ui_audit_progress, {"id": canary_id, "jobs": 0, "detail": _json(mark)})
         return await self.bulk(
             "retry_group",
             fingerprint,
@@ -379,7 +379,7 @@ class UiStore:
         actor: str,
         key: str,
         group: str | None = None,
-        filter: JobFilter | None = None,
+        jobs: JobFilter | None = None,
         upto: int | None = None,
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
@@ -393,8 +393,8 @@ class UiStore:
             detail: dict[str, Any] = {"after": 0, "upto": upto, "finished": False} | (extra or {})
             if group is not None:
                 detail["fingerprint"] = group
-            if filter is not None:
-                detail["filter"] = {k: v for k, v in dataclasses.asdict(filter).items() if v is not None}
+            if jobs is not None:
+                detail["filter"] = {k: v for k, v in dataclasses.asdict(jobs).items() if v is not None}
             audit = _audit(actor, verb, target, key, detail)
             async with conn.transaction():
                 begun = await _fetch(conn, self.q.ui_audit_begin, audit | {"detail": _json(detail)})
@@ -406,7 +406,7 @@ class UiStore:
                     if d.get("finished"):  # finished before this request looked: a repeat
                         return row | {"repeated": first and not begun}
                     first = False
-                    ids = await self._batch(conn, verb, d, group, filter)
+                    ids = await self._batch(conn, verb, d, group, jobs)
                     changed = await self._apply(conn, verb, ids, actor) if ids else []
                     patch = {"after": max(ids) if ids else d["after"], "finished": len(ids) < BATCH}
                     progress = {"id": row["id"], "jobs": len(changed), "detail": _json(patch)}

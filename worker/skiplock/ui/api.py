@@ -159,7 +159,9 @@ def action_key(value: Any) -> str:
 def bulk_filter(body: Mapping[str, Any], verb: str) -> JobFilter:
     """A bulk action's filter: the job list's filters without status (retry takes failed and cancelled jobs,
     cancel pending and running ones); at least one of them must be given."""
-    given = {k: str(v) for k, v in body.items() if k in ("queue", "task", "q", "since", "until") and v not in (None, "")}
+    given = {
+        k: str(v) for k, v in body.items() if k in ("queue", "task", "q", "since", "until") and v not in (None, "")
+    }
     if "status" in body and body["status"] not in (None, ""):
         raise p.BadRequest(f"a bulk {verb} picks the statuses itself: leave status out")
     if not given:
@@ -191,9 +193,9 @@ def action_for(kind: str, path: Mapping[str, Any], body: Mapping[str, Any]) -> A
             return lambda s, actor, key: s.retry_canary(fp, n, actor=actor, key=key)
         return lambda s, actor, key: s.bulk(kind, f"group {fp}", actor=actor, key=key, group=fp)
     if kind in ("retry_filter", "cancel_filter"):
-        f = bulk_filter(body, kind.split("_")[0])
+        f = bulk_filter(body, kind.split("_", maxsplit=1)[0])
         target = "jobs " + " ".join(f"{k}={v}" for k, v in vars(f).items() if v is not None)
-        return lambda s, actor, key: s.bulk(kind, target, actor=actor, key=key, filter=f)
+        return lambda s, actor, key: s.bulk(kind, target, actor=actor, key=key, jobs=f)
     raise p.BadRequest(f"unknown action {kind!r}")
 
 
@@ -248,7 +250,9 @@ def _post(kind: str) -> Callable[[Request], Awaitable[Response]]:
         key = action_key(request.headers.get("idempotency-key") or body.get("action_key"))
         result = await act(await store_of(request), actor, key)
         if (result.get("detail") or {}).get("finished") is False:  # a bulk action's time ran out: POST it again
-            return Json({"action": result, "finished": False, "continue_with_key": result["action_key"]}, status_code=202)
+            return Json(
+                {"action": result, "finished": False, "continue_with_key": result["action_key"]}, status_code=202
+            )
         return Json({"action": result})
 
     return _json_errors(endpoint)

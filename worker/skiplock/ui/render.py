@@ -46,7 +46,12 @@ def ago(value: Any) -> str:
     seconds = (datetime.now(UTC) - value).total_seconds()
     future, s = seconds < 0, abs(seconds)
     text = (
-        f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.0f} h" if s < 172800
+        f"{s:.0f} s"
+        if s < 90
+        else f"{s / 60:.0f} min"
+        if s < 5400
+        else f"{s / 3600:.0f} h"
+        if s < 172800
         else f"{s / 86400:.0f} d"
     )
     return f"in {text}" if future else f"{text} ago"

@@ -14,6 +14,7 @@ from skiplock.store.ui import UiStore
 from skiplock.ui.app import create_app
 from skiplock.ui.config import UiConfig
 
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port``, or a ConfigError that says why not (in use, not allowed)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -24,7 +25,9 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(f"port {port} on {host} is already in use: stop what listens there or pass --port") from None
+            raise ConfigError(
+                f"port {port} on {host} is already in use: stop what listens there or pass --port"
+            ) from None
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     sock.listen(128)
     sock.set_inheritable(True)
@@ -46,7 +49,9 @@ async def _open_store(settings: Settings) -> UiStore:
 def serve(settings: Settings, config: UiConfig, *, host: str, port: int) -> int:
     """Serve until interrupted; returns the exit code."""
     sock = bind(host, port)
-    mode = "actions need the token" if config.token else "actions by the proxy's user" if config.can_act else "read-only"
+    mode = (
+        "actions need the token" if config.token else "actions by the proxy's user" if config.can_act else "read-only"
+    )
 
     async def main() -> None:
         store = await _open_store(settings)
