@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 K8S_TOOLS := $(CURDIR)/.cache/k8s-tools
 export PATH := $(K8S_TOOLS)/helm:$(K8S_TOOLS)/kubectl:$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: demo test lint bench soak install clean lock
+.PHONY: demo test lint bench bench-ui soak install clean lock
 
 # The venv starts without pip when the interpreter has one (pip --python installs into it): bootstrapping
 # pip into a fresh venv costs more than the whole demo install on a busy machine.
@@ -64,6 +64,11 @@ $(VENV)/.installed-bench: pyproject.toml | $(STAMP)
 
 bench: $(STAMP) $(VENV)/.installed-bench
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+## make bench-ui: the web UI's server time per page and API call on 5,000,000 done and 100,000 failed jobs
+## (bench/ui.py; a private PostgreSQL unless BENCH_UI_ARGS="--dsn ...")
+bench-ui: $(STAMP)
+	$(BIN)/python bench/ui.py $(BENCH_UI_ARGS)
 
 soak: $(STAMP)
 	$(BIN)/pytest -q -m soak tests/chaos
