@@ -267,6 +267,7 @@ async def reconcile(rt: Runtime, body: Mapping[str, Any], retry: int, logger: lo
         fields={
             "observedGeneration": generation,
             "selector": ",".join(f"{k}={v}" for k, v in resources.selector_labels(key[1]).items()),
+            "queues": ",".join(spec.served_queues),
         },
         conditions=(
             (status.DATABASE_REACHABLE, True, status.CONNECTED, "the operator reached the database"),
@@ -369,6 +370,7 @@ class Autoscaler:
         self.history: tuple[scaling.Recommendation, ...] = ()
         self.failures = 0
         self.gap = self.MIN_POLL_GAP_SECONDS
+        self.budget: scaling.Budget | None = None
 
     async def run(self, stopped: Any) -> None:
         kick = self.rt.kick(self.key)
@@ -420,14 +422,18 @@ class Autoscaler:
             await rt.databases.ensure_schema(self.key, dsn, spec.schema)  # a no-op once per connection
             stats = await rt.databases.stats(self.key, dsn, spec.schema, queues, lease_seconds=spec.lease_seconds)
             due = await rt.databases.next_due_seconds(self.key, dsn, spec.schema, queues)
-            budget = spec.scaling.connection_budget or await rt.databases.default_budget(self.key, dsn, spec.schema)
+            limits = (
+                None if spec.scaling.connection_budget else await rt.databases.server_limits(self.key, dsn, spec.schema)
+            )
         except DatabaseProblem as exc:
             return await self.unreachable(exc, interval)
         rt.metrics.poll_duration.observe(time.monotonic() - started)
+        budget = scaling.connection_budget(spec.scaling.connection_budget, limits, spec.concurrency)
+        self.budget = budget
         stats, pause = await self.sync_pause(spec, dsn, stats)
         rt.metrics.observe_queues(namespace, name, stats)
         self.failures = 0
-        deployment = await ensure_deployment(rt, self.body, spec, budget=budget)  # creates it, or undoes drift
+        deployment = await ensure_deployment(rt, self.body, spec, budget=budget.connections)  # or undoes drift
         if deployment is None:
             await write_status(
                 rt, self.key, conditions=((status.READY, False, status.DEPLOYMENT_CONFLICT, conflict_message(name)),)
@@ -461,8 +467,16 @@ class Autoscaler:
         now = time.monotonic()
         if not self.history:  # a fresh loop (operator restart): today's replicas count as a recommendation,
             self.history = (scaling.Recommendation(now, current),)  # so no scale-down before a full window
-        policy = dataclasses.replace(spec.scaling, connection_budget=budget)
-        decision = scaling.decide(obs, current, policy, concurrency=spec.concurrency, now=now, history=self.history)
+        policy = dataclasses.replace(spec.scaling, connection_budget=budget.connections)
+        decision = scaling.decide(
+            obs,
+            current,
+            policy,
+            concurrency=spec.concurrency,
+            now=now,
+            history=self.history,
+            budget_origin=budget.origin,
+        )
         self.history = decision.history
         scaled_at = None
         if decision.changed:
@@ -577,6 +591,7 @@ class Autoscaler:
                 "failed": stats.failed,
             },
             "oldestReadyAgeSeconds": round(stats.oldest_ready_age_seconds, 3),
+            **({"connectionBudget": self.budget.status()} if self.budget is not None else {}),
             **pause_fields,
         }
         self.rt.metrics.ready_backlog.labels(namespace, name).set(stats.ready)
