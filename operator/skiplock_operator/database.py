@@ -424,6 +424,50 @@ class Databases:
 
         return await self._call(user, (dsn, schema), purge)
 
+    async def holdings(
+        self, user: Hashable, dsn: str, schema: str, queues: Sequence[str]
+    ) -> dict[str, tuple[int, float]]:
+        """Per pod (the first part of a worker id): the jobs of ``queues`` it holds and the seconds since the
+        oldest of them was claimed."""
+        q = queries_for(schema)
+
+        async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> dict[str, tuple[int, float]]:
+            async with conn.transaction():
+                rows = await (await conn.execute(q.drain_holdings, {"queues": list(queues), "now": None})).fetchall()
+            return {str(r[0]): (int(r[1]), float(r[2] or 0.0)) for r in rows}
+
+        return await self._call(user, (dsn, schema), read)
+
+    async def drains(self, user: Hashable, dsn: str, schema: str) -> set[str]:
+        """The pods asked to drain (any JobQueue's: callers keep to their own pods)."""
+        q = queries_for(schema)
+
+        async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> set[str]:
+            async with conn.transaction():
+                return {str(r[0]) for r in await (await conn.execute(q.drain_list)).fetchall()}
+
+        return await self._call(user, (dsn, schema), read)
+
+    async def set_draining(
+        self, user: Hashable, dsn: str, schema: str, pods: Sequence[str], draining: bool, reason: str = ""
+    ) -> None:
+        """Ask the workers of ``pods`` to stop claiming (or withdraw the request); the statement tells the
+        workers on the control channel, so they look at once."""
+        q = queries_for(schema)
+        params = {
+            "workers": list(pods),
+            "reason": reason,
+            "now": None,
+            "control_channel": Settings(schema=schema).control_channel,
+        }
+
+        async def write(conn: psycopg.AsyncConnection[Any], _: _Entry) -> None:
+            async with conn.transaction():
+                await conn.execute(q.drain_request if draining else q.drain_cancel, params)
+
+        if pods:
+            await self._call(user, (dsn, schema), write)
+
     async def release(self, user: Hashable) -> None:
         key = self._users.pop(user, None)
         if key is not None:

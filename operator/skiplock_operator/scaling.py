@@ -60,6 +60,8 @@ class ScalingSpec:
     scale_down_stabilization_seconds: float = 60.0
     polling_interval_seconds: float = 5.0
     connection_budget: int = 0
+    scale_in_drain_seconds: float = 300.0
+    """Longest wait for the pods chosen to go to finish their jobs before replicas drop (0: no wait, no drain)."""
 
 
 @dataclass(frozen=True)
