@@ -60,8 +60,6 @@ def container_env(spec: JobQueueSpec) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in field_refs.items()
     ]
-    # The worker id is the pod's name: the jobs table's locked_by says which pod holds a job (scale-in ranks by it).
-    env.append({"name": "SKIPLOCK_WORKER_ID", "value": "$(POD_NAME)"})
     env.append(
         {
             "name": "SKIPLOCK_DSN",

@@ -46,8 +46,22 @@ class PodLoad:
     """Seconds since its oldest held job was claimed."""
 
 
+HOSTNAME_MAX = 63
+"""A pod's host name is its name cut to this length; a worker's default id starts with its host name."""
+
+
+def held_by(pod: str, holdings: Mapping[str, tuple[int, float]]) -> tuple[int, float]:
+    """What ``pod`` holds: the worker ids starting with its name (or with its host name, the name cut to 63)."""
+    return holdings.get(pod) or holdings.get(pod[:HOSTNAME_MAX]) or (0, 0.0)
+
+
+def drain_key(pod: str) -> str:
+    """The name a drain request of ``pod`` goes under: its host name, which its workers' ids start with."""
+    return pod[:HOSTNAME_MAX]
+
+
 def loads_of(pods: Sequence[str], holdings: Mapping[str, tuple[int, float]]) -> list[PodLoad]:
-    return [PodLoad(p, *holdings.get(p, (0, 0.0))) for p in pods]
+    return [PodLoad(p, *held_by(p, holdings)) for p in pods]
 
 
 def ranked(loads: Sequence[PodLoad]) -> list[PodLoad]:
@@ -118,7 +132,7 @@ class ScaleIn:
         drain, self.drain = self.drain, None
         if drain is None:
             return
-        await self.rt.databases.set_draining(self.key, dsn, spec.schema, [p.pod for p in drain.pods], False)
+        await self.rt.databases.set_draining(self.key, dsn, spec.schema, [drain_key(p.pod) for p in drain.pods], False)
         message = f"drain of {', '.join(p.pod for p in drain.pods)} withdrawn: {why}"
         kopf.event(self.body, type="Normal", reason=DRAIN_WITHDRAWN, message=message)
         self.logger.info(message)
@@ -135,8 +149,9 @@ class ScaleIn:
     async def _tidy(self, spec: JobQueueSpec, dsn: str) -> None:
         """Withdraw this Deployment's requests nobody follows: all of them at the first poll (a restarted operator
         starts over), later those of pods that are gone."""
-        mine = [p for p in await self.rt.databases.drains(self.key, dsn, spec.schema) if p.startswith(self.prefix)]
-        live = set() if self.fresh else set(await self._pods())
+        prefix = drain_key(self.prefix)
+        mine = [p for p in await self.rt.databases.drains(self.key, dsn, spec.schema) if p.startswith(prefix)]
+        live = set() if self.fresh else {drain_key(p) for p in await self._pods()}
         await self.rt.databases.set_draining(self.key, dsn, spec.schema, [p for p in mine if p not in live], False)
         self.fresh = False
         self.leftover = any(p in live for p in mine)
@@ -149,7 +164,7 @@ class ScaleIn:
         leaving = choose(loads, (current - wanted) - max(0, current - len(names)))
         await self._annotate(loads, {x.pod for x in leaving})
         await self.rt.databases.set_draining(
-            self.key, dsn, spec.schema, [x.pod for x in leaving], True, f"scale {current} -> {wanted}"
+            self.key, dsn, spec.schema, [drain_key(x.pod) for x in leaving], True, f"scale {current} -> {wanted}"
         )
         self.leftover = bool(leaving)  # their rows go once the pods are gone (next scale-in, or a restart)
         busy = [x for x in leaving if x.jobs]
@@ -171,7 +186,7 @@ class ScaleIn:
             return Verdict(wanted if wanted >= current else current, {"draining": None})
         names = set(await self._pods())
         holdings = await self.rt.databases.holdings(self.key, dsn, spec.schema, spec.served_queues)
-        busy = [PodLoad(p.pod, *holdings[p.pod]) for p in drain.pods if p.pod in names and p.pod in holdings]
+        busy = [x for x in loads_of([p.pod for p in drain.pods if p.pod in names], holdings) if x.jobs]
         waited = time.monotonic() - drain.started
         if busy and waited < spec.scaling.scale_in_drain_seconds:
             return Verdict(current, self._report(drain, busy, None))

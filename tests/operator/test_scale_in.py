@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import kmock
 import psycopg
 
 from skiplock import AsyncQueue
@@ -28,6 +29,7 @@ from .conftest import NAMESPACE, Cluster, jobqueue_spec, running_operator
 
 HERE = Path(__file__).resolve().parent
 POD_PREFIX = "/api/v1/namespaces/default/pods"
+PODS = kmock.resource("", "v1", "pods")
 
 
 class Pods:
@@ -54,6 +56,7 @@ class Pods:
             else:
                 env[item["name"]] = self.dsn  # the DSN Secret's key
         env["SKIPLOCK_METRICS_PORT"] = "0"  # four "pods" share one network namespace here
+        env["SKIPLOCK_WORKER_ID"] = pod  # and one host name: in a cluster the default id starts with the pod's
         pythonpath = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
         return {**os.environ, **env, "PYTHONPATH": pythonpath}
 
@@ -96,9 +99,6 @@ class Pods:
                 proc.kill()
 
 
-PODS = None  # set below once kmock's resource is built
-
-
 def holders(dsn: str, schema: str) -> dict[str, str]:
     """name -> pod of each job being processed."""
     with psycopg.connect(dsn) as conn:
@@ -110,17 +110,13 @@ def holders(dsn: str, schema: str) -> dict[str, str]:
 
 def finished(dsn: str, schema: str) -> dict[str, tuple[str, int]]:
     with psycopg.connect(dsn) as conn:
-        rows = conn.execute(f'SELECT payload->>\'name\', status, attempts FROM "{schema}".jobs').fetchall()
+        rows = conn.execute(f"SELECT payload->>'name', status, attempts FROM \"{schema}\".jobs").fetchall()
     return {str(name): (str(status), int(attempts)) for name, status, attempts in rows}
 
 
 async def test_scale_in_drains_the_busy_pod_it_removes_and_removes_the_idle_ones_first(
     pg_dsn: str, schema: str, aqueue: AsyncQueue, cluster: Cluster, tmp_path: Path
 ) -> None:
-    global PODS
-    import kmock
-
-    PODS = kmock.resource("", "v1", "pods")
     register(cluster.emu, {"v1/pods": {"kind": "Pod", "namespaced": True}})
     log = tmp_path / "runs.log"
 

@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def drain_key(worker_id: str) -> str:
-    """The pod a worker id names: its first part (``worker_id`` is the pod name under the operator, and the
-    default ``host:pid`` starts with the host name, which is the pod name in Kubernetes)."""
+    """The pod a worker id names: its first part (the default ``host:pid`` starts with the host name, which in
+    Kubernetes is the pod's name, cut to 63 characters; the operator writes requests under that name)."""
     return worker_id.split(":", 1)[0]
 
 
