@@ -333,5 +333,5 @@ def test_the_operator_reads_each_worker_setting_with_the_crds_bounds_and_the_kno
 
 def test_cross_field_errors_come_from_settings_in_the_spec_s_words() -> None:
     base = {"queue": "q", "handler": "m:f", "image": "i", "dsnSecretRef": {"name": "db"}}
-    with pytest.raises(ValueError, match=r"spec\.heartbeatSeconds \(31\.0\) must be at most half of spec\.leaseSeconds"):
+    with pytest.raises(ValueError, match=r"spec\.heartbeatSeconds \(31\.0\) must be at most half of spec\.lease"):
         parse_spec({**base, "leaseSeconds": 60, "heartbeatSeconds": 31})
