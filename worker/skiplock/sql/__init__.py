@@ -154,6 +154,7 @@ class Queries:
     doctor_xmin_holders: LiteralString
     doctor_backend_pid: LiteralString
     doctor_notify: LiteralString
+    doctor_vacuum_state: LiteralString
     schedule_register: LiteralString
     schedule_due: LiteralString
     schedule_next_due: LiteralString
