@@ -168,7 +168,7 @@ def run(dsn: str, repeat: int) -> list[dict[str, Any]]:
         small = next((g for g in reversed(groups) if 1000 <= g["jobs"] <= 5000), None)
         if small is not None:
             row = timed_once(c, "POST", f"/api/failures/{small['fingerprint']}/retry", headers=auth)
-            row["jobs"] = row["body"]["action"]["jobs"]
+            row["jobs"] = row["body"]["action"]["job_count"]
             out.append(row)
         out.append(timed(c, "GET", "/api/audit", repeat))
     for row in out:

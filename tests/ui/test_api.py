@@ -134,7 +134,7 @@ def test_retry_and_cancel_a_job_write_one_audit_row_each_and_a_second_click_repe
     failed = add_failed(pg_dsn, schema, ["RuntimeError: boom"])[0]
     key = {"Idempotency-Key": "click-1"} | AUTH
     first = client.post(f"/api/jobs/{failed}/retry", headers=key).json()["action"]
-    assert (first["actor"], first["action"], first["target"], first["jobs"], first["repeated"]) == (
+    assert (first["actor"], first["action"], first["target"], first["job_count"], first["repeated"]) == (
         "ops",
         "retry",
         f"job {failed}",
@@ -148,14 +148,14 @@ def test_retry_and_cancel_a_job_write_one_audit_row_each_and_a_second_click_repe
     refused = client.post(f"/api/jobs/{failed}/retry", headers=AUTH)
     assert refused.status_code == 409 and "only failed or cancelled jobs" in refused.json()["error"]
     cancelled = client.post(f"/api/jobs/{failed}/cancel", headers=AUTH).json()["action"]
-    assert cancelled["action"] == "cancel" and cancelled["jobs"] == 1
+    assert cancelled["action"] == "cancel" and cancelled["job_count"] == 1
     assert queue.statuses([failed]) == {failed: "cancelled"}
     refused = client.post(f"/api/jobs/{failed}/cancel", headers=AUTH)
     assert refused.status_code == 409 and "only pending or running jobs" in refused.json()["error"]
     assert client.post("/api/jobs/424242/cancel", headers=AUTH).status_code == 404
     assert client.post("/api/jobs/x1/cancel", headers=AUTH).status_code == 400
     rows = audit_rows(pg_dsn, schema)
-    assert [(r["actor"], r["action"], r["jobs"]) for r in rows] == [("ops", "retry", 1), ("ops", "cancel", 1)]
+    assert [(r["actor"], r["action"], r["job_count"]) for r in rows] == [("ops", "retry", 1), ("ops", "cancel", 1)]
     assert [e["action"] for e in client.get("/api/audit").json()["entries"]] == ["cancel", "retry"]
 
 
@@ -209,10 +209,10 @@ def test_a_canary_goes_first_and_the_rest_only_after_it_succeeded(
     shown = client.get(f"/api/failures/{fp}?canary={canary['id']}").json()["canary"]
     assert shown["counts"] == {"done": 2, "failed": 0, "cancelled": 0, "gone": 0, "running": 0}
     rest = client.post(rest_url, headers=AUTH | {"Idempotency-Key": "rest-1"}, json={"canary_id": canary["id"]})
-    assert rest.status_code == 200 and rest.json()["action"]["jobs"] == 4
+    assert rest.status_code == 200 and rest.json()["action"]["job_count"] == 4
     assert set(queue.statuses(ids).values()) == {"done", "pending"}
     again = client.post(rest_url, headers=AUTH | {"Idempotency-Key": "rest-1"}, json={"canary_id": canary["id"]})
-    assert again.json()["action"]["repeated"] is True and again.json()["action"]["jobs"] == 4
+    assert again.json()["action"]["repeated"] is True and again.json()["action"]["job_count"] == 4
     stale = client.post(rest_url, headers=AUTH, json={"canary_id": canary["id"]})
     assert stale.status_code == 410 and "used already" in stale.json()["error"]
     assert client.post(rest_url, headers=AUTH, json={"canary_id": 987654}).status_code == 404
@@ -244,7 +244,7 @@ def test_a_bulk_action_runs_in_batches_and_a_repeat_does_not_double_it(
     fp = group_of(client, ids[0])
     headers = AUTH | {"Idempotency-Key": "bulk-1"}
     done = client.post(f"/api/failures/{fp}/retry", headers=headers).json()["action"]
-    assert (done["action"], done["jobs"], done["detail"]["finished"], done["detail"]["after"]) == (
+    assert (done["action"], done["job_count"], done["detail"]["finished"], done["detail"]["after"]) == (
         "retry_group",
         10,
         True,
@@ -259,10 +259,10 @@ def test_a_bulk_action_runs_in_batches_and_a_repeat_does_not_double_it(
             (ids,),
         )
     again = client.post(f"/api/failures/{fp}/retry", headers=headers).json()["action"]
-    assert again["repeated"] is True and again["jobs"] == 10
+    assert again["repeated"] is True and again["job_count"] == 10
     assert set(queue.statuses(ids).values()) == {"failed"}
     cancel = client.post(f"/api/failures/{fp}/cancel", headers=AUTH).json()["action"]
-    assert cancel["jobs"] == 10 and set(queue.statuses(ids).values()) == {"cancelled"}
+    assert cancel["job_count"] == 10 and set(queue.statuses(ids).values()) == {"cancelled"}
     assert [r["action"] for r in audit_rows(pg_dsn, schema)] == ["retry_group", "cancel_group"]
 
 
@@ -274,9 +274,9 @@ def test_bulk_actions_by_filter(client: TestClient, queue: Queue, pg_dsn: str, s
     assert client.post("/api/jobs/retry", headers=AUTH, content=b"[1]").status_code == 400
     assert client.post("/api/jobs/retry", headers=AUTH, content=b"{nope").status_code == 400
     retried = client.post("/api/jobs/retry", headers=AUTH, json={"queue": "mail", "q": "timeout"}).json()["action"]
-    assert retried["jobs"] == 1 and queue.statuses(failed) == {failed[0]: "pending", failed[1]: "failed"}
+    assert retried["job_count"] == 1 and queue.statuses(failed) == {failed[0]: "pending", failed[1]: "failed"}
     cancelled = client.post("/api/jobs/cancel", headers=AUTH, json={"queue": "other"}).json()["action"]
-    assert cancelled["jobs"] == 1 and queue.statuses(pending) == {pending[0]: "pending", pending[1]: "cancelled"}
+    assert cancelled["job_count"] == 1 and queue.statuses(pending) == {pending[0]: "pending", pending[1]: "cancelled"}
 
 
 def test_job_pages_are_keyset_paginated_and_a_sparse_filter_reads_a_bounded_window(
@@ -372,7 +372,7 @@ def test_a_bulk_action_out_of_time_answers_202_and_goes_on_when_sent_again(
     headers = AUTH | {"Idempotency-Key": "slow-1"}
     answers = [client.post(f"/api/failures/{fp}/retry", headers=headers) for _ in range(4)]
     assert [a.status_code for a in answers] == [202, 202, 200, 200]
-    assert [a.json()["action"]["jobs"] for a in answers] == [2, 4, 5, 5]
+    assert [a.json()["action"]["job_count"] for a in answers] == [2, 4, 5, 5]
     assert answers[0].json()["continue_with_key"] == "slow-1"
     assert [a.json()["action"]["repeated"] for a in answers] == [False, False, False, True]
     assert set(queue.statuses(ids).values()) == {"pending"}
@@ -399,4 +399,4 @@ def test_a_bulk_form_out_of_time_sends_itself_again(
     fields = dict(re.findall(r'name="([^"]+)" value="([^"]*)"', resume[2]))
     assert client.post(resume[1], data=fields).status_code == 303
     assert set(queue.statuses(ids).values()) == {"pending"}
-    assert [r["jobs"] for r in audit_rows(pg_dsn, schema)] == [3]
+    assert [r["job_count"] for r in audit_rows(pg_dsn, schema)] == [3]

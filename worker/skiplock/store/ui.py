@@ -258,7 +258,9 @@ class UiStore:
             if not begun:
                 return await self._repeat(conn, audit["action_key"])
             changed = await act(conn)
-            rows = await _fetch(conn, self.q.ui_audit_progress, {"id": begun[0]["id"], "jobs": changed, "detail": "{}"})
+            rows = await _fetch(
+                conn, self.q.ui_audit_progress, {"id": begun[0]["id"], "changed": changed, "detail": "{}"}
+            )
         return rows[0] | {"repeated": False}
 
     async def _repeat(self, conn: psycopg.AsyncConnection[Any], key: str) -> dict[str, Any]:
@@ -326,7 +328,7 @@ class UiStore:
                 raise ActionError("no job of the canary could be retried (their keys are held by live jobs)")
             newest = (await _fetch(conn, self.q.ui_newest_id, {}))[0]["id"]
             patch = {"canary": retried, "upto": newest}
-            progress = {"id": begun[0]["id"], "jobs": len(retried), "detail": _json(patch)}
+            progress = {"id": begun[0]["id"], "changed": len(retried), "detail": _json(patch)}
             rows = await _fetch(conn, self.q.ui_audit_progress, progress)
         return rows[0] | {"repeated": False}
 
@@ -345,7 +347,7 @@ class UiStore:
             if used is None:
                 await self._check_canary(conn, canary_id, detail["canary"])
                 mark = {"rest_key": key}
-                await _fetch(conn, self.q.ui_audit_progress, {"id": canary_id, "jobs": 0, "detail": _json(mark)})
+                await _fetch(conn, self.q.ui_audit_progress, {"id": canary_id, "changed": 0, "detail": _json(mark)})
         return await self.bulk(
             "retry_group",
             fingerprint,
@@ -409,7 +411,7 @@ class UiStore:
                     ids = await self._batch(conn, verb, d, group, jobs)
                     changed = await self._apply(conn, verb, ids, actor) if ids else []
                     patch = {"after": max(ids) if ids else d["after"], "finished": len(ids) < BATCH}
-                    progress = {"id": row["id"], "jobs": len(changed), "detail": _json(patch)}
+                    progress = {"id": row["id"], "changed": len(changed), "detail": _json(patch)}
                     row = (await _fetch(conn, self.q.ui_audit_progress, progress))[0]
                 if patch["finished"] or time.monotonic() - started > BULK_SECONDS:
                     return row | {"repeated": False}

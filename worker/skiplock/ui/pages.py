@@ -40,7 +40,7 @@ def _said(result: dict[str, Any]) -> str:
     again = " (already done: this form was sent before)" if result.get("repeated") else ""
     detail = result.get("detail") or {}
     canary = f"; canary #{result['id']}: {len(detail.get('canary', []))} job(s)" if "canary" in detail else ""
-    return f"{result['action']} {result['target']}: {result['jobs']} job(s){canary}{again}"
+    return f"{result['action']} {result['target']}: {result['job_count']} job(s){canary}{again}"
 
 
 def _form_action(kind: str, fallback: str) -> Callable[[Request], Awaitable[Response]]:

@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS {schema}.ui_audit (
     actor      text        NOT NULL,
     action     text        NOT NULL,
     target     text        NOT NULL,
-    jobs       integer     NOT NULL DEFAULT 0,
+    job_count  integer     NOT NULL DEFAULT 0,
     action_key text        NOT NULL,
     detail     jsonb       NOT NULL DEFAULT '{{}}'::jsonb,
     CONSTRAINT ui_audit_action_key_key UNIQUE (action_key),

@@ -208,7 +208,7 @@ SELECT greatest(c.reltuples, 0)::bigint AS rows FROM pg_catalog.pg_class AS c WH
 
 -- name: ui_audit_page
 -- One page of the audit table, newest first, below the keyset cursor `before`.
-SELECT id, at, actor, action, target, jobs, detail FROM {schema}.ui_audit
+SELECT id, at, actor, action, target, job_count, detail FROM {schema}.ui_audit
 WHERE id < %(before)s
 ORDER BY id DESC
 LIMIT %(limit)s;
@@ -218,23 +218,23 @@ LIMIT %(limit)s;
 INSERT INTO {schema}.ui_audit (actor, action, target, action_key, detail)
 VALUES (%(actor)s, %(action)s, %(target)s, %(action_key)s, %(detail)s::jsonb)
 ON CONFLICT (action_key) DO NOTHING
-RETURNING id, at, actor, action, target, jobs, action_key, detail;
+RETURNING id, at, actor, action, target, job_count, action_key, detail;
 
 -- name: ui_audit_lock
 -- The action recorded under this key, locked until the end of the transaction (one batch of it runs at a time).
-SELECT id, at, actor, action, target, jobs, action_key, detail FROM {schema}.ui_audit
+SELECT id, at, actor, action, target, job_count, action_key, detail FROM {schema}.ui_audit
 WHERE action_key = %(action_key)s
 FOR UPDATE;
 
 -- name: ui_audit_get
 -- One audit row by id.
-SELECT id, at, actor, action, target, jobs, action_key, detail FROM {schema}.ui_audit WHERE id = %(id)s;
+SELECT id, at, actor, action, target, job_count, action_key, detail FROM {schema}.ui_audit WHERE id = %(id)s;
 
 -- name: ui_audit_progress
--- Add a batch's jobs to an action's count and merge `detail` into its detail (its keyset cursor, whether it finished).
-UPDATE {schema}.ui_audit SET jobs = jobs + %(jobs)s, detail = detail || %(detail)s::jsonb
+-- Add what a batch changed to an action's count and merge `detail` into its detail (its keyset cursor, whether it finished).
+UPDATE {schema}.ui_audit SET job_count = job_count + %(changed)s, detail = detail || %(detail)s::jsonb
 WHERE id = %(id)s
-RETURNING id, at, actor, action, target, jobs, action_key, detail;
+RETURNING id, at, actor, action, target, job_count, action_key, detail;
 
 -- name: ui_session
 -- A UI connection's settings: its statement timeout (milliseconds as text), no JIT and no parallel workers (its statements read bounded parts of indexes).
