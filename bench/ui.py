@@ -5,7 +5,8 @@ Seeds a private schema (``bench_ui``) with ``generate_series``: 5,000,000 done j
 running jobs, then VACUUM ANALYZE. Each page and API call is then timed in-process (the ASGI app with its store
 on a real pool: routing, SQL, rendering; no network), ``--repeat`` times after one warm-up call; the table shows
 the median and the slowest. Actions are timed on the same table: one job's retry, a canary of 10, pause and
-resume, and a bulk retry of a group of about 2,500 jobs (500 a transaction, one request of at most 0.15 s of batches).
+resume, and a bulk retry of a group of about 2,500 jobs (500 a transaction; one request starts batches for
+0.1 s at most, then answers 202 and the same request again goes on).
 
 By default a private PostgreSQL (pgserver's binaries, stock settings) is started; ``--dsn`` (or
 ``SKIPLOCK_BENCH_DSN``) uses an existing server, where ``--keep`` leaves the seeded schema for the next run

@@ -28,7 +28,7 @@ from skiplock.sql import Queries, queries_for
 
 BATCH = 500
 """Jobs a bulk action changes in one transaction."""
-BULK_SECONDS = 0.15
+BULK_SECONDS = 0.1
 """A bulk action's request stops starting batches after this long; the same request again (same action key)
 continues where it stopped (its detail says ``finished``)."""
 SCAN = 10_000
