@@ -65,6 +65,12 @@ $(VENV)/.installed-bench: pyproject.toml | $(STAMP)
 bench: $(STAMP) $(VENV)/.installed-bench
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
+## make bench-soak: steady load at 70 % of the measured drain capacity for 30 minutes on a private PostgreSQL
+## (autovacuum and retention on), JSON lines and a plot in bench/results/; SOAK_ARGS="--minutes 120" for longer
+.PHONY: bench-soak
+bench-soak: $(STAMP) $(VENV)/.installed-bench
+	$(BIN)/python bench/soak.py $(SOAK_ARGS)
+
 soak: $(STAMP)
 	$(BIN)/pytest -q -m soak tests/chaos
 

@@ -295,8 +295,8 @@ class TableHealth:
 class TableCollector(Collector):
     """Health of the jobs table (live and dead tuples, size, last vacuum), read at scrape and cached for ``ttl``.
 
-    Queue-wide job counts are not exported here: the operator exports them once for every JobQueue, so they exist
-    when no worker runs; a worker exports only its own per-process series.
+    Queue-wide job counts are not exported here: the worker's queue gauges (skiplock.worker.queue_gauges) and the
+    operator's poll export them.
     """
 
     def __init__(self, fetch: Callable[[], TableHealth | None], ttl: float) -> None:

@@ -17,7 +17,7 @@ from psycopg import sql
 
 _HEADER = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>.+)\n", re.MULTILINE)
 _INCLUDE = re.compile(r"/\* include: (?P<name>\w+) \*/")
-QUERY_FILES = ("jobs.sql", "stats.sql", "schema.sql", "doctor.sql", "schedules.sql")
+QUERY_FILES = ("jobs.sql", "stats.sql", "schema.sql", "doctor.sql", "schedules.sql", "drain.sql")
 PART_FILES = ("claim_parts.sql",)
 """Named parts that queries include with ``/* include: <name> */`` (pasted in as they are, before rendering)."""
 MAX_INCLUDE_DEPTH = 4
@@ -154,6 +154,7 @@ class Queries:
     doctor_xmin_holders: LiteralString
     doctor_backend_pid: LiteralString
     doctor_notify: LiteralString
+    doctor_vacuum_state: LiteralString
     schedule_register: LiteralString
     schedule_due: LiteralString
     schedule_next_due: LiteralString
@@ -162,6 +163,11 @@ class Queries:
     schedule_delete: LiteralString
     schedule_prune: LiteralString
     schedule_now: LiteralString
+    drain_requested: LiteralString
+    drain_request: LiteralString
+    drain_cancel: LiteralString
+    drain_list: LiteralString
+    drain_holdings: LiteralString
 
     def __init__(self, schema: str) -> None:
         self.schema = schema

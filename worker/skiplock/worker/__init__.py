@@ -44,6 +44,7 @@ from skiplock.worker.control import Control, Scope
 from skiplock.worker.executor import AsyncExecutor, Entry, Router, Slots, ThreadExecutor
 from skiplock.worker.leases import Leases
 from skiplock.worker.pools import APPLICATION_NAME, async_pool, sync_pool
+from skiplock.worker.queue_gauges import export_queue_gauges
 from skiplock.worker.retention import Retention
 from skiplock.worker.schedules import Scheduler
 
@@ -319,6 +320,9 @@ class Worker:
                 asyncio.create_task(claimer.watch_paused(self._bound), name="paused"),
                 asyncio.create_task(claimer.watch_table(), name="replan"),
             ]
+            if s.queue_metrics_seconds:  # the queue gauges of its queues: one bounded query in the background
+                gauges = export_queue_gauges(self.registry, control.queue, self.queues, s.queue_metrics_seconds)
+                tasks.append(asyncio.create_task(gauges, name="queue-gauges"))
             upkeep: list[asyncio.Task[None]] = []  # purge and ticks: they stop when the drain starts
             if not until_idle:
                 self.retention = Retention(s, self.metrics)
