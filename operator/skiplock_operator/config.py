@@ -71,6 +71,10 @@ class OperatorConfig:
     """Watch opted-in DSN Secrets, so a rotated DSN is used at once (needs Secret ``list``/``watch``).
     Off: a rotation is seen within ``secret_ttl_seconds``, and ``get`` is enough."""
 
+    drain_pods: bool = True
+    """Busy-pod-safe scale-in: rank the worker pods by the jobs they hold (``pod-deletion-cost``) and drain the
+    ones to remove before lowering replicas. Needs pods ``get``/``list``/``patch`` in the watched namespaces;
+    off, the operator reads no pods and scale-in lowers replicas at once."""
     policy: Policy = Policy()
 
     default_worker_resources: Mapping[str, Any] = field(default_factory=dict)
@@ -90,7 +94,7 @@ class OperatorConfig:
         if env.get(ENV + "METRICS_PORT"):
             port = int(env[ENV + "METRICS_PORT"])
             values["metrics_port"] = port or None
-        for name in ("watch_deployments", "watch_secrets"):
+        for name in ("watch_deployments", "watch_secrets", "drain_pods"):
             raw = env.get(ENV + name.upper(), "").strip().lower()
             if raw:
                 values[name] = _flag(name, raw)

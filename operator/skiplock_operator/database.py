@@ -3,7 +3,9 @@
 What happens here: migrate a schema, read queue stats and the next due time of delayed jobs, read the
 server's connection limits, pause and resume queues (``spec.paused``), and purge old jobs in batches (the
 scheduled retention). Each (DSN, schema) has its own lock, so a tenant whose database hangs stalls
-only the JobQueues that share that very DSN; connects are bounded per namespace as well.
+only the JobQueues that share that very DSN; connects are bounded per namespace as well. No caller waits for
+that lock longer than ``timeout``, and a caller that waited while the connection failed gets the same verdict at
+once: however many JobQueues share a database, each sees an outage within the one bound.
 
 Every call is bounded by ``timeout``. When a query outlives it, the socket is shut down from our side and
 the connection dropped: no cancel request is sent over a link that may be dead (that waits for its own
@@ -20,6 +22,7 @@ import ipaddress
 import logging
 import os
 import socket
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,6 +40,7 @@ from skiplock.store.purge import apurge_batch
 from skiplock.store.run import aexecute
 from skiplock.store.schedules import fire_due
 from skiplock.store.statements import PurgePolicy, Statements
+from skiplock_operator.scaling import connection_budget
 
 log = logging.getLogger(__name__)
 PoolKey = tuple[str, str]
@@ -71,10 +75,12 @@ MESSAGES = {
     "owner's DSN: spec.operatorDsnSecretRef)",
 }
 REASONS = tuple(MESSAGES)
+SHARED_REASONS = frozenset(
+    {CONNECT_REFUSED, CONNECT_TIMEOUT, HOST_UNKNOWN, CONNECT_FAILED, QUERY_TIMEOUT, CONNECTION_LOST}
+)
+"""Failures of the link itself: a caller that waited for the connection meanwhile reports the same at once."""
 CONNECT_SLOTS_PER_NAMESPACE = 2
 """At most this many connects in flight per namespace: one tenant's slow databases cannot hold them all."""
-DEFAULT_BUDGET_SHARE = 0.8
-"""Default connection budget: this share of the server's max_connections, minus the reserved slots."""
 
 
 class DatabaseProblem(DatabaseUnavailableError):
@@ -167,6 +173,8 @@ class _Entry:
     conn: psycopg.AsyncConnection[Any] | None = None
     migrated: bool = False
     limits: tuple[int, int] | None = None
+    failed: tuple[float, str] | None = None
+    """When (monotonic) and why the connection last failed: callers that waited meanwhile share the verdict."""
 
 
 class Databases:
@@ -268,7 +276,15 @@ class Databases:
         body: Callable[[psycopg.AsyncConnection[Any], _Entry], Awaitable[T]],
     ) -> T:
         entry = self._entry(user, key)
-        async with entry.lock:
+        asked = time.monotonic()
+        try:
+            async with asyncio.timeout(self._timeout):  # never wait on another caller's stuck call past the bound
+                await entry.lock.acquire()
+        except TimeoutError:
+            raise DatabaseProblem(QUERY_TIMEOUT) from None
+        try:
+            if entry.failed is not None and entry.failed[0] >= asked:
+                raise DatabaseProblem(entry.failed[1])  # it failed while we waited: no second wait on a dead link
             connecting = entry.conn is None or entry.conn.closed
             try:
                 if connecting:
@@ -276,13 +292,20 @@ class Databases:
                     entry.migrated = False
                 assert entry.conn is not None
                 connecting = False
-                return await self._bounded(entry.conn, body(entry.conn, entry))
+                result = await self._bounded(entry.conn, body(entry.conn, entry))
+                entry.failed = None
+                return result
             except (psycopg.Error, OSError, TimeoutError, DatabaseProblem) as exc:
+                reason = classify(exc, connecting=connecting)
+                if reason in SHARED_REASONS:
+                    entry.failed = (time.monotonic(), reason)
                 if entry.conn is not None:
                     conn, entry.conn = entry.conn, None
                     sever(conn)
                     await _close(conn)
-                raise DatabaseProblem(classify(exc, connecting=connecting)) from None
+                raise DatabaseProblem(reason) from None
+        finally:
+            entry.lock.release()
 
     # ------------------------------------------------------------------ calls
     async def ensure_schema(self, user: Hashable, dsn: str, schema: str) -> bool:
@@ -344,7 +367,11 @@ class Databases:
         return await self._call(user, (dsn, schema), fire)
 
     async def default_budget(self, user: Hashable, dsn: str, schema: str) -> int:
-        """``DEFAULT_BUDGET_SHARE`` of the server's max_connections minus its reserved connections."""
+        """The budget ``connectionBudget: 0`` stands for (see :func:`skiplock_operator.scaling.connection_budget`)."""
+        return budget_from_limits(*await self.server_limits(user, dsn, schema))
+
+    async def server_limits(self, user: Hashable, dsn: str, schema: str) -> tuple[int, int]:
+        """The server's (max_connections, superuser_reserved_connections), read once per connection."""
 
         async def read(conn: psycopg.AsyncConnection[Any], entry: _Entry) -> tuple[int, int]:
             if entry.limits is None:
@@ -353,8 +380,7 @@ class Databases:
                 entry.limits = limits or (100, 3)
             return entry.limits
 
-        max_connections, reserved = await self._call(user, (dsn, schema), read)
-        return budget_from_limits(max_connections, reserved)
+        return await self._call(user, (dsn, schema), read)
 
     async def set_paused(self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], paused: bool) -> None:
         """Pause (or resume) each of ``queues`` in the queues table, in one transaction; the statement tells the
@@ -380,6 +406,43 @@ class Databases:
 
         return await self._call(user, (dsn, schema), purge)
 
+    async def holdings(
+        self, user: Hashable, dsn: str, schema: str, queues: Sequence[str]
+    ) -> dict[str, tuple[int, float]]:
+        """Per pod (the first part of a worker id): the jobs of ``queues`` it holds and the seconds since the
+        oldest of them was claimed."""
+        s = _statements(schema)
+
+        async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> dict[str, tuple[int, float]]:
+            async with conn.transaction():
+                return await aexecute(conn, s.drain_holdings(queues))
+
+        return await self._call(user, (dsn, schema), read)
+
+    async def drains(self, user: Hashable, dsn: str, schema: str) -> set[str]:
+        """The pods asked to drain (any JobQueue's: callers keep to their own pods)."""
+        s = _statements(schema)
+
+        async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> set[str]:
+            async with conn.transaction():
+                return await aexecute(conn, s.drain_list())
+
+        return await self._call(user, (dsn, schema), read)
+
+    async def set_draining(
+        self, user: Hashable, dsn: str, schema: str, pods: Sequence[str], draining: bool, reason: str = ""
+    ) -> None:
+        """Ask the workers of ``pods`` to stop claiming (or withdraw the request); the statement tells the
+        workers on the control channel, so they look at once."""
+        call = _statements(schema).drain_set(pods, draining, reason)
+
+        async def write(conn: psycopg.AsyncConnection[Any], _: _Entry) -> None:
+            async with conn.transaction():
+                await aexecute(conn, call)
+
+        if pods:
+            await self._call(user, (dsn, schema), write)
+
     async def release(self, user: Hashable) -> None:
         key = self._users.pop(user, None)
         if key is not None:
@@ -403,7 +466,7 @@ def _statements(schema: str) -> Statements:
 
 
 def budget_from_limits(max_connections: int, reserved: int) -> int:
-    return max(0, int(max_connections * DEFAULT_BUDGET_SHARE) - reserved)
+    return connection_budget(0, (max_connections, reserved), 1).connections
 
 
 async def _retire(entry: _Entry) -> None:

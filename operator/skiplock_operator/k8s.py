@@ -139,6 +139,22 @@ class Kube:
             raise
         return gone is not None
 
+    # ------------------------------------------------------------------ pods (scale-in; only with drain_pods)
+    async def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The pods carrying every one of ``labels`` (the selector is also checked here)."""
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        found = await self._json(self._core.list_namespaced_pod, namespace, label_selector=selector) or {}
+        return [
+            pod
+            for pod in found.get("items") or []
+            if all(((pod.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in labels.items())
+        ]
+
+    async def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """Merge ``annotations`` into a pod (a pod gone meanwhile is not an error)."""
+        patch = {"metadata": {"annotations": dict(annotations)}}
+        await self._json(self._core.patch_namespaced_pod, name, namespace, patch, _content_type=MERGE_PATCH)
+
     # ------------------------------------------------------------------ jobqueues
     async def get_jobqueue(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._json(self._custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)

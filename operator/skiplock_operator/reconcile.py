@@ -21,7 +21,7 @@ import kopf
 
 from skiplock import QueueStats, __version__
 from skiplock.backoff import backoff_seconds
-from skiplock_operator import resources, scaling, status
+from skiplock_operator import resources, scalein, scaling, status
 from skiplock_operator.config import OperatorConfig
 from skiplock_operator.database import DatabaseProblem, Databases
 from skiplock_operator.k8s import Kube, KubeApiError
@@ -267,6 +267,7 @@ async def reconcile(rt: Runtime, body: Mapping[str, Any], retry: int, logger: lo
         fields={
             "observedGeneration": generation,
             "selector": ",".join(f"{k}={v}" for k, v in resources.selector_labels(key[1]).items()),
+            "queues": ",".join(spec.served_queues),
         },
         conditions=(
             (status.DATABASE_REACHABLE, True, status.CONNECTED, "the operator reached the database"),
@@ -369,6 +370,8 @@ class Autoscaler:
         self.history: tuple[scaling.Recommendation, ...] = ()
         self.failures = 0
         self.gap = self.MIN_POLL_GAP_SECONDS
+        self.budget: scaling.Budget | None = None
+        self.scale_in = scalein.ScaleIn(rt, self.key, body, logger)
 
     async def run(self, stopped: Any) -> None:
         kick = self.rt.kick(self.key)
@@ -420,14 +423,18 @@ class Autoscaler:
             await rt.databases.ensure_schema(self.key, dsn, spec.schema)  # a no-op once per connection
             stats = await rt.databases.stats(self.key, dsn, spec.schema, queues, lease_seconds=spec.lease_seconds)
             due = await rt.databases.next_due_seconds(self.key, dsn, spec.schema, queues)
-            budget = spec.scaling.connection_budget or await rt.databases.default_budget(self.key, dsn, spec.schema)
+            limits = (
+                None if spec.scaling.connection_budget else await rt.databases.server_limits(self.key, dsn, spec.schema)
+            )
         except DatabaseProblem as exc:
             return await self.unreachable(exc, interval)
         rt.metrics.poll_duration.observe(time.monotonic() - started)
+        budget = scaling.connection_budget(spec.scaling.connection_budget, limits, spec.concurrency)
+        self.budget = budget
         stats, pause = await self.sync_pause(spec, dsn, stats)
         rt.metrics.observe_queues(namespace, name, stats)
         self.failures = 0
-        deployment = await ensure_deployment(rt, self.body, spec, budget=budget)  # creates it, or undoes drift
+        deployment = await ensure_deployment(rt, self.body, spec, budget=budget.connections)  # or undoes drift
         if deployment is None:
             await write_status(
                 rt, self.key, conditions=((status.READY, False, status.DEPLOYMENT_CONFLICT, conflict_message(name)),)
@@ -439,6 +446,8 @@ class Autoscaler:
         wake_in = interval if due is None else min(interval, due + DUE_MARGIN_SECONDS)
         if spec.paused or spec.manual or not spec.scaling.enabled:
             await rt.wakeups.unsubscribe(self.key)
+            if self.scale_in.drain is not None:
+                await self.scale_in.cancel(spec, dsn, "autoscaling is off (paused, manual replicas or disabled)")
             if spec.paused:
                 why = (status.PAUSED, "spec.paused is true: replicas are left alone while the queues are paused")
             elif spec.manual:
@@ -461,38 +470,64 @@ class Autoscaler:
         now = time.monotonic()
         if not self.history:  # a fresh loop (operator restart): today's replicas count as a recommendation,
             self.history = (scaling.Recommendation(now, current),)  # so no scale-down before a full window
-        policy = dataclasses.replace(spec.scaling, connection_budget=budget)
-        decision = scaling.decide(obs, current, policy, concurrency=spec.concurrency, now=now, history=self.history)
+        policy = dataclasses.replace(spec.scaling, connection_budget=budget.connections)
+        decision = scaling.decide(
+            obs,
+            current,
+            policy,
+            concurrency=spec.concurrency,
+            now=now,
+            history=self.history,
+            budget_origin=budget.origin,
+        )
         self.history = decision.history
+        replicas, scale_in = decision.replicas, None
+        if self.drains(spec):
+            try:
+                verdict = await self.scale_in.step(spec, dsn, current, decision.replicas)
+            except DatabaseProblem as exc:
+                return await self.unreachable(exc, interval)
+            except KubeApiError as exc:  # pods unreadable (RBAC?): scale as without the feature, and say so
+                self.logger.warning(f"scale-in without draining: the pods could not be read or annotated ({exc})")
+                verdict = scalein.Verdict(decision.replicas)
+            replicas, scale_in = verdict.replicas, verdict.report
         scaled_at = None
-        if decision.changed:
-            await rt.kube.scale_deployment(namespace, resources.deployment_name(name), decision.replicas)
-            direction = "up" if decision.replicas > current else "down"
+        if replicas != current:
+            await rt.kube.scale_deployment(namespace, resources.deployment_name(name), replicas)
+            direction = "up" if replicas > current else "down"
             rt.metrics.scale_decisions.labels(direction, decision.reason).inc()
-            rt.metrics.current_replicas.labels(namespace, name).set(decision.replicas)
-            kopf.event(self.body, type="Normal", reason=decision.reason, message=decision.message)
-            self.logger.info(decision.message)
+            rt.metrics.current_replicas.labels(namespace, name).set(replicas)
+            message = decision.message if replicas == decision.replicas else (scale_in or {}).get("message", "")
+            kopf.event(self.body, type="Normal", reason=decision.reason, message=message)
+            self.logger.info(message)
             scaled_at = status.now_iso()
         if spec.listen:  # at zero and while running: 0 -> 1 and 1 -> N both start from a NOTIFY
             await rt.wakeups.subscribe(self.key, dsn, spec.worker_settings().channel, queues, self.rt.kick(self.key))
         else:
             await rt.wakeups.unsubscribe(self.key)
-        self.gap = self.MIN_POLL_GAP_SECONDS if decision.replicas == 0 else self.BUSY_POLL_GAP_SECONDS
+        self.gap = self.MIN_POLL_GAP_SECONDS if replicas == 0 else self.BUSY_POLL_GAP_SECONDS
         scaling_condition: Condition = (
             (status.SCALING_ACTIVE, True, status.CONNECTION_BUDGET_LIMITED, decision.message)
             if decision.budget_limited
             else (status.SCALING_ACTIVE, True, status.BACKLOG_POLLED, f"{decision.reason}: {decision.message}")
         )
+        if scale_in and scale_in.get("draining"):
+            scaling_condition = (status.SCALING_ACTIVE, True, scalein.DRAINING, scale_in.get("waitingFor", ""))
         await self.report(
             deployment,
             total,
-            decision.replicas,
+            replicas,
             desired=decision.replicas,
             scaled_at=scaled_at,
             pause=pause,
             conditions=(scaling_condition,),
+            extra={"scaleIn": scale_in} if scale_in is not None else {},
         )
         return wake_in
+
+    def drains(self, spec: JobQueueSpec) -> bool:
+        """Busy-pod-safe scale-in is on: the operator may read pods, and the JobQueue allows a drain wait."""
+        return self.rt.config.drain_pods and spec.scaling.scale_in_drain_seconds > 0
 
     async def sync_pause(
         self, spec: JobQueueSpec, dsn: str, stats: dict[str, QueueStats]
@@ -561,6 +596,7 @@ class Autoscaler:
         scaled_at: str | None = None,
         pause: Pause = ({}, None),
         conditions: tuple[Condition, ...] = (),
+        extra: Mapping[str, Any] | None = None,
     ) -> None:
         namespace, name = self.key
         pause_fields, pause_condition = pause
@@ -577,7 +613,9 @@ class Autoscaler:
                 "failed": stats.failed,
             },
             "oldestReadyAgeSeconds": round(stats.oldest_ready_age_seconds, 3),
+            **({"connectionBudget": self.budget.status()} if self.budget is not None else {}),
             **pause_fields,
+            **(extra or {}),
         }
         self.rt.metrics.ready_backlog.labels(namespace, name).set(stats.ready)
         conditions = (

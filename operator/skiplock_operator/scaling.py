@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from skiplock.settings import WORKER_EXTRA_CONNECTIONS
 
+DEFAULT_BUDGET_PERCENT = 80
+"""``connectionBudget: 0`` means this share of the server's max_connections, minus its reserved connections."""
 WORKER_CONNECTION_OVERHEAD = WORKER_EXTRA_CONNECTIONS
 """Connections one worker holds besides one per concurrent job: control pool, LISTEN and the metrics scrape."""
 
@@ -58,6 +60,36 @@ class ScalingSpec:
     scale_down_stabilization_seconds: float = 60.0
     polling_interval_seconds: float = 5.0
     connection_budget: int = 0
+    scale_in_drain_seconds: float = 300.0
+    """Longest wait for the pods chosen to go to finish their jobs before replicas drop (0: no wait, no drain)."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The connection budget in force: ``spec.scaling.connectionBudget``, or (0) the server's default."""
+
+    connections: int
+    origin: str
+    replicas: int
+    """Most replicas it allows (connections // (concurrency + overhead))."""
+
+    def status(self) -> dict[str, object]:
+        return {"connections": self.connections, "maxReplicas": self.replicas, "source": self.origin}
+
+
+def connection_budget(spec_budget: int, limits: tuple[int, int] | None, concurrency: int) -> Budget:
+    """``connectionBudget`` > 0 is the budget as written; 0 (the default) means DEFAULT_BUDGET_PERCENT % of the
+    server's ``max_connections`` minus ``superuser_reserved_connections`` (``limits``), read from the server."""
+    per = connections_per_replica(concurrency)
+    if spec_budget > 0 or limits is None:
+        return Budget(spec_budget, f"spec.scaling.connectionBudget {spec_budget}", spec_budget // per)
+    max_connections, reserved = limits
+    connections = max(0, max_connections * DEFAULT_BUDGET_PERCENT // 100 - reserved)
+    origin = (
+        f"connectionBudget 0: {DEFAULT_BUDGET_PERCENT} % of the server's max_connections {max_connections} "
+        f"minus {reserved} reserved"
+    )
+    return Budget(connections, origin, connections // per)
 
 
 @dataclass(frozen=True)
@@ -125,6 +157,7 @@ def decide(
     now: float,
     history: tuple[Recommendation, ...] = (),
     paused: bool = False,
+    budget_origin: str = "",
 ) -> Decision:
     """Desired replicas for one poll; ``history`` is the previous decision's, passed back in."""
     if paused:
@@ -138,8 +171,8 @@ def decide(
     window_start = now - spec.scale_down_stabilization_seconds
     kept = (*tuple(r for r in history if r.at > window_start), Recommendation(now, desired))
     budget_note = (
-        f"; capped at {cap} by connectionBudget {spec.connection_budget} "
-        f"({connections_per_replica(concurrency)} connections per replica)"
+        f"; capped at {cap} by the connection budget of {spec.connection_budget} connections "
+        f"({budget_origin or 'spec.scaling.connectionBudget'}; {connections_per_replica(concurrency)} per replica)"
         if limited
         else ""
     )

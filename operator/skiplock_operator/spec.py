@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skiplock.errors import ConfigError
-from skiplock.knobs import knob
+from skiplock.knobs import KNOBS, Knob, knob
 from skiplock.settings import Settings
 from skiplock_operator.config import Policy
 from skiplock_operator.scaling import WORKER_CONNECTION_OVERHEAD, ScalingSpec
@@ -130,7 +130,7 @@ class JobQueueSpec:
                 worker_id="rendered-by-operator",
             )
         except ConfigError as exc:
-            raise InvalidSpecError(str(exc)) from None
+            raise InvalidSpecError(settings_error(str(exc))) from None
 
     def worker_env(self) -> dict[str, str]:
         return self.worker_settings().to_env()
@@ -223,6 +223,52 @@ class _Reader:
         return _Reader(self.data.get(key), f"{self.path}.{key}")
 
 
+# The CRD's bounds where they are narrower than the worker's (the knob table holds the worker's).
+CRD_BOUNDS: dict[str, tuple[float, float]] = {
+    "concurrency": (1, 1000),
+    "batch": (1, 1000),
+    "prefetch": (0, 10000),
+    "lease_seconds": (1, 86400),
+    "heartbeat_seconds": (0.01, 43200),
+    "poll_seconds": (0.01, 3600),
+    "recover_seconds": (0.01, 86400),
+    "max_attempts": (1, 1000),
+    "backoff_base_seconds": (0.01, 86400),
+    "backoff_cap_seconds": (0.01, 604800),
+    "backoff_jitter": (0, 1),
+    "shutdown_grace_seconds": (0, 86400),
+    "retain_done_seconds": (60, MAX_RETENTION_SECONDS),
+    "retain_failed_seconds": (60, MAX_RETENTION_SECONDS),
+    "retain_cancelled_seconds": (60, MAX_RETENTION_SECONDS),
+    "purge_interval_seconds": (0, MAX_PURGE_INTERVAL_SECONDS),
+}
+"""Read by :func:`knob_value` and checked against the CRD by a unit test."""
+NUMERIC_KNOBS = tuple(k for k in KNOBS if k.crd and k.type in (int, float))
+
+
+def knob_value(r: _Reader, k: Knob) -> Any:
+    """One numeric worker setting at ``spec.<k.crd>``: the knob's type and default, the CRD's bounds."""
+    *parents, leaf = (k.crd or "").split(".")
+    for parent in parents:
+        r = r.child(parent)
+    low, high = CRD_BOUNDS[k.name]
+    if k.type is int:
+        return r.integer(leaf, k.default, int(low), int(high))
+    if k.default is None:
+        return r.optional_number(leaf, low, high)
+    return r.number(leaf, k.default, low, high)
+
+
+def settings_error(message: str) -> str:
+    """A ``Settings`` error in the JobQueue's words: each setting name becomes its ``spec.<field>`` (a problem
+    starts with its setting's name; a second one, in a rule relating two, has an underscore)."""
+    for k in sorted(KNOBS, key=lambda x: -len(x.name)):
+        if k.crd:
+            where = rf"\b{k.name}\b" if "_" in k.name else rf"(?:^|(?<=; )|(?<=: )){k.name}\b"
+            message = re.sub(where, f"spec.{k.crd}", message)
+    return message.removeprefix("invalid settings: ")
+
+
 def parse_scaling(r: _Reader) -> ScalingSpec:
     d = ScalingSpec()
     s = ScalingSpec(
@@ -237,6 +283,7 @@ def parse_scaling(r: _Reader) -> ScalingSpec:
         ),
         polling_interval_seconds=r.number("pollingIntervalSeconds", d.polling_interval_seconds, 0.1, 300),
         connection_budget=r.integer("connectionBudget", d.connection_budget, 0, 100_000),
+        scale_in_drain_seconds=r.number("scaleInDrainSeconds", d.scale_in_drain_seconds, 0, 86400),
     )
     if s.min_replicas > s.max_replicas:
         raise InvalidSpecError(
@@ -251,8 +298,6 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
     d = JobQueueSpec(queue="", handler="", image="", dsn_secret_name="")
     secret = r.child("dsnSecretRef")
     operator_secret = r.child("operatorDsnSecretRef")
-    backoff = r.child("backoff")
-    retention = r.child("retention")
     queues = r.names("queues")
     handler, app = r.text("handler"), r.text("app")
     if not handler and not app:
@@ -272,32 +317,13 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
             _Reader(s, "spec.imagePullSecrets[]").text("name", required=True) for s in r.objects("imagePullSecrets")
         ),
         schema=r.text("schema", d.schema),
-        concurrency=r.integer("concurrency", d.concurrency, 1, 1000),
-        batch=r.integer("batch", d.batch, 1, 1000),
-        prefetch=r.integer("prefetch", d.prefetch, 0, 10000),
-        lease_seconds=r.number("leaseSeconds", d.lease_seconds, 1, 86400),
-        heartbeat_seconds=r.optional_number("heartbeatSeconds", 0.01, 43200),
-        poll_seconds=r.number("pollSeconds", d.poll_seconds, 0.01, 3600),
-        recover_seconds=r.optional_number("recoverSeconds", 0.01, 86400),
-        max_attempts=r.integer("maxAttempts", d.max_attempts, 1, 1000),
-        backoff_base_seconds=backoff.number("baseSeconds", d.backoff_base_seconds, 0.01, 86400),
-        backoff_cap_seconds=backoff.number("capSeconds", d.backoff_cap_seconds, 0.01, 604800),
-        backoff_jitter=backoff.number("jitter", d.backoff_jitter, 0, 1),
-        shutdown_grace_seconds=r.number("shutdownGraceSeconds", d.shutdown_grace_seconds, 0, 86400),
         listen=r.flag("listen", d.listen),
         event_loop=r.text("eventLoop", d.event_loop, choices=knob("event_loop").choices),
         log_format=r.text("logFormat", d.log_format, choices=LOG_FORMATS),
         log_level=r.text("logLevel", d.log_level, choices=LOG_LEVELS),
         replicas=r.integer("replicas", None, 0, 1000),
         paused=r.flag("paused", d.paused),
-        retain_done_seconds=retention.number("doneSeconds", d.retain_done_seconds, 60, MAX_RETENTION_SECONDS),
-        retain_failed_seconds=retention.number("failedSeconds", d.retain_failed_seconds, 60, MAX_RETENTION_SECONDS),
-        retain_cancelled_seconds=retention.number(
-            "cancelledSeconds", d.retain_cancelled_seconds, 60, MAX_RETENTION_SECONDS
-        ),
-        purge_interval_seconds=retention.number(
-            "purgeIntervalSeconds", d.purge_interval_seconds, 0, MAX_PURGE_INTERVAL_SECONDS
-        ),
+        **{k.name: knob_value(r, k) for k in NUMERIC_KNOBS},
         scaling=parse_scaling(r.child("scaling")),
         resources=r.mapping("resources"),
         env=r.objects("env"),
@@ -314,17 +340,7 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
 
 
 def check_cross_fields(s: JobQueueSpec) -> None:
-    if s.heartbeat_seconds is not None and s.heartbeat_seconds * 2 > s.lease_seconds:
-        raise InvalidSpecError(
-            f"spec.heartbeatSeconds ({s.heartbeat_seconds:g}) must be at most half of spec.leaseSeconds "
-            f"({s.lease_seconds:g})"
-        )
-    if s.poll_seconds >= s.lease_seconds:
-        raise InvalidSpecError(
-            f"spec.pollSeconds ({s.poll_seconds:g}) must be below spec.leaseSeconds ({s.lease_seconds:g})"
-        )
-    if s.backoff_cap_seconds < s.backoff_base_seconds:
-        raise InvalidSpecError("spec.backoff.capSeconds must be at least spec.backoff.baseSeconds")
+    """The JobQueue's own rules; the worker settings' rules are Settings's (JobQueueSpec.worker_settings)."""
     budget = s.scaling.connection_budget
     if budget and budget < s.concurrency + WORKER_CONNECTION_OVERHEAD:
         raise InvalidSpecError(

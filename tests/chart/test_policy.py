@@ -253,6 +253,6 @@ def test_security_docs_name_every_operator_setting_the_chart_renders(render: Ren
     on = [a for f in ("Tolerations", "Affinity", "NodeSelector") for a in ("--set", f"policy.allow{f}=true")]
     names = {name for name in operator_env(render(*POLICY, *on)) if name.startswith("SKIPLOCK_OPERATOR_")}
     names.discard("SKIPLOCK_OPERATOR_METRICS_PORT")
-    assert len(names) == 8
+    assert len(names) == 9
     for name in names:
         assert f"`{name}`" in text, name

@@ -20,6 +20,7 @@ COMMON = {
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "secrets"): {"get"},
     ("", "events"): {"create", "patch"},
+    ("", "pods"): {"get", "list", "patch"},  # busy-pod-safe scale-in (rbac.drainPods, on by default)
 }
 PEERING = {"get", "list", "watch", "patch"}
 NAMESPACED = {**COMMON, ("kopf.dev", "kopfpeerings"): PEERING}
@@ -188,3 +189,19 @@ def test_scenarios_cover_every_mode() -> None:
     names = {p.name for p in SCENARIOS}
     assert {"default-values.yaml", "multi-namespace-values.yaml", "cluster-values.yaml"} <= names
     assert (CHART / "ci" / "multi-namespace-values.yaml").read_text().count("- team-") == 2
+
+
+@pytest.mark.parametrize("mode", [(), MULTI, CLUSTER_MODE], ids=["namespaced", "multi-namespace", "cluster"])
+def test_pod_access_only_with_drain_pods(render: Render, mode: tuple[str, ...]) -> None:
+    """Scale-in's pod access is get/list/patch with rbac.drainPods, none at all without, and the operator is told."""
+    for drain, verbs in ((True, {"get", "list", "patch"}), (False, None)):
+        docs = render(*mode, "--set", f"rbac.drainPods={str(drain).lower()}")
+        operator_roles = [r for r in roles(docs) if "jobqueues-" not in r["metadata"]["name"]]
+        assert operator_roles
+        for role in operator_roles:
+            assert grants(role).get(("", "pods")) == verbs
+        env = {
+            e["name"]: e.get("value")
+            for e in only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert env["SKIPLOCK_OPERATOR_DRAIN_PODS"] == str(drain).lower()

@@ -20,10 +20,13 @@ from skiplock.doctor import (
     Check,
     Thresholds,
     check_autovacuum,
+    check_bloat,
     check_dead_tuples,
     check_listen,
     check_schema_version,
+    check_vacuum_lag,
     check_xmin_horizon,
+    estimate_bloat,
     exit_code,
     expected_indexes,
     render_json,
@@ -67,6 +70,8 @@ def test_expected_indexes_follow_the_migrations() -> None:
         "jobs_unique_idx",
         "jobs_serial_idx",
         "jobs_serial_running_idx",
+        "jobs_failure_fingerprint_idx",
+        "jobs_failed_id_idx",
     )
     later = "CREATE INDEX jobs_x_idx ON {schema}.jobs (queue);\nDROP INDEX {schema}.jobs_failed_idx;"
     assert expected_indexes(["CREATE INDEX jobs_failed_idx ON {schema}.jobs (queue);", later]) == (
@@ -117,6 +122,55 @@ def test_dead_tuples_table(live: int, dead: int, ok: bool) -> None:
     vacuumed = datetime(2026, 1, 1, tzinfo=UTC)
     row = {"live": live, "dead": dead, "last_autovacuum": None, "last_vacuum": vacuumed}
     assert check_dead_tuples("s", row, Thresholds()).ok is ok
+
+
+VACUUM_ROW = {  # what doctor_vacuum_state returns for a table of 10,000 rows of about 100 bytes of data each
+    "pages": 160, "reltuples": 10_000.0, "block_size": 8192, "fillfactor": 85, "data_width": 100.0,
+    "table_bytes": 160 * 8192, "index_bytes": 400_000, "live": 10_000, "dead": 0, "vacuum_age_seconds": 30.0,
+    "vacuum_trigger": 150.0, "naptime_seconds": 60.0, "table_cost_delay": None, "server_cost_delay": "2ms",
+    "vacuum_phase": None,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pages", "reltuples", "ratio"),
+    [(160, 10_000, 0.0), (1600, 10_000, 0.9), (320, 10_000, 0.5), (160, 0, 159 / 160)],
+)
+def test_bloat_estimate_table(pages: int, reltuples: int, ratio: float) -> None:
+    # a row: 24 header + 104 data (100 aligned to 8) + 4 line pointer = 132 bytes; a page: 8168 * 0.85 = 6942.8
+    # bytes of rows, so 10,000 rows need ceil(10,000 * 132 / 6942.8) = 191 pages (160 would be too few: none spare)
+    row = {**VACUUM_ROW, "pages": pages, "reltuples": float(reltuples)}
+    estimate = estimate_bloat(row)
+    assert estimate is not None
+    needed = 191 if reltuples else 1
+    assert estimate[0] == pytest.approx(max(0, pages - needed) / pages) if ratio else estimate[0] == 0
+    assert estimate[1] == max(0, pages - needed) * 8192
+    assert estimate_bloat({**row, "data_width": None}) is None  # never analyzed
+
+
+def test_bloat_check_table() -> None:
+    th = Thresholds(bloat_ratio=0.5, bloat_min_bytes=1)
+    bloated = check_bloat("s", {**VACUUM_ROW, "pages": 1600, "table_bytes": 1600 * 8192}, th)
+    assert (bloated.ok, bloated.severity) == (False, "warning")
+    assert "pg_repack" in bloated.advice and "VACUUM (FULL)" in bloated.advice
+    assert check_bloat("s", {**VACUUM_ROW, "pages": 300}, th).ok  # 36 % spare: a queue table's normal churn room
+    assert check_bloat("s", {**VACUUM_ROW, "pages": 1600}, Thresholds()).ok  # 11 MB wasted: under the floor
+    assert check_bloat("s", {**VACUUM_ROW, "pages": 0}, th).ok  # a new table
+    assert check_bloat("s", {**VACUUM_ROW, "data_width": None}, th).severity == "info"  # no statistics: skipped
+
+
+def test_vacuum_lag_table() -> None:
+    th = Thresholds(dead_min=1000, vacuum_lag_naptimes=5, vacuum_lag_critical_seconds=3600)
+    due = {**VACUUM_ROW, "dead": 50_000}
+    assert check_vacuum_lag("s", due, th).ok  # due, but vacuumed 30 s ago: autovacuum is on it
+    late = check_vacuum_lag("s", {**due, "vacuum_age_seconds": 600.0}, th)
+    assert (late.ok, late.severity) == (False, "warning")
+    assert "autovacuum_vacuum_cost_delay = 0" in late.advice and "cost delay 2ms" in late.detail
+    assert check_vacuum_lag("s", {**due, "vacuum_age_seconds": 7200.0}, th).severity == "critical"
+    assert check_vacuum_lag("s", {**due, "vacuum_age_seconds": None}, th).severity == "critical"  # never
+    assert check_vacuum_lag("s", {**VACUUM_ROW, "dead": 100, "vacuum_age_seconds": None}, th).ok  # not due
+    running = check_vacuum_lag("s", {**due, "vacuum_age_seconds": 600.0, "vacuum_phase": "scanning heap"}, th)
+    assert "running now (scanning heap)" in running.detail
 
 
 def test_xmin_horizon_table() -> None:
@@ -173,6 +227,8 @@ def test_fresh_schema_is_healthy(conn: psycopg.Connection[Any], settings: Settin
         "indexes",
         "autovacuum",
         "dead_tuples",
+        "table_bloat",
+        "autovacuum_lag",
         "xmin_horizon",
         "listen",
         "stalled_jobs",
@@ -192,7 +248,7 @@ def test_unmigrated_schema_is_critical_and_skips_table_checks(pg_dsn: str, conn:
     checks = by_name(run_checks(conn, settings, thresholds=FAST))
     assert (checks["schema_version"].ok, checks["schema_version"].severity) == (False, "critical")
     assert "skiplock migrate" in checks["schema_version"].advice
-    for name in ("indexes", "autovacuum", "dead_tuples", "stalled_jobs"):
+    for name in ("indexes", "autovacuum", "dead_tuples", "table_bloat", "autovacuum_lag", "stalled_jobs"):
         assert (checks[name].ok, checks[name].severity) == (False, "info")
         assert checks[name].detail.startswith("skipped:")
     assert checks["listen"].ok
@@ -344,3 +400,39 @@ def test_cli_doctor_json_and_exit_codes(pg_dsn: str, schema: str) -> None:
     assert missing.returncode == 1
     assert "[CRITICAL] schema_version" in missing.stdout
     assert "skiplock migrate" in missing.stdout
+
+
+def test_bloat_and_autovacuum_lag_after_most_rows_are_deleted(
+    conn: psycopg.Connection[Any], settings: Settings, schema: str
+) -> None:
+    """A table that once held a large backlog: 60,000 jobs, 90 % deleted, then VACUUM ANALYZE keeps its pages (free
+    for reuse, not returned): the estimate sees the spare space. With autovacuum off on the table and fresh dead
+    rows nobody vacuums, autovacuum lags."""
+    table = f'"{schema}".jobs'
+    conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    conn.execute(
+        f"INSERT INTO {table} (payload, status) "
+        "SELECT jsonb_build_object('order', g, 'note', repeat('x', 80)), 'done' FROM generate_series(1, 60000) AS g"
+    )
+    conn.execute(f"DELETE FROM {table} WHERE id % 10 <> 0")
+    conn.execute(f"VACUUM ANALYZE {table}")
+    th = Thresholds(listen_timeout_seconds=2.0, bloat_min_bytes=1, dead_min=10_000)
+    bloat = by_name(run_checks(conn, settings, thresholds=th))["table_bloat"]
+    assert (bloat.ok, bloat.severity) == (False, "warning"), bloat
+    ratio = float(bloat.detail.split("about ")[1].split("%")[0])
+    assert 80 <= ratio < 100, bloat.detail
+    assert check_bloat(schema, None, th).severity == "info"
+
+    conn.execute(f"UPDATE {table} SET attempts = attempts + 1")  # 6,000 dead rows
+    conn.execute(f"UPDATE {table} SET attempts = attempts + 1")  # 12,000, past the trigger (50 + 0.01 * 6,000)
+
+    def lag() -> Check | None:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        check = by_name(run_checks(conn, settings, thresholds=th))["autovacuum_lag"]
+        return check if not check.ok else None
+
+    th = Thresholds(listen_timeout_seconds=2.0, dead_min=10_000, vacuum_lag_naptimes=0)
+    check = wait_for(lag, timeout=10, interval=0.2, what="dead tuples past the autovacuum trigger")
+    assert check is not None and check.severity == "warning", check  # vacuumed moments ago: not critical
+    assert "autovacuum starts at 110" in check.detail
+    assert "autovacuum_vacuum_cost_delay = 0" in check.advice

@@ -19,11 +19,11 @@ def test_dashboard_identity_and_variables() -> None:
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
     queue = variables["queue"]
-    # The operator's series (jobqueue label) list every managed queue, at zero replicas too.
-    assert queue["query"]["query"] == 'label_values(skiplock_queue_jobs{jobqueue!="", namespace=~"$namespace"}, queue)'
+    # The queue gauges of both sources list every queue: the operator's at zero replicas, the workers' without it.
+    assert queue["query"]["query"] == 'label_values(skiplock_queue_jobs{namespace=~"$namespace"}, queue)'
     assert queue["multi"] and queue["includeAll"]
     namespace = variables["namespace"]  # one tenant at a time in a shared cluster
-    assert namespace["query"]["query"] == 'label_values(skiplock_queue_jobs{jobqueue!=""}, namespace)'
+    assert namespace["query"]["query"] == "label_values(skiplock_queue_jobs, namespace)"
     assert namespace["multi"] and namespace["includeAll"] and namespace["allValue"] == ".*"
     names = [v["name"] for v in dash["templating"]["list"]]
     assert names.index("namespace") < names.index("queue")  # the queue list follows the namespace chosen

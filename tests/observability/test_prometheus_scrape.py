@@ -1,12 +1,13 @@
 """End to end: a real ``skiplock worker`` process and the operator's metrics endpoint, a real Prometheus
 scraping both every second, the real rules.
 
-Workers export only their per-process series; the queue-wide gauges come from the operator's exposition
-(observability/operator_exposition.py: the operator's metric names and labels, values read from the same
-PostgreSQL at every scrape). Every query of every dashboard panel must return data after a short run, the
-queue selector must list the queue, and Prometheus must load and evaluate files/alerts.yaml without errors.
-Two more runs scrape only the operator (zero replicas: the stall and no-worker alerts go pending) and nothing
-at all (the absent() alert goes pending). About 20 s, mostly the fixed target-sync delay of Prometheus.
+The queue-wide gauges come from both sources: the worker's own (refreshed every second here) and the operator's
+exposition (observability/operator_exposition.py: the operator's metric names and labels, values read from the
+same PostgreSQL at every scrape). Every query of every dashboard panel must return data after a short run, the
+queue selector must list the queue, the max over both sources must equal each source's value, and Prometheus
+must load and evaluate files/alerts.yaml without errors. Two more runs scrape only the operator (zero replicas:
+the stall and no-worker alerts go pending) and nothing at all (the absent() alert goes pending). About 20 s,
+mostly the fixed target-sync delay of Prometheus.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def worker(settings: Settings, tmp_path: Path) -> Iterator[int]:
         "SKIPLOCK_METRICS_HOST": "127.0.0.1",
         "SKIPLOCK_BACKOFF_BASE_SECONDS": "0.1",
         "SKIPLOCK_BACKOFF_CAP_SECONDS": "0.2",
+        "SKIPLOCK_QUEUE_METRICS_SECONDS": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
     }
     log = (tmp_path / "worker.log").open("wb")
@@ -255,6 +257,15 @@ def test_every_dashboard_query_returns_data_from_a_real_worker(
     where = f'jobqueue="{QUEUE}", namespace="{NAMESPACE}", queue="{QUEUE}"'
     values = query(prometheus, f'skiplock_queue_jobs{{{where}, state="failed"}}')
     assert [float(v["value"][1]) for v in values] == [2]  # one series: the operator's
+
+    def both_sources_agree() -> list[float] | None:  # the worker's own gauge, refreshed every second
+        worker_says = query(prometheus, f'skiplock_queue_jobs{{jobqueue="", queue="{QUEUE}", state="failed"}}')
+        both = f'max by (namespace, queue) (skiplock_queue_jobs{{queue="{QUEUE}", state="failed"}})'
+        deduped = query(prometheus, both)
+        got = [float(v["value"][1]) for v in worker_says + deduped]
+        return got if got == [2, 2] else None
+
+    assert wait_for(both_sources_agree, timeout=15, interval=0.5, what="the worker's and the max over both: 2")
     delayed = query(prometheus, f'skiplock_queue_jobs{{{where}, state="delayed"}}')
     assert [float(v["value"][1]) for v in delayed] == [1]
     done = query(prometheus, f'sum(skiplock_jobs_finished_total{{queue="{QUEUE}", outcome="done"}})')
@@ -262,15 +273,13 @@ def test_every_dashboard_query_returns_data_from_a_real_worker(
 
     labels = json.loads(
         http_get(
-            f"{prometheus}/api/v1/label/queue/values?"
-            + urllib.parse.urlencode({"match[]": 'skiplock_queue_jobs{jobqueue!=""}'})
+            f"{prometheus}/api/v1/label/queue/values?" + urllib.parse.urlencode({"match[]": "skiplock_queue_jobs"})
         )
     )
     assert QUEUE in labels["data"], "the dashboard's queue selector would not list the queue"
     namespaces = json.loads(
         http_get(
-            f"{prometheus}/api/v1/label/namespace/values?"
-            + urllib.parse.urlencode({"match[]": 'skiplock_queue_jobs{jobqueue!=""}'})
+            f"{prometheus}/api/v1/label/namespace/values?" + urllib.parse.urlencode({"match[]": "skiplock_queue_jobs"})
         )
     )
     assert namespaces["data"] == [NAMESPACE], "the namespace selector lists the JobQueue's namespace only"
@@ -308,11 +317,11 @@ def test_zero_replicas_the_stall_and_no_worker_alerts_see_the_operators_numbers(
         assert query(url, "skiplock_worker_concurrency") == []  # no worker series whatsoever
 
         def pending() -> dict[str, dict[str, str]] | None:
-            # The operator's absence alert goes pending when its group is evaluated before the first scrape (each
-            # group keeps its own schedule), and inactive at its next evaluation: wait for that one too.
+            # The absence alert goes pending when its group is evaluated before the first scrape (each group keeps
+            # its own schedule), and inactive at its next evaluation: wait for that one too.
             found = {a["labels"]["alertname"]: a["labels"] for a in alerts(url) if a["state"] in ("pending", "firing")}
             wanted = {"SkiplockStalledJobs", "SkiplockBacklogWithoutWorkers"}
-            return found if wanted <= set(found) and "SkiplockOperatorAbsent" not in found else None
+            return found if wanted <= set(found) and "SkiplockQueueMetricsAbsent" not in found else None
 
         found = wait_for(
             pending, timeout=20, interval=0.2, what="the stall and no-worker alerts pending, the operator seen"
@@ -320,13 +329,13 @@ def test_zero_replicas_the_stall_and_no_worker_alerts_see_the_operators_numbers(
         assert found is not None
         for name in ("SkiplockStalledJobs", "SkiplockBacklogWithoutWorkers"):
             labels = found[name]
-            assert (labels["namespace"], labels["jobqueue"], labels["queue"]) == (NAMESPACE, QUEUE, QUEUE), labels
+            assert (labels["namespace"], labels["queue"]) == (NAMESPACE, QUEUE), labels
         stalled = query(url, f'skiplock_queue_jobs{{queue="{QUEUE}", state="stalled"}}')
         assert [float(s["value"][1]) for s in stalled] == [1]
 
 
-def test_without_any_operator_series_the_absence_alert_goes_pending(tmp_path: Path) -> None:
-    """No data at all (the operator is down or not scraped): the absent() alert, and only it, is pending."""
+def test_without_any_source_the_absence_alert_goes_pending(tmp_path: Path) -> None:
+    """No data at all (neither the operator nor a worker is scraped): the absent() alert, and only it, is pending."""
     with running_prometheus(tmp_path, []) as url:
 
         def pending() -> set[str] | None:
@@ -334,4 +343,4 @@ def test_without_any_operator_series_the_absence_alert_goes_pending(tmp_path: Pa
             return names or None
 
         names = wait_for(pending, timeout=15, interval=0.2, what="an alert pending without data")
-        assert names == {"SkiplockOperatorAbsent"}
+        assert names == {"SkiplockQueueMetricsAbsent"}

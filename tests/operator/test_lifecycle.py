@@ -135,3 +135,21 @@ async def test_a_deployment_deleted_by_hand_comes_back(
         what="Deployment recreated",
     )
     assert again["spec"]["replicas"] == 1
+
+
+async def test_the_queue_column_shows_the_queues_of_a_jobqueue_that_sets_only_spec_queues(
+    pg_dsn: str, schema: str, cluster: Cluster, operator: object
+) -> None:
+    await cluster.apply_secret("db", pg_dsn)
+    spec = jobqueue_spec("unused", schema)
+    del spec["queue"]
+    await cluster.create_jobqueue("shop", {**spec, "queues": ["orders", "emails"]})
+    column = next(
+        c
+        for c in yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["additionalPrinterColumns"]
+        if c["name"] == "Queue"
+    )
+    await await_for(
+        lambda: column_value(cluster.jobqueue("shop") or {}, column["jsonPath"]) == "orders,emails",
+        what="the Queue column",
+    )

@@ -157,3 +157,8 @@ async def test_the_connection_budget_defaults_from_max_connections(
         lambda: is_status(cluster, "cap", "ScalingActive", "True", "ConnectionBudgetLimited"),
         what="ConnectionBudgetLimited",
     )
+    shown = (cluster.jobqueue("cap") or {})["status"]["connectionBudget"]
+    assert shown["connections"] == budget_from_limits(*row) and shown["maxReplicas"] == cap, shown
+    assert f"max_connections {row[0]} minus {row[1]} reserved" in shown["source"], shown
+    message = (cluster.condition("cap", "ScalingActive") or {})["message"]
+    assert f"capped at {cap}" in message and "connectionBudget 0: 80 %" in message, message

@@ -90,3 +90,34 @@ async def test_a_query_stuck_behind_a_partition_fails_within_the_timeout(pg_dsn:
             assert (await dbs.stats("a", dsn, schema, ["q"], lease_seconds=60))["q"].ready == 0
         finally:
             await dbs.close()
+
+
+async def test_every_jobqueue_sharing_a_database_sees_a_partition_within_the_bound(
+    pg_dsn: str, schema: str, cluster: Cluster, operator: Any
+) -> None:
+    """They share one connection: none waits behind another's stuck query or reconnect past the bound."""
+    names = [f"share{i}" for i in range(4)]
+    async with Proxy(pg_dsn) as proxy:
+        await cluster.apply_secret("db", proxy.dsn())
+        for name in names:
+            await cluster.create_jobqueue(name, jobqueue_spec(name, schema, minReplicas=1, pollingIntervalSeconds=POLL))
+        for name in names:
+            await await_for(lambda n=name: is_status(cluster, n, "DatabaseReachable", "True"), what=f"{name} up")
+
+        proxy.partition()
+        cut = time.monotonic()
+        seen: dict[str, float] = {}
+
+        def all_seen() -> bool:
+            for name in names:
+                if name not in seen and is_status(cluster, name, "DatabaseReachable", "False"):
+                    seen[name] = time.monotonic() - cut
+            return len(seen) == len(names)
+
+        await await_for(all_seen, timeout=40, interval=0.05, what="every JobQueue sees the partition")
+        worst = max(seen.values())
+        print("partition seen after " + ", ".join(f"{n} {t:.2f}s" for n, t in sorted(seen.items())))
+        assert worst <= POLL + TIMEOUT + 2.0, f"a JobQueue saw the partition only after {worst:.1f}s: {seen}"
+        proxy.heal()
+        for name in names:
+            await await_for(lambda n=name: is_status(cluster, n, "DatabaseReachable", "True"), timeout=30, what="heal")

@@ -314,3 +314,24 @@ def test_the_budget_rule_counts_the_connections_a_worker_holds() -> None:
     text = yaml.safe_dump(CRD)
     assert f"self.concurrency + {WORKER_CONNECTION_OVERHEAD}" in text
     assert f"budget / (concurrency + {WORKER_CONNECTION_OVERHEAD})" in text
+
+
+def test_the_operator_reads_each_worker_setting_with_the_crds_bounds_and_the_knobs_default() -> None:
+    """spec.py's worker settings come from the knob table; its CRD bounds are the CRD's (a narrowed copy)."""
+    from skiplock_operator.spec import CRD_BOUNDS, NUMERIC_KNOBS
+
+    assert {k.name for k in NUMERIC_KNOBS} == set(CRD_BOUNDS)
+    for k in NUMERIC_KNOBS:
+        node = SPEC_SCHEMA
+        for part in (k.crd or "").split("."):
+            node = node["properties"][part]
+        assert (node.get("minimum"), node.get("maximum")) == CRD_BOUNDS[k.name], k.crd
+        assert node.get("description"), k.crd
+        parsed = parse_spec({"queue": "q", "handler": "m:f", "image": "i", "dsnSecretRef": {"name": "db"}})
+        assert getattr(parsed, k.name) == k.default, k.name
+
+
+def test_cross_field_errors_come_from_settings_in_the_spec_s_words() -> None:
+    base = {"queue": "q", "handler": "m:f", "image": "i", "dsnSecretRef": {"name": "db"}}
+    with pytest.raises(ValueError, match=r"spec\.heartbeatSeconds \(31\.0\) must be at most half of spec\.lease"):
+        parse_spec({**base, "leaseSeconds": 60, "heartbeatSeconds": 31})

@@ -8,6 +8,7 @@ with ``ok=False`` and severity ``info``, which does not fail the run.
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 import time
@@ -68,6 +69,22 @@ class Thresholds:
 
     listen_timeout_seconds: float = 2.0
     """How long the LISTEN round-trip waits for its own notification."""
+
+    bloat_ratio: float = 0.5
+    """Share of the jobs table's pages its live rows do not need above which it is bloated. A queue table always
+    carries the free space of the rows churned between two vacuums (the soak benchmark's table held about as much
+    free space as live rows); more than half the table is space a past backlog or a stalled vacuum left behind."""
+
+    bloat_min_bytes: int = 64 * 2**20
+    """Tables wasting less than this are never reported, whatever the ratio."""
+
+    vacuum_lag_naptimes: float = 5.0
+    """Autovacuum lags when the table's dead tuples are past its trigger and no vacuum has finished for this many
+    autovacuum_naptime (5 minutes at the default 1 min): in the soak benchmark every minute without a vacuum of a
+    busy jobs table added millions of dead tuples and grew the table and its indexes for good."""
+
+    vacuum_lag_critical_seconds: float = 3600.0
+    """... and lags critically past this long."""
 
 
 def ok(name: str, detail: str) -> Check:
@@ -217,6 +234,77 @@ def check_dead_tuples(schema: str, row: Mapping[str, Any] | None, th: Thresholds
     return ok(name, detail)
 
 
+def estimate_bloat(row: Mapping[str, Any]) -> tuple[float, int] | None:
+    """(share of the table's pages its live rows do not need, bytes that share takes), or None without planner
+    statistics. A row takes its 24-byte header, its data (the sum of pg_stats.avg_width, aligned to 8) and a 4-byte
+    line pointer; a page holds block_size - 24 bytes of them, filled up to the table's fillfactor."""
+    pages, width = int(row["pages"] or 0), row["data_width"]
+    if pages <= 0 or width is None:
+        return None
+    row_bytes = 24 + math.ceil(float(width) / 8) * 8 + 4
+    usable = (int(row["block_size"]) - 24) * int(row["fillfactor"]) / 100
+    needed = max(1, math.ceil(float(row["reltuples"]) * row_bytes / usable))
+    spare = max(0, pages - needed)
+    return spare / pages, spare * int(row["block_size"])
+
+
+def check_bloat(schema: str, row: Mapping[str, Any] | None, th: Thresholds) -> Check:
+    name = "table_bloat"
+    table = f"{schema}.jobs"
+    if row is not None and not int(row["pages"] or 0):
+        return ok(name, f"{table} takes no pages yet (or was never vacuumed nor analyzed)")
+    estimate = None if row is None else estimate_bloat(row)
+    if row is None or estimate is None:
+        return skipped(name, f"no planner statistics for {table} yet (ANALYZE {table}; fills them)")
+    ratio, wasted = estimate
+    mb = 2**20
+    detail = (
+        f"{table}: {int(row['table_bytes']) / mb:.0f} MB, about {ratio:.0%} ({wasted / mb:.0f} MB) not needed by its "
+        f"{float(row['reltuples']):.0f} rows; indexes {int(row['index_bytes']) / mb:.0f} MB"
+    )
+    if ratio >= th.bloat_ratio and wasted >= th.bloat_min_bytes:
+        return Check(
+            name,
+            False,
+            "warning",
+            detail,
+            "vacuum makes the space reusable but does not return it: once the cause is fixed (a backlog that "
+            "drained, a long transaction, autovacuum lagging: see autovacuum_lag), rewrite the table in a quiet "
+            f"window with pg_repack (online) or VACUUM (FULL) {table}; (locks it), and REINDEX TABLE CONCURRENTLY "
+            f"{table};",
+        )
+    return ok(name, detail)
+
+
+def check_vacuum_lag(schema: str, row: Mapping[str, Any] | None, th: Thresholds) -> Check:
+    name = "autovacuum_lag"
+    table = f"{schema}.jobs"
+    if row is None:
+        return skipped(name, f"no statistics for {table}")
+    dead, trigger = int(row["dead"] or 0), float(row["vacuum_trigger"] or 0)
+    age = row["vacuum_age_seconds"]
+    naptime = float(row["naptime_seconds"] or 60)
+    since = "never vacuumed" if age is None else f"last vacuum {float(age):.0f}s ago"
+    running = f"; a vacuum is running now ({row['vacuum_phase']})" if row.get("vacuum_phase") else ""
+    detail = f"{table}: {dead} dead tuples, autovacuum starts at {trigger:.0f}; {since}{running}"
+    due = dead > trigger and dead >= th.dead_min
+    late = age is None or float(age) >= th.vacuum_lag_naptimes * naptime
+    if not (due and late):
+        return ok(name, detail)
+    cost = row["table_cost_delay"] if row["table_cost_delay"] is not None else row["server_cost_delay"]
+    critical = age is None or float(age) >= th.vacuum_lag_critical_seconds
+    return Check(
+        name,
+        False,
+        "critical" if critical else "warning",
+        f"{detail}; autovacuum is behind (naptime {naptime:g}s, cost delay {cost})",
+        "let autovacuum work the jobs table at full speed: ALTER TABLE "
+        f"{table} SET (autovacuum_vacuum_cost_delay = 0); on a server with busy queues "
+        "lower autovacuum_naptime to 10s and raise autovacuum_max_workers; if a vacuum runs but never ends, look "
+        "for what holds the xmin horizon (xmin_horizon)",
+    )
+
+
 def check_xmin_horizon(rows: Sequence[Mapping[str, Any]], th: Thresholds) -> Check:
     name = "xmin_horizon"
     if not rows:
@@ -333,9 +421,12 @@ def run_checks(
                 checks.append(check_autovacuum(schema, _one(cur.fetchone())))
                 cur.execute(q.doctor_table_stats, {"table": table})
                 checks.append(check_dead_tuples(schema, cur.fetchone(), th))
+                vacuum = cur.execute(q.doctor_vacuum_state, {"table": table}).fetchone()
+                checks += [check_bloat(schema, vacuum, th), check_vacuum_lag(schema, vacuum, th)]
             else:
                 why = f"schema {schema!r} is not migrated"
-                checks += [skipped(n, why) for n in ("indexes", "autovacuum", "dead_tuples")]
+                names = ("indexes", "autovacuum", "dead_tuples", "table_bloat", "autovacuum_lag")
+                checks += [skipped(n, why) for n in names]
             cur.execute(q.doctor_xmin_holders, {"limit": 5})
             checks.append(check_xmin_horizon(cur.fetchall(), th))
             checks.append(_listen(conn, settings, th.listen_timeout_seconds))

@@ -150,6 +150,10 @@ KNOBS: tuple[Knob, ...] = (
          flag="--metrics-port", min=0, max=65535),
     Knob("metrics_host", str, "0.0.0.0", "Address the metrics server binds (all interfaces, as a pod needs).",
          flag="--metrics-host"),
+    Knob("queue_metrics_seconds", float, 15.0, "How often a worker refreshes the queue gauges of the queues it "
+         "serves (skiplock_queue_jobs, skiplock_queue_oldest_ready_age_seconds) by one bounded query in the "
+         "background; a scrape reads the last values. 0 turns them off.", flag="--queue-metrics", min=0,
+         duration=True),
     Knob("listen", bool, True, "Wake at once by LISTEN/NOTIFY; --no-listen polls only (PgBouncer in transaction "
          "mode).", flag="--no-listen", crd="listen"),
     Knob("event_loop", str, "auto", "The worker's event loop: auto (uvloop where it is installed, else asyncio's), "

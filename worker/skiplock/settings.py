@@ -60,6 +60,7 @@ class Settings:
     purge_interval_seconds: float = 3600.0
     metrics_port: int = 0
     metrics_host: str = "0.0.0.0"
+    queue_metrics_seconds: float = 15.0
     listen: bool = True
     event_loop: str = "auto"
     max_payload_bytes: int = 256 * 1024

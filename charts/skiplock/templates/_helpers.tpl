@@ -157,6 +157,13 @@ one per watched namespace). Every verb is one the operator or kopf uses; tests/c
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: [{{ if .Values.rbac.watchSecrets }}"get", "list", "watch"{{ else }}"get"{{ end }}]
+{{- if .Values.rbac.drainPods }}
+# Busy-pod-safe scale-in (rbac.drainPods): the worker pods are listed to rank them by the jobs they hold, and
+# patched with controller.kubernetes.io/pod-deletion-cost so that the ones drained go first.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "patch"]
+{{- end }}
 # A Kubernetes Event for every scale decision and every error (patch: kopf and the client aggregate repeats).
 - apiGroups: [""]
   resources: ["events"]

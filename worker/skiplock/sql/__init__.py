@@ -16,7 +16,17 @@ from typing import Any, LiteralString
 from psycopg import sql
 
 _HEADER = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>.+)\n", re.MULTILINE)
-QUERY_FILES = ("jobs.sql", "claim.sql", "stats.sql", "schema.sql", "doctor.sql", "schedules.sql", "demo.sql")
+QUERY_FILES = (
+    "jobs.sql",
+    "claim.sql",
+    "stats.sql",
+    "schema.sql",
+    "doctor.sql",
+    "schedules.sql",
+    "demo.sql",
+    "drain.sql",
+    "ui.sql",
+)
 
 
 @dataclass(frozen=True)
@@ -130,6 +140,7 @@ class Queries:
     doctor_xmin_holders: LiteralString
     doctor_backend_pid: LiteralString
     doctor_notify: LiteralString
+    doctor_vacuum_state: LiteralString
     schedule_register: LiteralString
     schedule_due: LiteralString
     schedule_next_due: LiteralString
@@ -143,6 +154,34 @@ class Queries:
     demo_receipt_insert: LiteralString
     demo_receipts_count: LiteralString
     job_status_counts: LiteralString
+    drain_requested: LiteralString
+    drain_request: LiteralString
+    drain_cancel: LiteralString
+    drain_list: LiteralString
+    drain_holdings: LiteralString
+    # the web UI's statements (queries/ui.sql)
+    ui_queue_stats: LiteralString
+    ui_done_last_minute: LiteralString
+    ui_jobs_window: LiteralString
+    ui_jobs_failed_window: LiteralString
+    ui_window_end: LiteralString
+    ui_failed_window_end: LiteralString
+    ui_job: LiteralString
+    ui_failure_groups: LiteralString
+    ui_failure_group: LiteralString
+    ui_group_ids: LiteralString
+    ui_filter_ids: LiteralString
+    ui_newest_id: LiteralString
+    ui_discard_failed: LiteralString
+    ui_workers: LiteralString
+    ui_schedules: LiteralString
+    ui_table_estimate: LiteralString
+    ui_audit_page: LiteralString
+    ui_audit_begin: LiteralString
+    ui_audit_lock: LiteralString
+    ui_audit_get: LiteralString
+    ui_audit_progress: LiteralString
+    ui_session: LiteralString
 
     def __init__(self, schema: str) -> None:
         self.schema = schema

@@ -591,6 +591,32 @@ class Statements:
         """One composed command without parameters or rows (``skiplock grant``'s GRANT and ALTER statements)."""
         return Call(statement, None, lambda r: None)
 
+    # ---------------------------------------------------------------------------------- drain requests
+    def drain_requested(self, pod: str) -> Call[bool]:
+        """Whether the operator asked the workers of ``pod`` to stop claiming."""
+        return Call(self.q.drain_requested, {"worker": pod}, lambda r: bool(r.rows and r.rows[0]["exists"]))
+
+    def drain_set(self, pods: Sequence[str], draining: bool, reason: str = "") -> Call[None]:
+        """Ask the workers of ``pods`` to stop claiming (or withdraw it); tells them on the control channel."""
+        params = {
+            "workers": list(pods),
+            "reason": reason,
+            "now": None,
+            "control_channel": self.settings.control_channel,
+        }
+        return Call(self.q.drain_request if draining else self.q.drain_cancel, params, lambda r: None)
+
+    def drain_list(self) -> Call[set[str]]:
+        return Call(self.q.drain_list, None, lambda r: {str(x["worker"]) for x in r.rows})
+
+    def drain_holdings(self, queues: Sequence[str]) -> Call[dict[str, tuple[int, float]]]:
+        """Per pod: the jobs of ``queues`` it holds and the seconds since the oldest was claimed."""
+        return Call(
+            self.q.drain_holdings,
+            {"queues": list(queues), "now": None},
+            lambda r: {str(x["worker"]): (int(x["jobs"]), float(x["oldest_seconds"] or 0.0)) for x in r.rows},
+        )
+
     def status_counts(self) -> Call[dict[str, int]]:
         """Jobs by status (every job of the schema)."""
         return Call(self.q.job_status_counts, None, lambda r: {x["status"]: int(x["n"]) for x in r.rows})

@@ -15,6 +15,7 @@ import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 import psycopg
@@ -22,7 +23,7 @@ from psycopg_pool import PoolTimeout
 
 from skiplock.backoff import backoff_seconds
 from skiplock.errors import DatabaseUnavailableError
-from skiplock.job import Job
+from skiplock.job import Job, QueueStats
 from skiplock.limits import TaskLimits
 from skiplock.metrics import WorkerMetrics
 from skiplock.settings import CONTROL_CONNECTIONS, Settings, redact
@@ -122,7 +123,11 @@ class WorkerStore(Protocol):
         self, *, worker: str, queues: Sequence[str], known: Sequence[int]
     ) -> list[int] | None: ...
 
-    # retention and the scheduler (these raise: the caller decides what a failed round means)
+    # these raise: the caller decides what a failure means (none of them is on the claim path)
+    async def drain_requested(self, pod: str) -> bool: ...
+    async def stats(
+        self, queue: str | None = None, *, lease_seconds: float | None = None, now: datetime | None = None
+    ) -> list[QueueStats]: ...
     def purging(self) -> AbstractAsyncContextManager[PurgeBatch]: ...
     def schedules(self) -> AbstractAsyncContextManager[ScheduleSession]: ...
 
@@ -406,7 +411,22 @@ class PgWorkerStore:
     async def release_orphans(self, *, worker: str, queues: Sequence[str], known: Sequence[int]) -> list[int] | None:
         return await self._run("release", self.statements.release_orphans(worker, queues, known, None))
 
-    # ------------------------------------------------------------------ retention
+    # ------------------------------------------------------------------ raising: drain requests, gauges, retention
+    async def _raw(self, call: Call[T]) -> T:
+        async with self.pool.connection() as conn:
+            return await aexecute(conn, call)
+
+    async def drain_requested(self, pod: str) -> bool:
+        """Whether the operator asked this pod to drain (not through :meth:`call`: its retry bookkeeping belongs
+        to the claims)."""
+        return await self._raw(self.statements.drain_requested(pod))
+
+    async def stats(
+        self, queue: str | None = None, *, lease_seconds: float | None = None, now: datetime | None = None
+    ) -> list[QueueStats]:
+        """The queue gauges' numbers (``skiplock.worker.queue_gauges``)."""
+        return await self._raw(self.statements.stats(queue, lease_seconds, now))
+
     @asynccontextmanager
     async def purging(self) -> AsyncIterator[PurgeBatch]:
         """A connection of its own for one purge round (a round may take a while: no control connection is held),

@@ -31,9 +31,9 @@ from prometheus_client import CollectorRegistry
 
 from skiplock import __version__
 from skiplock.app import App, is_async_callable
-from skiplock.errors import ConfigError, Snooze
+from skiplock.errors import ConfigError
 from skiplock.handlers import Handler
-from skiplock.job import Job
+from skiplock.job import Job, Outcome
 from skiplock.listener import Listener
 from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetrics, serve
 from skiplock.settings import Settings
@@ -43,17 +43,10 @@ from skiplock.store.worker import PgWorkerStore
 from skiplock.worker import flow, loops
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import Completer, failure_for, queue_counts
-from skiplock.worker.executor import (
-    AsyncExecutor,
-    Entry,
-    Outcome,
-    Router,
-    Slots,
-    ThreadExecutor,
-    is_timeout,
-)
+from skiplock.worker.executor import AsyncExecutor, Entry, Router, Slots, ThreadExecutor
 from skiplock.worker.leases import Leases
 from skiplock.worker.pools import APPLICATION_NAME, async_pool, sync_pool
+from skiplock.worker.queue_gauges import export_queue_gauges
 from skiplock.worker.retention import Retention
 from skiplock.worker.schedules import Scheduler
 from skiplock.worker.scope import Scope
@@ -127,8 +120,8 @@ class Worker:
         self.released = 0
         self.abandoned_threads = 0
         self.exit_code: int | None = None
-        self.observe: Callable[[Job, str], None] = _ignore
-        """Called on the loop with each outcome written (done, retried, failed, unknown_*, lease_lost)."""
+        self.observe: Callable[[Job, Outcome], None] = _ignore
+        """Called on the loop with each outcome counted (every :data:`~skiplock.job.Outcome` but handed_back)."""
         self.on_claimed: Callable[[int], None] = lambda n: None
         """Called on the loop with the number of jobs of each non-empty claim."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -144,7 +137,6 @@ class Worker:
         self._task: asyncio.Task[int] | None = None
         self._last_tick = time.monotonic()
         self._to_release: list[Job] = []
-        self._async_results: list[Entry] = []  # async results of this loop iteration, collected together
         self._slots: Slots | None = None
         self._store: PgWorkerStore | None = None
         self._claimer: Claimer | None = None
@@ -279,7 +271,7 @@ class Worker:
             m.in_flight.set_function(partial(slots.running_in, queue))
         limits = await flow.register_limits(store, self.app, self.identity) if self.app is not None else ()
         scope = Scope(store, s, self.identity, self.queues, overrides, limits)
-        completer = self._completer = Completer(scope, self._bound, self._observe)
+        completer = self._completer = Completer(scope, self._bound, self._observe, slots, self._refill)
         completer.observing = lambda: self.observe is not _ignore
         leases = self._leases = Leases(
             scope,
@@ -305,7 +297,7 @@ class Worker:
                 pool = async_pool(dsn, "skiplock-handlers", s.concurrency, autocommit=True, timeout=30)
                 await pool.open()
                 self._async = AsyncExecutor(
-                    s.concurrency, slots, pool, store.statements, self.identity, self._on_result
+                    s.concurrency, slots, pool, store.statements, self.identity, completer.finished_one
                 )
             if False in kinds:
                 spool = sync_pool(dsn, "skiplock-handlers", s.concurrency, timeout=30)
@@ -316,8 +308,8 @@ class Worker:
                     spool,
                     store.statements,
                     self.identity,
-                    self._on_results,
-                    self._on_timeout,
+                    completer.finished,
+                    completer.timed_out,
                 )
             flusher = asyncio.create_task(completer.run(stopping), name="completer")
             halt = asyncio.Event()  # set once the drain is over: heartbeats and recovery end by themselves
@@ -331,6 +323,9 @@ class Worker:
                 asyncio.create_task(claimer.watch_paused(self._bound), name="paused"),
                 asyncio.create_task(claimer.watch_table(), name="replan"),
             ]
+            if s.queue_metrics_seconds:  # the queue gauges of its queues: one bounded query in the background
+                gauges = export_queue_gauges(self.registry, store, self.queues, s.queue_metrics_seconds)
+                tasks.append(asyncio.create_task(gauges, name="queue-gauges"))
             upkeep: list[asyncio.Task[None]] = []  # purge and ticks: they stop when the drain starts
             if not until_idle:
                 self.retention = Retention(s, self.metrics, store)
@@ -376,7 +371,7 @@ class Worker:
                 await _settle(tasks + loops)
                 self._collect()  # results posted meanwhile are written, not rerun
                 await completer.close(flusher)
-                await leases.release(self._to_release + claimer.take_buffer())
+                await leases.release(self._to_release + completer.take_handed_back() + claimer.take_buffer())
                 self.released = leases.released
         finally:
             await self._close_executors()
@@ -478,7 +473,7 @@ class Worker:
                 continue
             target = targets.get(job.task)
             if target is None:  # retried with backoff, failed when attempts are spent
-                self._completer.fail(failure_for(job, self.router.unknown(job), None, self.settings))
+                self._completer.fail(failure_for(job, self.router.unknown(job), None, self.settings), "unknown_task")
                 continue
             visible = job.visible_at
             delta = (now - visible).total_seconds() if visible is not None else 0.0
@@ -497,109 +492,17 @@ class Worker:
         if self._async is not None:
             self._async.wake()
 
-    def _on_results(self, results: list[Entry]) -> None:
-        """Entries whose handlers returned (a batch): the ones still held are forgotten, their jobs completed."""
-        assert self._slots is not None and self._completer is not None
-        durations: dict[str, list[float]] = {}  # run times by queue, handed to the tally once per batch
-        waits: dict[str, list[float]] = {}  # waits from visible to start, likewise
-        deferred: list[Job] = []  # handed to the completer at once, whatever happens to the rest of the batch
-        defer = deferred.append
-        try:
-            queue: str | None = None
-            ran: list[float] = []
-            waited: list[float] = []
-            for entry in self._slots.collect(results):  # a late result of a job handed back meanwhile is dropped
-                job = entry.job
-                if job.queue != queue:  # a batch is mostly of one queue: its lists are looked up once
-                    queue = job.queue
-                    ran, waited = durations.setdefault(queue, []), waits.setdefault(queue, [])
-                started = entry.started
-                ran.append(entry.finished - started)
-                waited.append(entry.waited + started - entry.claimed)
-                if entry.outcome == "deferred" and not (entry.stuck or entry.cancelled):  # the common case, only here
-                    defer(job)
-                else:
-                    self._finish(entry)
-        finally:
-            self._completer.defer(*deferred)
-            bound = self._bound
-            self.metrics.tally.add(
-                amounts=[
-                    *((bound[q].duration, values) for q, values in durations.items()),
-                    *((bound[q].wait, values) for q, values in waits.items()),
-                ]
-            )
-        self._refill()
-
-    def _on_result(self, entry: Entry) -> None:
-        """An async job's result: collected with the others of this loop iteration (one batch, one refill)."""
-        if not self._async_results:
-            asyncio.get_running_loop().call_soon(self._collect_async)
-        self._async_results.append(entry)
-
-    def _collect_async(self) -> None:
-        results, self._async_results = self._async_results, []
-        if results:
-            self._on_results(results)
-
     def _collect(self) -> None:
         """Every result posted so far (drain, exit): counted as finished, not rerun."""
         if self._threads is not None:
             self._threads.collect()
-        self._collect_async()
+        if self._completer is not None:
+            self._completer.collect_async()
 
     def _refill(self) -> None:
         """Slots freed: start prefetched jobs in them now (the claim loop refills the buffer meanwhile)."""
         if self._claimer is not None:
             self._claimer.feed()
-
-    def _finish(self, entry: Entry) -> None:
-        """A result whose entry the slots just gave up, other than a plain deferred one (:meth:`_on_results` defers
-        those itself; a sync job's timeout goes to :meth:`_on_timeout` as it happens)."""
-        assert self._completer is not None
-        job, outcome, error = entry.job, entry.outcome, entry.error
-        m = self._bound[job.queue]
-        if entry.stuck:  # the thread of a timed-out job returned: its slot is free again
-            m.stuck.dec()
-            if outcome == "done":  # it committed before the timeout was recorded (that write was refused)
-                m.finished["done"].inc()
-                self._observe(job, "done")
-            return  # otherwise its job was already failed at the timeout and its writes are rolled back
-        if is_timeout(error):  # an async handler stopped at its deadline
-            m.timed_out.inc()
-        if outcome == "cancelled" or (entry.cancelled and outcome != "done"):
-            self._completer.count_cancelled(job)  # the row says cancelled already; its writes were rolled back
-        elif outcome == "snoozed":
-            assert isinstance(error, Snooze)
-            self._completer.snooze(job, error.seconds)
-        elif outcome == "failed":
-            assert error is not None
-            self._completer.fail(failure_for(job, error, entry.target.task, self.settings))
-        elif outcome == "done":
-            m.finished["done"].inc()
-            self._observe(job, "done")
-            log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
-        elif outcome == "lease_lost":  # lost, or cancelled before this worker was told: the completer asks
-            self._completer.refused(job)
-        elif outcome == "released":
-            self._to_release.append(job)
-
-    def _on_timeout(self, entry: Entry, error: BaseException) -> None:
-        """A sync handler ran past its timeout: the job is failed (retried) now; the thread cannot be stopped, so
-        its slot stays taken, reported stuck, until it returns (its late writes are fenced out)."""
-        assert self._slots is not None and self._completer is not None
-        job = entry.job
-        if self._slots.get(job) is not entry or entry.stuck:  # its result was collected, or it was handed back
-            return
-        entry.stuck = True
-        m = self._bound[job.queue]
-        m.timed_out.inc()
-        m.stuck.inc()
-        self._completer.fail(failure_for(job, error, entry.target.task, self.settings))
-        log.warning(
-            "sync handler past its timeout: job failed, slot stuck until the thread returns",
-            extra={"action": "job_timed_out", "queue": job.queue, "job_id": job.id, "stuck": self._slots.stuck()},
-        )
 
     def _on_cancelled(self, ids: set[int]) -> None:
         """Jobs of this worker found cancelled in the database (control notification or heartbeat)."""
@@ -623,7 +526,7 @@ class Worker:
         if up:
             self.metrics.listener_enabled.set(1)  # a later probe proved it after all
 
-    def _observe(self, job: Job, outcome: str) -> None:
+    def _observe(self, job: Job, outcome: Outcome) -> None:
         if self.observe is not _ignore:  # the hot path pays nothing when nobody observes
             self._callback(self.observe, job, outcome)
 

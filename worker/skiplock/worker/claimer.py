@@ -20,7 +20,7 @@ from collections.abc import Callable
 from skiplock.job import Job
 from skiplock.metrics import BoundMetrics, WorkerMetrics
 from skiplock.store.statements import per_queue_limit
-from skiplock.worker import flow
+from skiplock.worker import drain, flow
 from skiplock.worker.completer import Completer
 from skiplock.worker.executor import Entry, Slots
 from skiplock.worker.leases import Leases
@@ -119,6 +119,7 @@ class Claimer:
         self._wake = asyncio.Event()
         self._paused_changed = asyncio.Event()
         self.paused: set[str] = set()  # this worker's view of its paused queues (for metrics and logs)
+        self.draining = False  # the operator asked this pod to stop claiming (scale-in; see drain.py)
         self._orphans_possible = False
         self._quiet_until = 0.0
         self._empty_streak = 0
@@ -226,7 +227,9 @@ class Claimer:
         return max(1, min(s.batch, s.concurrency + self.allowed() // 2))
 
     def _room(self) -> int:
-        """Jobs the next claim may take: the free slots plus the buffer's free room."""
+        """Jobs the next claim may take: the free slots plus the buffer's free room (none while draining)."""
+        if self.draining or self._paused_changed.is_set():  # drained, or a control notification not looked at yet
+            return 0
         return self._slots.free() + self.allowed() - self._slots.waiting()
 
     async def _expire_buffer(self) -> None:
@@ -266,7 +269,13 @@ class Claimer:
                 self.paused = set(rows)
                 for queue, m in bound.items():
                     m.paused.set(1 if queue in self.paused else 0)
+            draining = await drain.requested(self._store, self._settings.worker_id)  # drain.py: the scale-in hook
+            if draining is not None and draining != self.draining:
+                self.draining = draining
+                drain.report(draining, self._settings.worker_id)
+                await self._leases.release(self.take_buffer() if draining else [])  # prefetched jobs go back
             self._paused_changed.clear()
+            self._slots.freed.set()  # claims held while it looked (see _room) go on
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._paused_changed.wait(), timeout=every)
 
@@ -319,6 +328,9 @@ class Claimer:
                     if self._stopping.is_set():
                         break
                     self._metrics.wakeups.labels(source).inc()
+                    if self._room() <= 0:  # drained, or a control notification not looked at yet (see _room)
+                        more = True
+                        continue
                 self._wake.clear()
                 if self._orphans_possible and await self._leases.reclaim_orphans():
                     self._orphans_possible = False

@@ -1,11 +1,12 @@
 """Running jobs: which function runs a job (routing), the slots, and the two executors that run one job's
-fenced unit and report one :data:`Outcome`.
+fenced unit and report one :data:`~skiplock.job.Outcome` (to the completer, which writes and counts it).
 
 The fenced unit: call the handler with ``job``; a handler that wrote through ``job.conn`` is completed in that
-same transaction (fenced: only while this worker still holds this attempt's lease), one that did not is
-``deferred`` to the completer's batch. Sync handlers run on ``concurrency`` long-lived threads, async handlers on
-``concurrency`` long-lived runner tasks; both take their next job from the slots themselves and post results back
-to the loop in batches (one wake-up for many jobs). ``job.conn`` is checked out on first use only, for both kinds.
+same transaction (fenced: only while this worker still holds this attempt's lease: ``written``), one that did not
+is ``done`` unwritten, for the completer's batch. Sync handlers run on ``concurrency`` long-lived threads, async
+handlers on ``concurrency`` long-lived runner tasks; both take their next job from the slots themselves and post
+results back to the loop in batches (one wake-up for many jobs). ``job.conn`` is checked out on first use only,
+for both kinds.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -28,19 +29,11 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from skiplock.app import App, Task
 from skiplock.errors import Snooze
 from skiplock.handlers import Handler
-from skiplock.job import AsyncLazyConnection, Job, LazyConnection
+from skiplock.job import AsyncLazyConnection, Job, LazyConnection, Outcome
 from skiplock.store.run import aexecute, execute
 from skiplock.store.statements import Statements
 
 log = logging.getLogger(__name__)
-
-Outcome = Literal["done", "deferred", "failed", "lease_lost", "released", "cancelled", "timed_out", "snoozed"]
-"""done: completed in the handler's transaction; deferred: to be completed in a batch; failed: the handler raised
-(or the job cannot run); lease_lost: the fence refused the completion (writes rolled back); released: handed back;
-cancelled: the job was cancelled while it ran (its writes rolled back, the row already says so); timed_out: a sync
-handler ran past its timeout (reported at the deadline while its thread goes on: the slot is stuck until it returns);
-snoozed: the handler raised Snooze (its writes rolled back; to run again later without using an attempt).
-"""
 
 
 def timeout_for(job: Job, target: Target) -> float | None:
@@ -130,8 +123,10 @@ class Entry:
     cancelled: bool = False  # the job was cancelled while it ran (job.cancelled)
     stuck: bool = False  # a sync handler past its timeout: its job was failed, its thread still runs
     timer: asyncio.TimerHandle | None = None  # the sync handler's timeout
-    outcome: Outcome | None = None  # set by the executor once the handler returned (or the job was handed back)
-    error: BaseException | None = None  # what the handler raised (failed, snoozed)
+    outcome: Outcome | None = None  # set by the executor once the handler returned (or the job was handed back):
+    # done, failed, timed_out, snoozed, cancelled, lease_lost or handed_back (the completer decides the rest)
+    written: bool = False  # done: completed in the handler's own transaction (else the completer writes it)
+    error: BaseException | None = None  # what the handler raised (failed, timed_out, snoozed)
     finished: float = 0.0  # time.monotonic() when the handler returned
 
     def is_set(self) -> bool:
@@ -421,13 +416,13 @@ class Slots:
             return sum(1 for e in self._running.values() if e.job.queue == queue)
 
 
-def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Statements) -> Outcome:
-    """After a sync handler that used job.conn returned: complete in its transaction, else defer to the batch.
-    (IDLE: the handler ended the job's transaction itself, with ``commit()`` or ``rollback()``: documented as
-    unfenced; the job is completed in the batch.)"""
+def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Statements) -> Outcome | None:
+    """After a sync handler that used job.conn returned: complete in its transaction (``done``, or ``lease_lost`` when
+    the fence refused it), else None: the completer's batch writes it. (IDLE: the handler ended the job's transaction
+    itself, with ``commit()`` or ``rollback()``: documented as unfenced; the job is completed in the batch.)"""
     status = conn.info.transaction_status
     if status == TransactionStatus.IDLE:
-        return "deferred"
+        return None
     if status != TransactionStatus.INTRANS:
         conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
@@ -438,10 +433,10 @@ def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Statem
     return "done"
 
 
-async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: str, q: Statements) -> Outcome:
+async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: str, q: Statements) -> Outcome | None:
     status = conn.info.transaction_status
     if status == TransactionStatus.IDLE:
-        return "deferred"
+        return None
     if status != TransactionStatus.INTRANS:
         await conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
@@ -558,16 +553,16 @@ class AsyncExecutor:
         except asyncio.CancelledError:
             # cancelled: its writes are rolled back, the row says cancelled; else past the grace period of a drain:
             # the job is handed back
-            entry.outcome = "cancelled" if entry.cancelled else "released"
+            entry.outcome = "cancelled" if entry.cancelled else "handed_back"
             entry.finished = time.monotonic()
             self._report(entry)
-            if entry.outcome == "released":
+            if entry.outcome == "handed_back":
                 raise
             return
         except Snooze as exc:
             entry.outcome, entry.error = "snoozed", exc
         except BaseException as exc:  # the handler raised: retry or fail, fenced
-            entry.outcome, entry.error = "failed", exc
+            entry.outcome, entry.error = ("timed_out" if is_timeout(exc) else "failed"), exc
         entry.finished = time.monotonic()
         self._report(entry)
 
@@ -606,8 +601,12 @@ class AsyncExecutor:
             if lazy.failed is not None:  # the handler swallowed it: its writes never happened
                 raise HandlerConnectionError(f"job.conn could not be checked out: {lazy.failed}")
             if lazy.conn is None:  # it never used job.conn (most handlers): no coroutine to learn that
-                return "deferred"
-            return await _finish_async(lazy.conn, job, self._worker, self._q)
+                return "done"
+            written = await _finish_async(lazy.conn, job, self._worker, self._q)
+            if written is None:
+                return "done"
+            entry.written = True
+            return written
         finally:
             job._bind(None, None)  # the job and its entry no longer refer to each other: freed without the GC
             if lazy.conn is not None:
@@ -725,8 +724,12 @@ class ThreadExecutor:
             if lazy.failed is not None:
                 raise HandlerConnectionError(f"job.conn could not be checked out: {lazy.failed}")
             if lazy.conn is None:
-                return "deferred"
-            return _finish_sync(lazy.conn, job, self._worker, self._q)
+                return "done"
+            written = _finish_sync(lazy.conn, job, self._worker, self._q)
+            if written is None:
+                return "done"
+            entry.written = True
+            return written
         finally:
             job._bind(None, None)  # see AsyncExecutor._unit
             if lazy.conn is not None:

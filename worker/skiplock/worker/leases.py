@@ -155,7 +155,9 @@ class Leases:
         ids = await self._store.release(jobs, worker=self._identity)
         for job in jobs:
             if ids and job.id in ids:
-                self._m[job.queue].released.inc()
+                m = self._m[job.queue]
+                m.released.inc()
+                m.finished["handed_back"].inc()
         if ids:
             self.released += len(ids)
             log.info(

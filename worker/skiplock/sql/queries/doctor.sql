@@ -53,3 +53,31 @@ SELECT pg_backend_pid() AS pid;
 -- name: doctor_notify
 -- Send one notification on a channel (the LISTEN round-trip check).
 SELECT pg_notify(%(channel)s, %(payload)s);
+
+-- name: doctor_vacuum_state
+-- The jobs table against what its live rows need (a bloat estimate from the planner's statistics, no pgstattuple: relpages against reltuples times the average row width of pg_stats), and how far autovacuum is behind: its dead tuples against the table's autovacuum trigger (threshold + scale factor * reltuples, table options first), the last (auto)vacuum, a vacuum running now, the server's naptime and cost settings.
+WITH t AS (
+    SELECT c.oid, c.relname, n.nspname, c.relpages, greatest(c.reltuples, 0)::float8 AS reltuples, c.reloptions
+    FROM pg_class AS c
+    JOIN pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE c.oid = to_regclass(%(table)s)
+), opts AS (
+    SELECT t.oid, o.option_name, o.option_value FROM t, pg_options_to_table(t.reloptions) AS o
+)
+SELECT t.relpages::bigint AS pages, t.reltuples, current_setting('block_size')::int AS block_size,
+       coalesce((SELECT option_value::int FROM opts WHERE option_name = 'fillfactor'), 100) AS fillfactor,
+       (SELECT sum(s.avg_width)::float8 FROM pg_stats AS s
+        WHERE s.schemaname = t.nspname AND s.tablename = t.relname) AS data_width,
+       pg_relation_size(t.oid) AS table_bytes, pg_indexes_size(t.oid) AS index_bytes,
+       st.n_live_tup AS live, st.n_dead_tup AS dead,
+       extract(epoch FROM now() - greatest(st.last_autovacuum, st.last_vacuum))::float8 AS vacuum_age_seconds,
+       coalesce((SELECT option_value::float8 FROM opts WHERE option_name = 'autovacuum_vacuum_threshold'),
+                current_setting('autovacuum_vacuum_threshold')::float8)
+       + coalesce((SELECT option_value::float8 FROM opts WHERE option_name = 'autovacuum_vacuum_scale_factor'),
+                  current_setting('autovacuum_vacuum_scale_factor')::float8) * t.reltuples AS vacuum_trigger,
+       (SELECT setting::float8 FROM pg_settings WHERE name = 'autovacuum_naptime') AS naptime_seconds,
+       (SELECT option_value FROM opts WHERE option_name = 'autovacuum_vacuum_cost_delay') AS table_cost_delay,
+       current_setting('autovacuum_vacuum_cost_delay') AS server_cost_delay,
+       (SELECT p.phase FROM pg_stat_progress_vacuum AS p WHERE p.relid = t.oid LIMIT 1) AS vacuum_phase
+FROM t
+JOIN pg_stat_user_tables AS st ON st.relid = t.oid;
