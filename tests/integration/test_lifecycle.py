@@ -644,6 +644,7 @@ async def test_scheduled_retention_keeps_each_status_its_own_time_one_worker_at_
     with psycopg.connect(pg_dsn, autocommit=True) as holder:  # another worker is purging
         holder.execute("SELECT pg_advisory_lock(%s)", (retention_lock_key(schema),))
         assert await retention.purge_once() is None and _count(pg_dsn, schema, "done") == 17
+        holder.execute("SELECT pg_advisory_unlock(%s)", (retention_lock_key(schema),))  # not left to the backend's exit
     purged = await retention.purge_once()
     assert purged == {"done": 12, "failed": 4, "cancelled": 3}
     assert [_count(pg_dsn, schema, s) for s in ("done", "failed", "cancelled", "pending")] == [5, 7, 0, 2]
