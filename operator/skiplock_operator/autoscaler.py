@@ -20,8 +20,8 @@ from typing import Any
 import kopf
 
 from skiplock import QueueStats
-from skiplock_operator import pause, scalein, scaling, status, workload
-from skiplock_operator.database import PERMISSION_DENIED, DatabaseProblem
+from skiplock_operator import pause, scalein, scaling, status, waittarget, workload
+from skiplock_operator.database import PERMISSION_DENIED, DatabaseProblem, FlowCursor
 from skiplock_operator.k8s import KubeApiError
 from skiplock_operator.pause import Pause
 from skiplock_operator.runtime import Condition, Daemon, Runtime, SecretProblem, database_conditions, wait, write_status
@@ -37,13 +37,39 @@ class Poll:
 
     stats: dict[str, QueueStats]
     due_in: float | None
-    """Seconds until the first delayed job of the served queues comes due (None: none waits)."""
+    """Seconds until the first delayed job (wait-target mode: or cron tick) of the served queues comes due."""
     budget: scaling.Budget
     pause: Pause
+    load: waittarget.Load
+    """Arrival rate, service time, and (wait-target mode) the work due within podStartupSeconds."""
 
     @property
     def total(self) -> QueueStats:
         return total_stats(self.stats)
+
+    def wake_in(self, spec: JobQueueSpec) -> float:
+        """Seconds to the next poll: the interval, or sooner when delayed work comes due (wait-target mode: one
+        pod start-up earlier, so a worker is ready when it does)."""
+        interval = spec.scaling.polling_interval_seconds
+        if self.due_in is None or self.due_in <= 0:
+            return interval
+        lead = spec.scaling.pod_startup_seconds if spec.scaling.wait_mode else 0.0
+        if self.due_in > lead:
+            return min(interval, self.due_in - lead)
+        return min(interval, self.due_in + DUE_MARGIN_SECONDS)
+
+    def status(self, replicas: int, concurrency: int) -> dict[str, Any]:
+        """``predictedWaitSeconds`` (None, hence absent, when ``replicas`` cannot keep up) and ``load``."""
+        total, load = self.total, self.load
+        wait = waittarget.predicted_wait(total.ready, total.processing, load, replicas, concurrency)
+        return {
+            "predictedWaitSeconds": None if wait is None else round(wait, 1),
+            "load": {
+                "arrivalRate": round(load.arrival_rate, 2),
+                "serviceSeconds": round(load.service_seconds, 2),
+                "dueSoon": load.due_soon,
+            },
+        }
 
 
 def autoscaled(spec: JobQueueSpec) -> bool:
@@ -64,6 +90,8 @@ class Autoscaler(Daemon):
         self.budget: scaling.Budget | None = None
         self.scale_in = scalein.ScaleIn(rt, self.key, body, logger)
         self.drain_denied = False
+        self.flow = waittarget.Estimator()
+        self.cursor: FlowCursor | None = None
 
     async def run(self, stopped: Any) -> None:
         kick = self.rt.kick(self.key)
@@ -129,12 +157,13 @@ class Autoscaler(Daemon):
             deployment,
             poll,
             replicas,
+            concurrency=spec.concurrency,
             desired=decision.replicas,
             scaled_at=scaled_at,
             conditions=(scaling_condition(decision, scale_in),),
             extra={"scaleIn": scale_in} if scale_in is not None else {},
         )
-        return interval if poll.due_in is None else min(interval, poll.due_in + DUE_MARGIN_SECONDS)
+        return poll.wake_in(spec)
 
     async def observe(self, spec: JobQueueSpec, dsn: str) -> Poll:
         """Read the queues, the next due time and the connection budget; apply ``spec.paused``."""
@@ -142,7 +171,14 @@ class Autoscaler(Daemon):
         started = time.monotonic()
         await rt.databases.ensure_schema(self.key, dsn, spec.schema)  # a no-op once per connection
         stats = await rt.databases.stats(self.key, dsn, spec.schema, queues, lease_seconds=spec.lease_seconds)
-        due = await rt.databases.next_due_seconds(self.key, dsn, spec.schema, queues)
+        arrived, done, self.cursor = await rt.databases.flow(self.key, dsn, spec.schema, queues, self.cursor)
+        self.flow.observe(time.monotonic(), arrived, done, sum(row.processing for row in stats.values()))
+        due_soon = 0
+        if spec.scaling.wait_mode:  # delayed jobs and cron ticks, one pod start-up ahead
+            horizon = spec.scaling.pod_startup_seconds
+            due_soon, due = await rt.databases.due_soon(self.key, dsn, spec.schema, queues, horizon)
+        else:
+            due = await rt.databases.next_due_seconds(self.key, dsn, spec.schema, queues)
         limits = None
         if not spec.scaling.connection_budget:  # 0: a share of the server's own limit
             limits = await rt.databases.server_limits(self.key, dsn, spec.schema)
@@ -151,7 +187,7 @@ class Autoscaler(Daemon):
         stats, paused = await pause.sync(rt, self.key, self.body, spec, dsn, stats, self.logger)
         rt.metrics.observe_queues(*self.key, stats)
         self.failures = 0
-        return Poll(stats, due, self.budget, paused)
+        return Poll(stats, due, self.budget, paused, self.flow.load(time.monotonic(), due_soon))
 
     async def hold(self, spec: JobQueueSpec, dsn: str, poll: Poll, deployment: Mapping[str, Any], current: int) -> None:
         """Autoscaling is off (paused, manual replicas, disabled): withdraw a drain, stop listening, say why."""
@@ -169,7 +205,9 @@ class Autoscaler(Daemon):
             why = (status.AUTOSCALING_DISABLED, "spec.scaling.enabled is false: replicas are left alone")
         desired = spec.replicas if spec.replicas is not None else current
         condition = (status.SCALING_ACTIVE, False, *why)
-        await self.report(deployment, poll, current, desired=desired, conditions=(condition,))
+        await self.report(
+            deployment, poll, current, concurrency=spec.concurrency, desired=desired, conditions=(condition,)
+        )
 
     def decide(self, spec: JobQueueSpec, poll: Poll, current: int) -> scaling.Decision:
         """The policy's answer for this poll (stabilization history kept here)."""
@@ -178,7 +216,7 @@ class Autoscaler(Daemon):
         if not self.history:  # a fresh loop (operator restart): today's replicas count as a recommendation,
             self.history = (scaling.Recommendation(now, current),)  # so no scale-down before a full window
         decision = scaling.decide(
-            scaling.Observation(total.ready, total.processing, total.oldest_ready_age_seconds),
+            scaling.Observation(total.ready, total.processing, total.oldest_ready_age_seconds, poll.load),
             current,
             dataclasses.replace(spec.scaling, connection_budget=poll.budget.connections),
             concurrency=spec.concurrency,
@@ -264,6 +302,7 @@ class Autoscaler(Daemon):
         poll: Poll,
         replicas: int,
         *,
+        concurrency: int,
         desired: int | None = None,
         scaled_at: str | None = None,
         conditions: tuple[Condition, ...] = (),
@@ -285,6 +324,7 @@ class Autoscaler(Daemon):
             },
             "oldestReadyAgeSeconds": round(stats.oldest_ready_age_seconds, 3),
             "connectionBudget": poll.budget.status(),
+            **poll.status(desired if desired is not None else replicas, concurrency),
             **pause_fields,
             **(extra or {}),
         }

@@ -26,6 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -36,7 +37,7 @@ from skiplock import QueueStats
 from skiplock.errors import DatabaseUnavailableError
 from skiplock.migrate import amigrate
 from skiplock.queue import stats_from_row
-from skiplock.schedule import Fired, fire_due
+from skiplock.schedule import STALE_SECONDS, Fired, fire_due
 from skiplock.settings import Settings
 from skiplock.sql import queries_for
 from skiplock.worker.retention import retention_lock_key
@@ -44,6 +45,8 @@ from skiplock_operator.scaling import connection_budget
 
 log = logging.getLogger(__name__)
 PoolKey = tuple[str, str]
+FlowCursor = tuple[int, datetime]
+"""Where the previous flow read stopped: the highest job id, the database's clock."""
 T = TypeVar("T")
 
 # Classified reasons (condition reasons and Event reasons): the only words about a failure that leave here.
@@ -435,6 +438,42 @@ class Databases:
             async with conn.transaction():
                 rows = await (await conn.execute(q.drain_holdings, {"queues": list(queues), "now": None})).fetchall()
             return {str(r[0]): (int(r[1]), float(r[2] or 0.0)) for r in rows}
+
+        return await self._call(user, (dsn, schema), read)
+
+    async def flow(
+        self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], cursor: FlowCursor | None
+    ) -> tuple[int, int, FlowCursor]:
+        """Jobs of ``queues`` enqueued ready and jobs done since ``cursor`` (the previous call's; None: count
+        nothing, only start), and the cursor for the next call."""
+        q = queries_for(schema)
+        params = {
+            "queues": list(queues),
+            "after_id": cursor[0] if cursor else None,
+            "since": cursor[1] if cursor else None,
+        }
+
+        async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> tuple[int, int, FlowCursor]:
+            async with conn.transaction():
+                row = await (await conn.execute(q.queue_flow, params)).fetchone()
+            assert row is not None  # an aggregate always answers one row
+            return int(row[0]), int(row[1]), (int(row[2]), row[3])
+
+        return await self._call(user, (dsn, schema), read)
+
+    async def due_soon(
+        self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], horizon: float
+    ) -> tuple[int, float | None]:
+        """Delayed jobs and live schedules of ``queues`` due within ``horizon`` seconds, and the seconds until the
+        first of either (None when none waits)."""
+        q = queries_for(schema)
+        params = {"queues": list(queues), "horizon": horizon, "stale_seconds": STALE_SECONDS}
+
+        async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> tuple[int, float | None]:
+            async with conn.transaction():
+                row = await (await conn.execute(q.queue_due_soon, params)).fetchone()
+            assert row is not None
+            return int(row[0]), None if row[1] is None else float(row[1])
 
         return await self._call(user, (dsn, schema), read)
 

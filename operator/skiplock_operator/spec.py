@@ -284,6 +284,8 @@ def parse_scaling(r: _Reader) -> ScalingSpec:
         polling_interval_seconds=r.number("pollingIntervalSeconds", d.polling_interval_seconds, 0.1, 300),
         connection_budget=r.integer("connectionBudget", d.connection_budget, 0, 100_000),
         scale_in_drain_seconds=r.number("scaleInDrainSeconds", d.scale_in_drain_seconds, 0, 86400),
+        target_wait_seconds=r.number("targetWaitSeconds", d.target_wait_seconds, 0, 86400),
+        pod_startup_seconds=r.number("podStartupSeconds", d.pod_startup_seconds, 0, 3600),
     )
     if s.min_replicas > s.max_replicas:
         raise InvalidSpecError(

@@ -17,7 +17,7 @@ from psycopg import sql
 
 _HEADER = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>.+)\n", re.MULTILINE)
 _INCLUDE = re.compile(r"/\* include: (?P<name>\w+) \*/")
-QUERY_FILES = ("jobs.sql", "stats.sql", "schema.sql", "doctor.sql", "schedules.sql", "drain.sql")
+QUERY_FILES = ("jobs.sql", "stats.sql", "schema.sql", "doctor.sql", "schedules.sql", "drain.sql", "autoscale.sql")
 PART_FILES = ("claim_parts.sql",)
 """Named parts that queries include with ``/* include: <name> */`` (pasted in as they are, before rendering)."""
 MAX_INCLUDE_DEPTH = 4
@@ -168,6 +168,8 @@ class Queries:
     drain_cancel: LiteralString
     drain_list: LiteralString
     drain_holdings: LiteralString
+    queue_flow: LiteralString
+    queue_due_soon: LiteralString
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
