@@ -74,7 +74,7 @@ def test_alert_unit_tests_pass() -> None:
 PAUSED_FILTER = re.compile(
     r"\n *unless on \(namespace, queue\)\n *max by \(namespace, queue\) \(skiplock_queue_paused or [^\n]*\) > 0"
 )
-SNOOZED_FILTER = '{outcome!="snoozed"}'
+SNOOZED_FILTER = '{outcome!~"snoozed|handed_back"}'
 
 
 @pytest.mark.parametrize(

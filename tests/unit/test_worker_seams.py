@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -107,6 +108,43 @@ async def test_slots_count_free_places_forget_only_the_same_attempt_and_signal_e
     assert slots.collect([again]) == [again] and slots.running_in("q") == 1 and slots.free() == 1
 
 
+def test_a_waiting_job_whose_lease_ran_out_by_the_workers_estimate_never_starts():
+    """Its lease ends ``lease`` seconds after its claim or the last heartbeat that renewed it, whichever is later:
+    past that (the worker stalled, or heartbeats failed) another worker may run it, so no slot starts it."""
+    now = time.monotonic()
+    slots = Slots(3, lease=5.0)
+    stale_async, fresh, renewed = job(2), job(4), job(5)
+    stale_loop = Job(id=3, queue="q", payload={}, attempts=1, max_attempts=5, timeout_seconds=9.0)
+    slots.wait(
+        [
+            Entry(stale_async, Target(lambda j: None, True), now - 6.0),
+            Entry(stale_loop, Target(lambda j: None, False), now - 6.0),  # a timeout of its own: the loop starts it
+            Entry(fresh, Target(lambda j: None, True), now - 1.0),
+        ]
+    )
+    assert slots.start_for_loop() == [], "a sync job with a timeout, started by the loop"
+    started = slots.next_for_task()
+    assert started is not None and started.job is fresh, "an async job: the stale one is passed over"
+    assert [e.job for e in slots.take_expired()] == [stale_loop, stale_async]
+    assert slots.take_expired() == []
+    slots.wait([Entry(renewed, Target(lambda j: None, True), now - 6.0)])
+    slots.mark_renewed(now - 1.0)  # a heartbeat since renewed the leases of the jobs still waiting
+    started = slots.next_for_task()
+    assert started is not None and started.job is renewed
+    assert slots.take_expired() == []
+
+
+def test_a_handler_thread_skips_a_waiting_job_whose_lease_ran_out():
+    now = time.monotonic()
+    slots = Slots(1, lease=5.0)
+    old, new = job(1), job(2)
+    slots.wait([Entry(old, Target(lambda j: None, False), now - 6.0), Entry(new, Target(lambda j: None, False), now)])
+    e = slots.next_for_thread(now=now)
+    assert e is not None and e.job is new
+    assert [x.job for x in slots.take_expired()] == [old]
+    assert not slots.holds(old), "no longer held: no heartbeat renews it"
+
+
 # ---------------------------------------------------------------------------------------------- failures
 def test_a_failure_retries_with_the_tasks_backoff_unless_its_type_is_non_retryable():
     class Permanent(Exception):
@@ -162,7 +200,7 @@ async def test_the_completer_hands_done_jobs_to_claims_in_id_order_and_counts_wh
     control = FakeControl()
     bound = WorkerMetrics(__import__("prometheus_client").CollectorRegistry()).describe_worker(["q"], 1, "t")
     scope = Scope(control, SETTINGS, "me", ("q",))  # type: ignore[arg-type]
-    completer = Completer(scope, bound, lambda j, o: observed.append((j.id, o)))
+    completer = Completer(scope, bound, lambda j, o: observed.append((j.id, o)), Slots(1), lambda: None)
     for i in (3, 1, 2):
         completer.defer(job(i))
     assert completer.holds(job(2)) and not completer.holds(job(2, attempts=2))
@@ -184,7 +222,7 @@ async def test_done_jobs_wait_for_a_coming_claim_past_the_flush_delay_but_never_
 
     control = FakeControl()
     bound = WorkerMetrics(__import__("prometheus_client").CollectorRegistry()).describe_worker(["q"], 1, "t")
-    completer = Completer(Scope(control, SETTINGS, "me", ("q",)), bound, lambda j, o: None)  # type: ignore[arg-type]
+    completer = Completer(Scope(control, SETTINGS, "me", ("q",)), bound, lambda j, o: None, Slots(1), lambda: None)  # type: ignore[arg-type]
     asked: list[float] = []
 
     def claim_coming() -> bool:  # a claim is in flight, and its successor never takes them
@@ -232,7 +270,7 @@ def make_claimer(
     bound = metrics.describe_worker(list(queues), capacity, "t")
     scope = Scope(FakeControl(), settings, "me", queues)  # type: ignore[arg-type]
     slots = Slots(capacity)
-    completer = Completer(scope, bound, lambda j, o: None)
+    completer = Completer(scope, bound, lambda j, o: None, slots, lambda: None)
     leases = Leases(scope, bound, tracked=list, holds=lambda j: False, wake=lambda: None, cancelled=lambda i: None)
     claimer = Claimer(scope, slots, completer, leases, lambda j: None, lambda e: None, metrics, asyncio.Event())
     return claimer, slots
@@ -444,7 +482,9 @@ async def test_a_flush_in_flight_keeps_its_jobs_held():
             return {j.id for j in jobs}
 
     bound = WorkerMetrics(__import__("prometheus_client").CollectorRegistry()).describe_worker(["q"], 1, "t")
-    completer = Completer(Scope(SlowControl(), SETTINGS, "me", ("q",)), bound, lambda j, o: None)  # type: ignore[arg-type]
+    completer = Completer(
+        Scope(SlowControl(), SETTINGS, "me", ("q",)), bound, lambda j, o: None, Slots(1), lambda: None
+    )  # type: ignore[arg-type]
     completer.defer(job(7))
     flush = asyncio.create_task(completer.flush())
     await asyncio.sleep(0.01)
@@ -504,7 +544,7 @@ async def test_handler_threads_start_buffered_jobs_themselves_and_a_slow_one_hol
                 break
             await asyncio.sleep(0.01)
         assert sorted(r.job.id for r in results) == [j.id for j in jobs if j.id != slow_id]
-        assert {r.outcome for r in results} == {"deferred"}
+        assert {r.outcome for r in results} == {"done"}
         assert slots.free() == 1 and slots.waiting() == 0, "the slow job keeps its slot, nothing else does"
         assert len(slots) == len(jobs), "each job stays held (its lease renewed) until the loop collects its result"
         gate.set()
@@ -512,7 +552,7 @@ async def test_handler_threads_start_buffered_jobs_themselves_and_a_slow_one_hol
             if len(results) == len(jobs):
                 break
             await asyncio.sleep(0.01)
-        assert results[-1].job.id == slow_id and results[-1].outcome == "deferred" and slots.free() == 2
+        assert results[-1].job.id == slow_id and results[-1].outcome == "done" and slots.free() == 2
         assert slots.started == len(jobs)
     finally:
         gate.set()
@@ -570,7 +610,7 @@ async def test_async_runners_take_buffered_jobs_themselves_and_a_slow_one_holds_
         executor.wake()
         await wait_for(lambda: len(results) == len(jobs) - 1)
         assert sorted(r.job.id for r in results) == [j.id for j in jobs if j.id != slow_id]
-        assert {r.outcome for r in results} == {"deferred"}
+        assert {r.outcome for r in results} == {"done"}
         assert slots.free() == 1 and slots.waiting() == 0, "the slow job keeps its slot, nothing else does"
         assert len(slots) == len(jobs), "each job stays held (its lease renewed) until the loop collects its result"
         gate.set()
@@ -616,7 +656,7 @@ async def test_each_async_job_starts_with_the_workers_context_and_an_uncancelled
                 await wait_for(lambda i=i: i in seen)
                 assert slots.cancel({i})[0].handle is not None
             await wait_for(lambda i=i: len(results) == i)
-        assert [r.outcome for r in results] == ["deferred"] * 4 + ["cancelled"] + ["deferred"] * 4
+        assert [r.outcome for r in results] == ["done"] * 4 + ["cancelled"] + ["done"] * 4
         assert all(value is None and cancelling == 0 for value, cancelling, _ in seen.values()), seen
         runners = [seen[i][2] for i in range(1, 10)]
         assert runners[0] != runners[1] and runners[1] == runners[2], "a fresh runner after job 1 set the variable"
@@ -648,7 +688,7 @@ async def test_a_runner_woken_but_cancelled_before_it_ran_does_not_keep_the_othe
         slots.wait([async_entry(job(2), handler)])
         executor.wake()
         await wait_for(lambda: len(results) == 2)
-        assert [r.outcome for r in results] == ["deferred", "deferred"]
+        assert [r.outcome for r in results] == ["done", "done"]
     finally:
         await executor.stop()
 
@@ -673,7 +713,7 @@ async def test_async_jobs_handed_back_at_the_end_of_a_drain_end_their_runners_fo
         slots.wait([async_entry(job(1), cancels_itself)])
         executor.wake()
         await wait_for(lambda: len(results) == 1)
-        assert results[0].outcome == "released"
+        assert results[0].outcome == "handed_back"
         assert slots.pop(results[0].job) is not None  # the loop collects it: its slot is free again
         await wait_for(lambda: len(executor._runners) == 2)  # a successor keeps the slots served
         slots.wait([async_entry(job(i), stuck) for i in (2, 3)])
@@ -685,7 +725,7 @@ async def test_async_jobs_handed_back_at_the_end_of_a_drain_end_their_runners_fo
         for h in handles:
             h.cancel()
         await asyncio.wait(handles)
-        assert [r.outcome for r in results[1:]] == ["released", "released"]
+        assert [r.outcome for r in results[1:]] == ["handed_back", "handed_back"]
         assert not executor._runners, "no successor once draining"
     finally:
         await executor.stop()

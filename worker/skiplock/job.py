@@ -7,12 +7,23 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
 
 JobStatus = Literal["pending", "processing", "done", "failed", "cancelled"]
 STATUSES: tuple[JobStatus, ...] = ("pending", "processing", "done", "failed", "cancelled")
+Outcome = Literal[
+    "done", "retried", "failed", "unknown_task", "timed_out", "lease_lost", "cancelled", "snoozed", "handed_back"
+]
+"""How one attempt ended, in one vocabulary from the executor to the logs and the metric labels
+(``skiplock_jobs_finished_total{outcome}``): ``done``; ``retried`` (the handler raised: due again after a backoff);
+``failed`` (for good: non-retryable, or its attempts spent); ``unknown_task`` (no task of that name in this worker:
+retried, or failed once its attempts are spent); ``timed_out`` (stopped at its timeout: retried, or failed once its
+attempts are spent); ``lease_lost`` (the lease was taken back before the result was written: writes rolled back, or
+never started); ``cancelled`` (cancelled while it ran or waited); ``snoozed`` (the handler asked to run later: no
+attempt used); ``handed_back`` (returned unfinished at shutdown: no attempt used)."""
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 
 CLAIM_ROW = (
     "id",

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from psycopg.rows import dict_row
 
 from skiplock.errors import ConfigError
+from skiplock.job import OUTCOMES, Outcome
 from skiplock.settings import Settings
 from skiplock.sql import queries_for
 
@@ -30,7 +31,6 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
-OUTCOMES = ("done", "retried", "failed", "lease_lost", "unknown_task", "cancelled", "snoozed")
 FAILURE_REASONS = ("non_retryable", "exhausted", "unknown_task")
 DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release", "purge", "schedule", "register_limits")
 WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered", "rate_limit", "completed")
@@ -65,7 +65,7 @@ class WorkerMetrics:
         )
         self.jobs_finished = Counter(
             "skiplock_jobs_finished",
-            "Finished attempts by outcome (done, retried, failed, lease_lost, unknown_task, cancelled, snoozed).",
+            "Finished attempts by outcome (" + ", ".join(OUTCOMES) + ").",
             ["queue", "outcome"],
             registry=registry,
         )
@@ -271,7 +271,7 @@ class BoundMetrics:
     def __init__(self, m: WorkerMetrics, queue: str) -> None:
         self.tally = m.tally
         self.claimed = m.jobs_claimed.labels(queue)
-        self.finished = {outcome: m.jobs_finished.labels(queue, outcome) for outcome in OUTCOMES}
+        self.finished: dict[Outcome, Any] = {outcome: m.jobs_finished.labels(queue, outcome) for outcome in OUTCOMES}
         self.failed = {reason: m.jobs_failed.labels(queue, reason) for reason in FAILURE_REASONS}
         self.recovered = {status: m.jobs_recovered.labels(queue, status) for status in ("pending", "failed")}
         self.released = m.jobs_released.labels(queue)

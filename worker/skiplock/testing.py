@@ -30,7 +30,7 @@ from psycopg.rows import dict_row
 
 from skiplock.app import App
 from skiplock.errors import ConfigError
-from skiplock.job import Job
+from skiplock.job import Job, Outcome
 from skiplock.settings import Settings
 from skiplock.sql import queries_for
 from skiplock.worker import Worker, loops
@@ -80,12 +80,12 @@ def run_jobs(
     s = _settings(settings, dsn)
     s = s.replace(listen=False, metrics_port=0, poll_seconds=min(s.poll_seconds, 0.05), queues=queues or s.queues)
     worker = Worker(app, settings=s, handler=handler)
-    last: dict[int, str] = {}
+    last: dict[int, tuple[Job, Outcome]] = {}
     ran = 0
 
-    def observe(job: Job, outcome: str) -> None:
+    def observe(job: Job, outcome: Outcome) -> None:
         nonlocal ran
-        last[job.id] = outcome
+        last[job.id] = (job, outcome)
         ran += 1
         if ran == max_jobs:  # the jobs still running finish; the claimed ones not started are handed back
             worker.request_stop()
@@ -122,10 +122,13 @@ def run_jobs(
         if errors:
             raise errors[0]
     report = RunReport(timed_out=timed_out)
-    for job_id, outcome in last.items():
-        if outcome.startswith("unknown_"):
-            report.unknown.append(job_id)
-        getattr(report, outcome.removeprefix("unknown_")).append(job_id)
+    for job_id, (job, outcome) in last.items():
+        name: str = outcome
+        if outcome in ("unknown_task", "timed_out"):  # retried, or failed once its attempts are spent
+            if outcome == "unknown_task":
+                report.unknown.append(job_id)
+            name = "failed" if job.attempts >= job.max_attempts else "retried"
+        getattr(report, name).append(job_id)
     return report
 
 

@@ -30,9 +30,9 @@ from prometheus_client import CollectorRegistry
 
 from skiplock import __version__
 from skiplock.app import App, is_async_callable
-from skiplock.errors import ConfigError, Snooze
+from skiplock.errors import ConfigError
 from skiplock.handlers import Handler
-from skiplock.job import Job
+from skiplock.job import Job, Outcome
 from skiplock.listener import Listener
 from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetrics, serve
 from skiplock.queue import Failure, check_connect
@@ -41,15 +41,7 @@ from skiplock.worker import flow, loops
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import Completer, failure_for, queue_counts
 from skiplock.worker.control import Control, Scope
-from skiplock.worker.executor import (
-    AsyncExecutor,
-    Entry,
-    Outcome,
-    Router,
-    Slots,
-    ThreadExecutor,
-    is_timeout,
-)
+from skiplock.worker.executor import AsyncExecutor, Entry, Router, Slots, ThreadExecutor
 from skiplock.worker.leases import Leases
 from skiplock.worker.pools import APPLICATION_NAME, async_pool, sync_pool
 from skiplock.worker.queue_gauges import export_queue_gauges
@@ -125,8 +117,8 @@ class Worker:
         self.released = 0
         self.abandoned_threads = 0
         self.exit_code: int | None = None
-        self.observe: Callable[[Job, str], None] = _ignore
-        """Called on the loop with each outcome written (done, retried, failed, unknown_*, lease_lost)."""
+        self.observe: Callable[[Job, Outcome], None] = _ignore
+        """Called on the loop with each outcome counted (every :data:`~skiplock.job.Outcome` but handed_back)."""
         self.on_claimed: Callable[[int], None] = lambda n: None
         """Called on the loop with the number of jobs of each non-empty claim."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -142,7 +134,6 @@ class Worker:
         self._task: asyncio.Task[int] | None = None
         self._last_tick = time.monotonic()
         self._to_release: list[Job] = []
-        self._async_results: list[Entry] = []  # async results of this loop iteration, collected together
         self._slots: Slots | None = None
         self._control: Control | None = None
         self._claimer: Claimer | None = None
@@ -271,12 +262,13 @@ class Worker:
         control = self._control = Control(s, self.metrics)
         await control.open()
         kinds = self.router.kinds
-        slots = self._slots = Slots(s.concurrency)
+        overrides = self.router.lease_overrides()
+        slots = self._slots = Slots(s.concurrency, lease=min([s.lease_seconds, *overrides.values()]))
         for queue, m in self._bound.items():  # read at each scrape: handler threads start jobs the loop never sees
             m.in_flight.set_function(partial(slots.running_in, queue))
         limits = await flow.register_limits(control, self.app, self.identity) if self.app is not None else ()
-        scope = Scope(control, s, self.identity, self.queues, self.router.lease_overrides(), limits)
-        completer = self._completer = Completer(scope, self._bound, self._observe)
+        scope = Scope(control, s, self.identity, self.queues, overrides, limits)
+        completer = self._completer = Completer(scope, self._bound, self._observe, slots, self._refill)
         completer.observing = lambda: self.observe is not _ignore
         leases = self._leases = Leases(
             scope,
@@ -286,6 +278,9 @@ class Worker:
             wake=lambda: self._wake("recovered"),
             cancelled=self._on_cancelled,
             timeouts=self.router.timeouts(),
+            unstarted=slots.forget_waiting,
+            renewed=slots.mark_renewed,
+            unstarted_lost=completer.count_unstarted,
         )
         completer.on_written = partial(self._on_written, {x.task for x in limits if x.global_concurrency is not None})
         claimer = self._claimer = Claimer(
@@ -299,7 +294,7 @@ class Worker:
                 pool = async_pool(dsn, "skiplock-handlers", s.concurrency, autocommit=True, timeout=30)
                 await pool.open()
                 self._async = AsyncExecutor(
-                    s.concurrency, slots, pool, control.queue.queries, self.identity, self._on_result
+                    s.concurrency, slots, pool, control.queue.queries, self.identity, completer.finished_one
                 )
             if False in kinds:
                 spool = sync_pool(dsn, "skiplock-handlers", s.concurrency, timeout=30)
@@ -310,8 +305,8 @@ class Worker:
                     spool,
                     control.queue.queries,
                     self.identity,
-                    self._on_results,
-                    self._on_timeout,
+                    completer.finished,
+                    completer.timed_out,
                 )
             flusher = asyncio.create_task(completer.run(stopping), name="completer")
             halt = asyncio.Event()  # set once the drain is over: heartbeats and recovery end by themselves
@@ -373,7 +368,7 @@ class Worker:
                 await _settle(tasks + loops)
                 self._collect()  # results posted meanwhile are written, not rerun
                 await completer.close(flusher)
-                await leases.release(self._to_release + claimer.take_buffer())
+                await leases.release(self._to_release + completer.take_handed_back() + claimer.take_buffer())
                 self.released = leases.released
         finally:
             await self._close_executors()
@@ -475,7 +470,7 @@ class Worker:
                 continue
             target = targets.get(job.task)
             if target is None:  # retried with backoff, failed when attempts are spent
-                self._completer.fail(failure_for(job, self.router.unknown(job), None, self.settings))
+                self._completer.fail(failure_for(job, self.router.unknown(job), None, self.settings), "unknown_task")
                 continue
             visible = job.visible_at
             delta = (now - visible).total_seconds() if visible is not None else 0.0
@@ -494,109 +489,17 @@ class Worker:
         if self._async is not None:
             self._async.wake()
 
-    def _on_results(self, results: list[Entry]) -> None:
-        """Entries whose handlers returned (a batch): the ones still held are forgotten, their jobs completed."""
-        assert self._slots is not None and self._completer is not None
-        durations: dict[str, list[float]] = {}  # run times by queue, handed to the tally once per batch
-        waits: dict[str, list[float]] = {}  # waits from visible to start, likewise
-        deferred: list[Job] = []  # handed to the completer at once, whatever happens to the rest of the batch
-        defer = deferred.append
-        try:
-            queue: str | None = None
-            ran: list[float] = []
-            waited: list[float] = []
-            for entry in self._slots.collect(results):  # a late result of a job handed back meanwhile is dropped
-                job = entry.job
-                if job.queue != queue:  # a batch is mostly of one queue: its lists are looked up once
-                    queue = job.queue
-                    ran, waited = durations.setdefault(queue, []), waits.setdefault(queue, [])
-                started = entry.started
-                ran.append(entry.finished - started)
-                waited.append(entry.waited + started - entry.claimed)
-                if entry.outcome == "deferred" and not (entry.stuck or entry.cancelled):  # the common case, only here
-                    defer(job)
-                else:
-                    self._finish(entry)
-        finally:
-            self._completer.defer(*deferred)
-            bound = self._bound
-            self.metrics.tally.add(
-                amounts=[
-                    *((bound[q].duration, values) for q, values in durations.items()),
-                    *((bound[q].wait, values) for q, values in waits.items()),
-                ]
-            )
-        self._refill()
-
-    def _on_result(self, entry: Entry) -> None:
-        """An async job's result: collected with the others of this loop iteration (one batch, one refill)."""
-        if not self._async_results:
-            asyncio.get_running_loop().call_soon(self._collect_async)
-        self._async_results.append(entry)
-
-    def _collect_async(self) -> None:
-        results, self._async_results = self._async_results, []
-        if results:
-            self._on_results(results)
-
     def _collect(self) -> None:
         """Every result posted so far (drain, exit): counted as finished, not rerun."""
         if self._threads is not None:
             self._threads.collect()
-        self._collect_async()
+        if self._completer is not None:
+            self._completer.collect_async()
 
     def _refill(self) -> None:
         """Slots freed: start prefetched jobs in them now (the claim loop refills the buffer meanwhile)."""
         if self._claimer is not None:
             self._claimer.feed()
-
-    def _finish(self, entry: Entry) -> None:
-        """A result whose entry the slots just gave up, other than a plain deferred one (:meth:`_on_results` defers
-        those itself; a sync job's timeout goes to :meth:`_on_timeout` as it happens)."""
-        assert self._completer is not None
-        job, outcome, error = entry.job, entry.outcome, entry.error
-        m = self._bound[job.queue]
-        if entry.stuck:  # the thread of a timed-out job returned: its slot is free again
-            m.stuck.dec()
-            if outcome == "done":  # it committed before the timeout was recorded (that write was refused)
-                m.finished["done"].inc()
-                self._observe(job, "done")
-            return  # otherwise its job was already failed at the timeout and its writes are rolled back
-        if is_timeout(error):  # an async handler stopped at its deadline
-            m.timed_out.inc()
-        if outcome == "cancelled" or (entry.cancelled and outcome != "done"):
-            self._completer.count_cancelled(job)  # the row says cancelled already; its writes were rolled back
-        elif outcome == "snoozed":
-            assert isinstance(error, Snooze)
-            self._completer.snooze(job, error.seconds)
-        elif outcome == "failed":
-            assert error is not None
-            self._completer.fail(failure_for(job, error, entry.target.task, self.settings))
-        elif outcome == "done":
-            m.finished["done"].inc()
-            self._observe(job, "done")
-            log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
-        elif outcome == "lease_lost":  # lost, or cancelled before this worker was told: the completer asks
-            self._completer.refused(job)
-        elif outcome == "released":
-            self._to_release.append(job)
-
-    def _on_timeout(self, entry: Entry, error: BaseException) -> None:
-        """A sync handler ran past its timeout: the job is failed (retried) now; the thread cannot be stopped, so
-        its slot stays taken, reported stuck, until it returns (its late writes are fenced out)."""
-        assert self._slots is not None and self._completer is not None
-        job = entry.job
-        if self._slots.get(job) is not entry or entry.stuck:  # its result was collected, or it was handed back
-            return
-        entry.stuck = True
-        m = self._bound[job.queue]
-        m.timed_out.inc()
-        m.stuck.inc()
-        self._completer.fail(failure_for(job, error, entry.target.task, self.settings))
-        log.warning(
-            "sync handler past its timeout: job failed, slot stuck until the thread returns",
-            extra={"action": "job_timed_out", "queue": job.queue, "job_id": job.id, "stuck": self._slots.stuck()},
-        )
 
     def _on_cancelled(self, ids: set[int]) -> None:
         """Jobs of this worker found cancelled in the database (control notification or heartbeat)."""
@@ -620,7 +523,7 @@ class Worker:
         if up:
             self.metrics.listener_enabled.set(1)  # a later probe proved it after all
 
-    def _observe(self, job: Job, outcome: str) -> None:
+    def _observe(self, job: Job, outcome: Outcome) -> None:
         if self.observe is not _ignore:  # the hot path pays nothing when nobody observes
             self._callback(self.observe, job, outcome)
 

@@ -238,7 +238,17 @@ class Claimer:
         return self._slots.free() + self.allowed() - self._slots.waiting()
 
     async def _expire_buffer(self) -> None:
-        """Hand back buffered jobs that waited longer than their share of the lease (their slots stayed busy)."""
+        """Hand back buffered jobs that waited longer than their share of the lease (their slots stayed busy), and
+        the ones a slot refused to start because their lease had run out meanwhile (see :class:`Slots`)."""
+        expired = self._slots.take_expired()
+        if expired:
+            log.warning(
+                "%d prefetched job(s) not started: their leases ran out while they waited (the worker stalled, or "
+                "heartbeats failed); handed back if still held",
+                len(expired),
+                extra={"action": "lease_expired_unstarted", "job_ids": [e.job.id for e in expired][:20]},
+            )
+            await self._leases.release([e.job for e in expired])
         oldest = self._slots.oldest_claim()
         now = time.monotonic()
         if oldest is None or now - oldest <= self._leases.shortest * PREFETCH_WAIT_FRACTION:

@@ -1,5 +1,8 @@
-"""The completer: the only writer of final states. Finished jobs wait in buffers; done ones ride on the next claim
-(one statement, one commit) or are flushed alone after a short delay; failures are recorded at once."""
+"""The completer: the only writer of final states, and where every outcome is counted. The executors report each
+finished entry here (:meth:`Completer.finished`); each is dispatched by its :data:`~skiplock.job.Outcome` (one
+``match``, exhaustive). Done jobs wait in a buffer and ride on the next claim (one statement, one commit) or are
+flushed alone after a short delay; failures are recorded at once. A written outcome is counted once, by its name
+(the metric label), and told to the worker's observer."""
 
 from __future__ import annotations
 
@@ -11,16 +14,17 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
+from typing import assert_never
 
 from skiplock.app import Task
 from skiplock.backoff import backoff_seconds
-from skiplock.errors import NonRetryableError
-from skiplock.job import Job
+from skiplock.errors import NonRetryableError, Snooze
+from skiplock.job import Job, Outcome
 from skiplock.metrics import BoundMetrics
 from skiplock.queue import Failure, format_error
 from skiplock.settings import Settings
 from skiplock.worker.control import Scope
-from skiplock.worker.executor import UnknownTaskError
+from skiplock.worker.executor import Entry, Slots
 
 log = logging.getLogger(__name__)
 FLUSH_MAX = 500
@@ -62,19 +66,35 @@ def failure_for(job: Job, exc: BaseException, task: Task | None, settings: Setti
     return Failure(job, format_error(exc), delay, retry)
 
 
+FailureCause = Outcome
+"""Why an attempt failed, which names its outcome once written: ``failed`` (the handler raised), ``unknown_task`` or
+``timed_out``; written, a plain failure becomes ``retried`` or ``failed``, the others keep their names."""
+
+
 class Completer:
-    def __init__(self, scope: Scope, metrics: dict[str, BoundMetrics], observe: Callable[[Job, str], None]) -> None:
-        self._observe = observe  # each written outcome: done, retried, failed, unknown_*, lease_lost
+    def __init__(
+        self,
+        scope: Scope,
+        metrics: dict[str, BoundMetrics],
+        observe: Callable[[Job, Outcome], None],
+        slots: Slots,
+        refill: Callable[[], None],
+    ) -> None:
+        self._observe = observe  # each outcome counted here (not handed_back)
+        self._slots = slots  # results free their slots here
+        self._refill = refill  # slots were freed: start buffered jobs in them now
         self._control = scope.control
         self._settings = scope.settings
         self._m = metrics
         self._identity = scope.identity
         self._done: list[Job] = []
         self._done_since: float | None = None  # when the oldest done job not yet taken by a claim finished
-        self._failed: list[Failure] = []
+        self._failed: list[tuple[Failure, FailureCause]] = []
         self._refused: list[Job] = []  # completions the fence refused in the handler's transaction
         self._snoozed: list[tuple[Job, float]] = []  # jobs to reschedule without using an attempt
         self._writing: list[Job] = []  # a flush in flight: still held (heartbeats, orphan release) until settled
+        self._handed_back: list[Job] = []  # running jobs handed back at the end of a drain (written at exit)
+        self._async_results: list[Entry] = []  # async results of this loop iteration, collected together
         self._needed = asyncio.Event()
         self._closing = False
         self.flushes = 0  # statements that wrote done jobs no claim carried (the flush loop's own)
@@ -94,8 +114,8 @@ class Completer:
             self._needed.set()
         self._done.extend(jobs)
 
-    def fail(self, failure: Failure) -> None:
-        self._failed.append(failure)
+    def fail(self, failure: Failure, cause: FailureCause = "failed") -> None:
+        self._failed.append((failure, cause))
         self._needed.set()
 
     def snooze(self, job: Job, seconds: float) -> None:
@@ -124,7 +144,7 @@ class Completer:
     def jobs(self) -> list[Job]:
         """Jobs finished here but not yet written (or being written): their leases must still be renewed, and
         they are this worker's own, never orphans."""
-        return self._done + [f.job for f in self._failed] + [j for j, _ in self._snoozed] + self._writing
+        return self._done + [f.job for f, _ in self._failed] + [j for j, _ in self._snoozed] + self._writing
 
     def holds(self, job: Job) -> bool:
         return any(j.id == job.id and j.attempts == job.attempts for j in self.jobs())
@@ -176,19 +196,33 @@ class Completer:
             elif job.id in cancelled:
                 self.count_cancelled(job)
             else:
-                m[job.queue].finished["lease_lost"].inc()
-                self._observe(job, "lease_lost")
+                self.count(job, "lease_lost")
                 warn_lost(job, "completion refused: the lease was lost before it was written")
         tally.add(counts=[(m[queue].finished["done"], n) for queue, n in by_queue.items()])
 
+    def count_unstarted(self, job: Job, cancelled: bool) -> None:
+        """A prefetched job whose lease was lost (or that was cancelled) before it started: it never starts."""
+        if cancelled:
+            self.count_cancelled(job)
+            return
+        self.count(job, "lease_lost")
+        log.warning(
+            "a prefetched job's lease was lost before it started (recovered elsewhere): not started",
+            extra={"action": "lease_lost_unstarted", "job_id": job.id, "queue": job.queue, "attempt": job.attempts},
+        )
+
     def count_cancelled(self, job: Job) -> None:
-        self._m[job.queue].finished["cancelled"].inc()
-        self._observe(job, "cancelled")
+        self.count(job, "cancelled")
         log.info("job cancelled while it ran", extra={"action": "job_cancelled", "queue": job.queue, "job_id": job.id})
 
-    def _count_failure(self, f: Failure, status: str | None) -> None:
+    def count(self, job: Job, outcome: Outcome) -> None:
+        """One outcome of one job: its counter (the label is the outcome's name) and the observer."""
+        self._m[job.queue].finished[outcome].inc()
+        self._observe(job, outcome)
+
+    def _count_failure(self, f: Failure, cause: FailureCause, status: str | None) -> None:
+        """A written failure (``status``: the job's new status; None: the fence refused it)."""
         job = f.job
-        m = self._m[job.queue]
         extra = {
             "queue": job.queue,
             "task": job.task,
@@ -196,25 +230,128 @@ class Completer:
             "attempt": job.attempts,
             "max_attempts": job.max_attempts,
             "error": f.error[:500],
+            "cause": cause,
         }
-        unknown = f.error.startswith(UnknownTaskError.__name__)
-        prefix = "unknown_" if unknown else ""
         if status == "cancelled":
             self.count_cancelled(job)
         elif status is None:
-            m.finished["lease_lost"].inc()
-            self._observe(job, "lease_lost")
+            self.count(job, "lease_lost")
             warn_lost(job, "failure not recorded: the lease was lost before it was written")
         elif status == "pending":
-            m.finished["unknown_task" if unknown else "retried"].inc()
-            self._observe(job, prefix + "retried")
+            self.count(job, "retried" if cause == "failed" else cause)
             log.warning("job failed, will retry in %.1fs", f.delay_seconds, extra={"action": "job_retry", **extra})
         else:
-            reason = "unknown_task" if unknown else ("exhausted" if f.retry else "non_retryable")
-            m.finished["unknown_task" if unknown else "failed"].inc()
-            m.failed[reason].inc()
-            self._observe(job, prefix + "failed")
+            reason = "unknown_task" if cause == "unknown_task" else ("exhausted" if f.retry else "non_retryable")
+            self._m[job.queue].failed[reason].inc()
+            self.count(job, cause)
             log.error("job failed for good (%s)", reason.replace("_", "-"), extra={"action": "job_failed", **extra})
+
+    # ------------------------------------------------------------------ results (from the executors)
+    def finished(self, results: list[Entry]) -> None:
+        """Entries whose handlers returned (a batch): the ones still held are forgotten (their slots freed) and
+        dispatched by outcome; then buffered jobs start in the freed slots."""
+        durations: dict[str, list[float]] = {}  # run times by queue, handed to the tally once per batch
+        waits: dict[str, list[float]] = {}  # waits from visible to start, likewise
+        deferred: list[Job] = []  # handed to the buffer at once, whatever happens to the rest of the batch
+        defer = deferred.append
+        try:
+            queue: str | None = None
+            ran: list[float] = []
+            waited: list[float] = []
+            for entry in self._slots.collect(results):  # a late result of a job handed back meanwhile is dropped
+                job = entry.job
+                if job.queue != queue:  # a batch is mostly of one queue: its lists are looked up once
+                    queue = job.queue
+                    ran, waited = durations.setdefault(queue, []), waits.setdefault(queue, [])
+                started = entry.started
+                ran.append(entry.finished - started)
+                waited.append(entry.waited + started - entry.claimed)
+                if entry.outcome == "done" and not (entry.written or entry.stuck or entry.cancelled):  # the usual case
+                    defer(job)
+                else:
+                    self.record(entry)
+        finally:
+            self.defer(*deferred)
+            bound = self._m
+            if durations:  # one tally for every queue
+                bound[next(iter(durations))].tally.add(
+                    amounts=[
+                        *((bound[q].duration, values) for q, values in durations.items()),
+                        *((bound[q].wait, values) for q, values in waits.items()),
+                    ]
+                )
+        self._refill()
+
+    def finished_one(self, entry: Entry) -> None:
+        """An async job's result: collected with the others of this loop iteration (one batch, one refill)."""
+        if not self._async_results:
+            asyncio.get_running_loop().call_soon(self.collect_async)
+        self._async_results.append(entry)
+
+    def collect_async(self) -> None:
+        results, self._async_results = self._async_results, []
+        if results:
+            self.finished(results)
+
+    def record(self, entry: Entry) -> None:
+        """A result whose entry the slots just gave up, other than a plain unwritten ``done`` (:meth:`finished`
+        buffers those itself; a sync job's timeout comes to :meth:`timed_out` as it happens)."""
+        job, outcome, error = entry.job, entry.outcome, entry.error
+        assert outcome is not None, "an executor reports an entry once its outcome is set"
+        if entry.stuck:  # the thread of a timed-out job returned: its slot is free again
+            self._m[job.queue].stuck.dec()
+            if outcome == "done" and entry.written:  # it committed before the timeout was recorded (that was refused)
+                self.count(job, "done")
+            return  # otherwise its job was already failed at the timeout and its writes are rolled back
+        if entry.cancelled and not (outcome == "done" and entry.written):
+            self.count_cancelled(job)  # the row says cancelled already; its writes were rolled back
+            return
+        match outcome:
+            case "done":
+                if entry.written:
+                    self.count(job, "done")
+                    log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
+                else:
+                    self.defer(job)
+            case "failed" | "timed_out":
+                assert error is not None
+                if outcome == "timed_out":  # an async handler stopped at its deadline
+                    self._m[job.queue].timed_out.inc()
+                self.fail(failure_for(job, error, entry.target.task, self._settings), outcome)
+            case "snoozed":
+                assert isinstance(error, Snooze)
+                self.snooze(job, error.seconds)
+            case "cancelled":
+                self.count_cancelled(job)
+            case "lease_lost":  # lost, or cancelled before this worker was told: the database says which
+                self.refused(job)
+            case "handed_back":
+                self._handed_back.append(job)
+            case "retried" | "unknown_task":
+                raise AssertionError(f"an executor reported {outcome!r}: only a written failure is named so")
+            case _ as never:
+                assert_never(never)
+
+    def timed_out(self, entry: Entry, error: BaseException) -> None:
+        """A sync handler ran past its timeout: the job is failed (retried) now; the thread cannot be stopped, so
+        its slot stays taken, reported stuck, until it returns (its late writes are fenced out)."""
+        job = entry.job
+        if self._slots.get(job) is not entry or entry.stuck:  # its result was collected, or it was handed back
+            return
+        entry.stuck = True
+        m = self._m[job.queue]
+        m.timed_out.inc()
+        m.stuck.inc()
+        self.fail(failure_for(job, error, entry.target.task, self._settings), "timed_out")
+        log.warning(
+            "sync handler past its timeout: job failed, slot stuck until the thread returns",
+            extra={"action": "job_timed_out", "queue": job.queue, "job_id": job.id, "stuck": self._slots.stuck()},
+        )
+
+    def take_handed_back(self) -> list[Job]:
+        """Running jobs given up at the end of a drain: to hand back (no attempt used)."""
+        jobs, self._handed_back = self._handed_back, []
+        return jobs
 
     # ------------------------------------------------------------------ writing
     async def run(self, stopping: asyncio.Event) -> None:
@@ -236,7 +373,7 @@ class Completer:
                         break
                     wait = FLUSH_RECHECK_SECONDS  # a claim takes them meanwhile (or fails and gives them back)
                 await asyncio.sleep(wait)
-            ended = self._done + [f.job for f in self._failed]
+            ended = self._done + [f.job for f, _ in self._failed]
             self.flushes += bool(self._done)
             if not await self.flush():
                 await self._control.backoff(stopping)
@@ -253,8 +390,7 @@ class Completer:
                 if job.id in cancelled:
                     self.count_cancelled(job)
                 else:
-                    self._m[job.queue].finished["lease_lost"].inc()
-                    self._observe(job, "lease_lost")
+                    self.count(job, "lease_lost")
                     warn_lost(job, "completion refused: the lease was lost while the handler ran")
         while ok and self._done:
             batch = self.take_done()
@@ -276,18 +412,19 @@ class Completer:
             ok = await self._write_snoozes()
         while ok and self._failed:
             fails, self._failed = self._failed[:FLUSH_MAX], self._failed[FLUSH_MAX:]
-            fails.sort(key=lambda f: f.job.id)
-            self._writing = [f.job for f in fails]
+            fails.sort(key=lambda fc: fc[0].job.id)
+            self._writing = [f.job for f, _ in fails]
             ok = False
             try:
+                failures = [f for f, _ in fails]
                 statuses = await self._control.call(
-                    "fail", partial(self._control.queue.fail, fails, worker=self._identity)
+                    "fail", partial(self._control.queue.fail, failures, worker=self._identity)
                 )
                 if statuses is not None:
-                    cancelled = await self.cancelled_among([f.job for f in fails if f.job.id not in statuses])
-                    for f in fails:
+                    cancelled = await self.cancelled_among([f.job for f in failures if f.job.id not in statuses])
+                    for f, cause in fails:
                         status = "cancelled" if f.job.id in cancelled else statuses.get(f.job.id)
-                        self._count_failure(f, status)
+                        self._count_failure(f, cause, status)
                     ok = True
             finally:
                 self._writing = []
@@ -315,14 +452,12 @@ class Completer:
         cancelled = await self.cancelled_among([j for j in jobs if j.id not in written])
         for job, seconds in batch:
             if job.id in written:
-                self._m[job.queue].finished["snoozed"].inc()
-                self._observe(job, "snoozed")
+                self.count(job, "snoozed")
                 log.info("job snoozed for %.1fs", seconds, extra={"action": "job_snoozed", "job_id": job.id})
             elif job.id in cancelled:
                 self.count_cancelled(job)
             else:
-                self._m[job.queue].finished["lease_lost"].inc()
-                self._observe(job, "lease_lost")
+                self.count(job, "lease_lost")
                 warn_lost(job, "snooze not recorded: the lease was lost before it was written")
         return True
 

@@ -1,11 +1,12 @@
 """Running jobs: which function runs a job (routing), the slots, and the two executors that run one job's
-fenced unit and report one :data:`Outcome`.
+fenced unit and report one :data:`~skiplock.job.Outcome` (to the completer, which writes and counts it).
 
 The fenced unit: call the handler with ``job``; a handler that wrote through ``job.conn`` is completed in that
-same transaction (fenced: only while this worker still holds this attempt's lease), one that did not is
-``deferred`` to the completer's batch. Sync handlers run on ``concurrency`` long-lived threads, async handlers on
-``concurrency`` long-lived runner tasks; both take their next job from the slots themselves and post results back
-to the loop in batches (one wake-up for many jobs). ``job.conn`` is checked out on first use only, for both kinds.
+same transaction (fenced: only while this worker still holds this attempt's lease: ``written``), one that did not
+is ``done`` unwritten, for the completer's batch. Sync handlers run on ``concurrency`` long-lived threads, async
+handlers on ``concurrency`` long-lived runner tasks; both take their next job from the slots themselves and post
+results back to the loop in batches (one wake-up for many jobs). ``job.conn`` is checked out on first use only,
+for both kinds.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -28,19 +29,11 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from skiplock.app import App, Task
 from skiplock.errors import Snooze
 from skiplock.handlers import Handler
-from skiplock.job import AsyncLazyConnection, Job, LazyConnection
+from skiplock.job import AsyncLazyConnection, Job, LazyConnection, Outcome
 from skiplock.queue import fence_one_params
 from skiplock.sql import Queries
 
 log = logging.getLogger(__name__)
-
-Outcome = Literal["done", "deferred", "failed", "lease_lost", "released", "cancelled", "timed_out", "snoozed"]
-"""done: completed in the handler's transaction; deferred: to be completed in a batch; failed: the handler raised
-(or the job cannot run); lease_lost: the fence refused the completion (writes rolled back); released: handed back;
-cancelled: the job was cancelled while it ran (its writes rolled back, the row already says so); timed_out: a sync
-handler ran past its timeout (reported at the deadline while its thread goes on: the slot is stuck until it returns);
-snoozed: the handler raised Snooze (its writes rolled back; to run again later without using an attempt).
-"""
 
 
 def timeout_for(job: Job, target: Target) -> float | None:
@@ -130,8 +123,10 @@ class Entry:
     cancelled: bool = False  # the job was cancelled while it ran (job.cancelled)
     stuck: bool = False  # a sync handler past its timeout: its job was failed, its thread still runs
     timer: asyncio.TimerHandle | None = None  # the sync handler's timeout
-    outcome: Outcome | None = None  # set by the executor once the handler returned (or the job was handed back)
-    error: BaseException | None = None  # what the handler raised (failed, snoozed)
+    outcome: Outcome | None = None  # set by the executor once the handler returned (or the job was handed back):
+    # done, failed, timed_out, snoozed, cancelled, lease_lost or handed_back (the completer decides the rest)
+    written: bool = False  # done: completed in the handler's own transaction (else the completer writes it)
+    error: BaseException | None = None  # what the handler raised (failed, timed_out, snoozed)
     finished: float = 0.0  # time.monotonic() when the handler returned
 
     def is_set(self) -> bool:
@@ -147,10 +142,17 @@ class Slots:
     the rest (async handlers, sync ones with a timeout), and collects every result: a running job stays held (its
     lease renewed) until then, its slot free as soon as its handler returned. Async jobs are taken the same way by
     the async runners (:meth:`next_for_task`), on the loop. ``freed`` is set on the loop whenever results free
-    slots."""
+    slots.
 
-    def __init__(self, capacity: int) -> None:
+    A waiting job whose lease has run out by this worker's estimate (``lease`` seconds after its claim or after the
+    last heartbeat that renewed it, whichever is later: the worker stalled, or heartbeats failed) never starts: it
+    is set aside for the loop to hand back (:meth:`take_expired`), since another worker may have recovered it."""
+
+    def __init__(self, capacity: int, lease: float = float("inf")) -> None:
         self.capacity = capacity
+        self.lease = lease  # the shortest lease of any job this worker runs
+        self.renewed = 0.0  # time.monotonic() when the last heartbeat that renewed every held lease was sent
+        self._expired: list[Entry] = []  # waiting jobs not started because their lease ran out (for the loop)
         # One plain lock, taken directly (a C-level context manager, not Condition.__enter__, which runs Python code
         # on every job); the condition on it is only for the handler threads' sleep and wake-up.
         self._mutex = threading.Lock()
@@ -194,6 +196,24 @@ class Slots:
         with self._mutex:
             return [e for q in self._queues for e in q]
 
+    def mark_renewed(self, sent: float) -> None:
+        """A heartbeat sent at ``sent`` (time.monotonic()) renewed the lease of every job still waiting."""
+        self.renewed = sent
+
+    def take_expired(self) -> list[Entry]:
+        """The waiting jobs set aside since the last call because their lease ran out before they could start."""
+        if not self._expired:
+            return []
+        with self._mutex:
+            expired, self._expired = self._expired, []
+        return expired
+
+    def forget_waiting(self, jobs: list[Job]) -> list[Job]:
+        """Remove these jobs (these attempts) from the buffer, if still there: their leases were lost, so they
+        never start; returns the ones removed."""
+        mine = {id(j) for j in jobs}
+        return [e.job for e in self.drop_waiting(lambda e: id(e.job) not in mine)]
+
     def drop_waiting(self, keep: Callable[[Entry], bool]) -> list[Entry]:
         """Remove the waiting entries ``keep`` refuses (cancelled, waited too long, shutdown): they never start."""
         with self._mutex:
@@ -207,10 +227,16 @@ class Slots:
 
     def start_for_loop(self) -> list[Entry]:
         """Start the waiting jobs the loop runs, as slots allow; wake handler threads for theirs."""
+        now = time.monotonic()
+        lease = self.lease
         with self._mutex:
             started = []
             while self.open and self._by_loop and self._busy < self.capacity:
-                started.append(self._begin(self._by_loop.popleft()))
+                e = self._by_loop.popleft()
+                if now - e.claimed >= lease and now - self.renewed >= lease:
+                    self._expired.append(e)
+                    continue
+                started.append(self._begin(e, now))
             self._wake_threads()
             return started
 
@@ -260,7 +286,13 @@ class Slots:
                     if self._running.get(e.job.id) is not e:  # handed back meanwhile (drain)
                         continue
                 elif self.open and self._by_thread and self._busy < self.capacity:
-                    e = self._begin(self._by_thread.popleft(), now)
+                    e = self._by_thread.popleft()
+                    if now is None:
+                        now = time.monotonic()
+                    if now - e.claimed >= self.lease and now - self.renewed >= self.lease:  # see the class
+                        self._expired.append(e)
+                        continue
+                    e = self._begin(e, now)
                 if e is not None:
                     if self._sleeping:
                         self._wake_threads()  # more jobs wait: the next thread, in case this job takes long
@@ -279,8 +311,13 @@ class Slots:
         with self._mutex:
             if ended is not None:
                 self._end(ended)
-            if self.open and self._by_task and self._busy < self.capacity:
-                return self._begin(self._by_task.popleft())
+            while self.open and self._by_task and self._busy < self.capacity:
+                e = self._by_task.popleft()
+                now = time.monotonic()
+                if now - e.claimed >= self.lease and now - self.renewed >= self.lease:  # see the class
+                    self._expired.append(e)
+                    continue
+                return self._begin(e, now)
             if ended is not None:
                 self._wake_threads()  # the freed slot may start a waiting sync job
             return None
@@ -379,13 +416,13 @@ class Slots:
             return sum(1 for e in self._running.values() if e.job.queue == queue)
 
 
-def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Queries) -> Outcome:
-    """After a sync handler that used job.conn returned: complete in its transaction, else defer to the batch.
-    (IDLE: the handler ended the job's transaction itself, with ``commit()`` or ``rollback()``: documented as
-    unfenced; the job is completed in the batch.)"""
+def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Queries) -> Outcome | None:
+    """After a sync handler that used job.conn returned: complete in its transaction (``done``, or ``lease_lost`` when
+    the fence refused it), else None: the completer's batch writes it. (IDLE: the handler ended the job's transaction
+    itself, with ``commit()`` or ``rollback()``: documented as unfenced; the job is completed in the batch.)"""
     status = conn.info.transaction_status
     if status == TransactionStatus.IDLE:
-        return "deferred"
+        return None
     if status != TransactionStatus.INTRANS:
         conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
@@ -396,10 +433,10 @@ def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Querie
     return "done"
 
 
-async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: str, q: Queries) -> Outcome:
+async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: str, q: Queries) -> Outcome | None:
     status = conn.info.transaction_status
     if status == TransactionStatus.IDLE:
-        return "deferred"
+        return None
     if status != TransactionStatus.INTRANS:
         await conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
@@ -516,16 +553,16 @@ class AsyncExecutor:
         except asyncio.CancelledError:
             # cancelled: its writes are rolled back, the row says cancelled; else past the grace period of a drain:
             # the job is handed back
-            entry.outcome = "cancelled" if entry.cancelled else "released"
+            entry.outcome = "cancelled" if entry.cancelled else "handed_back"
             entry.finished = time.monotonic()
             self._report(entry)
-            if entry.outcome == "released":
+            if entry.outcome == "handed_back":
                 raise
             return
         except Snooze as exc:
             entry.outcome, entry.error = "snoozed", exc
         except BaseException as exc:  # the handler raised: retry or fail, fenced
-            entry.outcome, entry.error = "failed", exc
+            entry.outcome, entry.error = ("timed_out" if is_timeout(exc) else "failed"), exc
         entry.finished = time.monotonic()
         self._report(entry)
 
@@ -564,8 +601,12 @@ class AsyncExecutor:
             if lazy.failed is not None:  # the handler swallowed it: its writes never happened
                 raise HandlerConnectionError(f"job.conn could not be checked out: {lazy.failed}")
             if lazy.conn is None:  # it never used job.conn (most handlers): no coroutine to learn that
-                return "deferred"
-            return await _finish_async(lazy.conn, job, self._worker, self._q)
+                return "done"
+            written = await _finish_async(lazy.conn, job, self._worker, self._q)
+            if written is None:
+                return "done"
+            entry.written = True
+            return written
         finally:
             job._bind(None, None)  # the job and its entry no longer refer to each other: freed without the GC
             if lazy.conn is not None:
@@ -683,8 +724,12 @@ class ThreadExecutor:
             if lazy.failed is not None:
                 raise HandlerConnectionError(f"job.conn could not be checked out: {lazy.failed}")
             if lazy.conn is None:
-                return "deferred"
-            return _finish_sync(lazy.conn, job, self._worker, self._q)
+                return "done"
+            written = _finish_sync(lazy.conn, job, self._worker, self._q)
+            if written is None:
+                return "done"
+            entry.written = True
+            return written
         finally:
             job._bind(None, None)  # see AsyncExecutor._unit
             if lazy.conn is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from skiplock.job import Job
@@ -26,6 +27,9 @@ class Leases:
         wake: Callable[[], None],
         cancelled: Callable[[set[int]], None] = lambda ids: None,
         timeouts: dict[str, float] | None = None,
+        unstarted: Callable[[list[Job]], list[Job]] = lambda jobs: [],
+        renewed: Callable[[float], None] = lambda sent: None,
+        unstarted_lost: Callable[[Job, bool], None] = lambda job, cancelled: None,
     ) -> None:
         settings, lease_overrides = scope.settings, scope.lease_overrides
         self._control = scope.control
@@ -40,6 +44,9 @@ class Leases:
         self._cancelled = cancelled  # told the ids of held jobs found cancelled in the database
         self._check = asyncio.Event()
         self._timeouts = timeouts or {}  # task -> timeout: no lease is renewed past it
+        self._unstarted = unstarted  # lost leases of jobs still in the buffer: they are removed, never started
+        self._renewed = renewed  # when the last heartbeat that renewed every lease it found was sent
+        self._unstarted_lost = unstarted_lost  # each job removed from the buffer: counted (cancelled, or lost)
         self._warned: set[tuple[int, int]] = set()
         self.released = 0
         lease = settings.lease_seconds
@@ -70,6 +77,7 @@ class Leases:
         if not jobs:
             return
         leases = [self.lease_for(j) for j in jobs]
+        sent = time.monotonic()
         held = await self._control.call(
             "heartbeat",
             lambda: self._control.queue.heartbeat(
@@ -79,9 +87,18 @@ class Leases:
         if held is None:
             return
         lost = {j.id for j in jobs} - held  # heartbeat() returns the ids still held
-        if lost:  # the polling fallback of the control channel: a lost lease may be a cancellation
-            cancelled = await self.check_cancelled([j for j in jobs if j.id in lost])
-            lost = lost - cancelled
+        # Jobs still in the buffer never start (a handler run twice is worse than a job run late: another worker
+        # has it now); they are removed before anything awaits, so no slot that frees meanwhile starts one.
+        unstarted = self._unstarted([j for j in jobs if j.id in lost]) if lost else []
+        self._renewed(sent)  # every lease it found held was renewed: the buffered jobs left may start
+        if not lost:
+            return
+        # the polling fallback of the control channel: a lost lease may be a cancellation
+        cancelled = await self.check_cancelled([j for j in jobs if j.id in lost])
+        for job in unstarted:
+            lost.discard(job.id)
+            self._unstarted_lost(job, job.id in cancelled)
+        lost = lost - cancelled
         for job in jobs:
             key = (job.id, job.attempts)
             # A job that finished during the round trip is not lost: only warn for attempts still held now.
@@ -148,7 +165,9 @@ class Leases:
         ids = await self._control.call("release", lambda: self._control.queue.release(jobs, worker=self._identity))
         for job in jobs:
             if ids and job.id in ids:
-                self._m[job.queue].released.inc()
+                m = self._m[job.queue]
+                m.released.inc()
+                m.finished["handed_back"].inc()
         if ids:
             self.released += len(ids)
             log.info(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+log = logging.getLogger(__name__)
 APPLICATION_NAME = "skiplock-worker"
 # A pooled connection not checked out for longer than this is pinged before use: after a server restart or a
 # killed backend the pool would otherwise hand out one dead connection per slot (and burn a job attempt on each).
@@ -40,6 +42,67 @@ def _check(conn: psycopg.Connection[Any]) -> None:
             conn.rollback()
 
 
+BORN_ATTRIBUTE = "_skiplock_born"  # on a pooled connection: time.monotonic() when the pool opened it
+
+
+class DeadPoolGuard:
+    """Wraps a pool's ``check`` and ``configure``: a connection that fails its check at checkout empties the pool of
+    its idle connections at once (``drain``: they are replaced by new ones), unless the pool was emptied since that
+    connection was opened.
+
+    psycopg_pool tries the next idle connection after a failed check, but backs off before each further try (1 s, 2 s,
+    4 s, ...): after a server restart or terminated backends, a pool of four dead connections made a checkout wait
+    7 s, and a claim with it, with nothing logged. One dead connection means the others, as old, are most likely
+    dead too."""
+
+    def __init__(
+        self,
+        check: Callable[[Any], Any],
+        configure: Callable[[Any], Awaitable[None]] | None,
+    ) -> None:
+        self._check = check
+        self._configure = configure
+        self.drained_at = 0.0  # time.monotonic() of the last drain
+        self.drains = 0
+        self.pool: Any = None  # the pool it guards (set by make_pool right after creating it)
+
+    def _failed(self, conn: Any) -> bool:
+        """After ``conn`` failed its check: whether the pool should be drained now (counted and logged)."""
+        if getattr(conn, BORN_ATTRIBUTE, 0.0) < self.drained_at:
+            return False  # it was already in the pool when it was last drained: the others are new
+        self.drained_at = time.monotonic()
+        self.drains += 1
+        log.info(
+            "a pooled connection was found dead at checkout: its pool's idle connections are replaced",
+            extra={"action": "pool_drained", "pool": getattr(self.pool, "name", "?")},
+        )
+        return True
+
+    async def aconfigure(self, conn: Any) -> None:
+        setattr(conn, BORN_ATTRIBUTE, time.monotonic())
+        if self._configure is not None:
+            await self._configure(conn)
+
+    def configure(self, conn: Any) -> None:
+        setattr(conn, BORN_ATTRIBUTE, time.monotonic())
+
+    async def acheck(self, conn: Any) -> None:
+        try:
+            await self._check(conn)
+        except Exception:
+            if self._failed(conn):
+                await self.pool.drain()
+            raise
+
+    def check(self, conn: Any) -> None:
+        try:
+            self._check(conn)
+        except Exception:
+            if self._failed(conn):
+                self.pool.drain()
+            raise
+
+
 def make_pool(
     dsn: str,
     name: str,
@@ -55,7 +118,8 @@ def make_pool(
     (the handler's colour; autocommit too, since the executor opens the job's transaction itself at checkout
     with ``BEGIN``, so a handler's ``transaction()`` blocks nest in it as savepoints)."""
     cls: Any = AsyncConnectionPool if asynchronous else ConnectionPool
-    return cls(  # type: ignore[no-any-return]
+    guard = DeadPoolGuard(check or (acheck if asynchronous else _check), configure)
+    pool = cls(
         dsn,
         min_size=1,
         max_size=size,
@@ -63,10 +127,12 @@ def make_pool(
         name=name,
         reconnect_timeout=0,
         timeout=timeout,
-        check=check or (acheck if asynchronous else _check),
-        configure=configure,
+        check=guard.acheck if asynchronous else guard.check,
+        configure=guard.aconfigure if asynchronous else guard.configure,
         kwargs={"application_name": APPLICATION_NAME, "autocommit": autocommit},
     )
+    guard.pool = pool
+    return pool  # type: ignore[no-any-return]
 
 
 def async_pool(
