@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 K8S_TOOLS := $(CURDIR)/.cache/k8s-tools
 export PATH := $(K8S_TOOLS)/helm:$(K8S_TOOLS)/kubectl:$(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: demo test lint bench soak install clean lock
+.PHONY: demo test lint bench bench-ui soak install clean lock
 
 # The venv starts without pip when the interpreter has one (pip --python installs into it): bootstrapping
 # pip into a fresh venv costs more than the whole demo install on a busy machine.
@@ -22,14 +22,14 @@ HOST_HAS_PIP = $(shell $(HOST_PYTHON) -m pip --version >/dev/null 2>&1 && echo y
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip >/dev/null
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[operator,test,dev,demo,docs]'
+	$(BIN)/python -m pip install -q -e '.[operator,test,dev,demo,docs,ui]'
 	touch $(STAMP) $(DEMO_STAMP)
 
-# The demo needs only the package and the embedded PostgreSQL: a fresh `make demo` does not wait for the
+# The demo needs only the package, the embedded PostgreSQL and the UI to look at it: a fresh `make demo` does not wait for the
 # operator, test and lint toolchains.
 $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	$(if $(HOST_HAS_PIP),$(HOST_PYTHON) -m pip --python $(BIN)/python,$(BIN)/python -m ensurepip >/dev/null && $(BIN)/python -m pip) \
-	  install -q -e '.[demo]'
+	  install -q -e '.[demo,ui]'
 	touch $(DEMO_STAMP)
 
 install: $(STAMP)
@@ -64,6 +64,11 @@ $(VENV)/.installed-bench: pyproject.toml | $(STAMP)
 
 bench: $(STAMP) $(VENV)/.installed-bench
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+## make bench-ui: the web UI's server time per page and API call on 5,000,000 done and 100,000 failed jobs
+## (bench/ui.py; a private PostgreSQL unless BENCH_UI_ARGS="--dsn ...")
+bench-ui: $(STAMP)
+	$(BIN)/python bench/ui.py $(BENCH_UI_ARGS)
 
 ## make bench-soak: steady load at 70 % of the measured drain capacity for 30 minutes on a private PostgreSQL
 ## (autovacuum and retention on), JSON lines and a plot in bench/results/; SOAK_ARGS="--minutes 120" for longer

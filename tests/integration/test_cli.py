@@ -149,7 +149,7 @@ def test_dropping_the_second_processing_index_gives_up_rather_than_queue_claims_
             app.commit()
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             assert current_version(conn, name) == 6
-            assert migrate(conn, name).applied == ("0007_one_processing_index", "0008_rate_slot_index")
+            assert migrate(conn, name).applied[:2] == ("0007_one_processing_index", "0008_rate_slot_index")
             gone = conn.execute("SELECT to_regclass(%s)", [f'"{name}".jobs_recover_idx']).fetchone()
             assert gone == (None,)
     finally:

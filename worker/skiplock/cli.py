@@ -155,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--queue")
     f.add_argument("--limit", type=_positive_int, default=20)
     f.add_argument("--json", action="store_true")
+    f.add_argument("--group", action="store_true", help="failures grouped by fingerprint (task and normalised error)")
+
+    ui = sub.add_parser("ui", parents=[common], help="serve the web UI (needs skiplock[ui]; read-only without a token)")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=8080)
+    ui.add_argument("--token-file", metavar="PATH", help="the token actions need (default: SKIPLOCK_UI_TOKEN)")
+    ui.add_argument("--hide-payloads", action="store_true", help="show only the size of payloads, results, errors")
+    ui.add_argument("--trusted-user-header", metavar="NAME", help="behind an authenticating proxy: its user header")
 
     for name, helptext in (("retry", "re-drive failed jobs"), ("cancel", "cancel pending or running jobs")):
         r = sub.add_parser(name, parents=[common], help=helptext)
@@ -486,6 +494,8 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def cmd_failed(args: argparse.Namespace, settings: Settings) -> int:
+    if args.group:
+        return _failed_groups(args, settings)
     with _queue(settings) as q:
         _guard_schema(q, settings)
         rows = q.list_failed(args.queue, limit=args.limit)
@@ -507,6 +517,47 @@ def cmd_failed(args: argparse.Namespace, settings: Settings) -> int:
     ]
     print(_table(("id", "queue", "attempts", "failed_at", "last_error"), body))
     return EXIT_OK
+
+
+def _failed_groups(args: argparse.Namespace, settings: Settings) -> int:
+    """``failed --group``: the UI's failure groups (the fingerprint index), largest first."""
+    from skiplock.store.ui import UiStore
+
+    async def groups() -> list[dict[str, Any]]:
+        store = await UiStore.open(settings, max_size=1)
+        try:
+            return (await store.failure_groups(queue=args.queue, task=None, after=None, limit=args.limit)).rows
+        finally:
+            await store.close()
+
+    with _queue(settings) as q:
+        _guard_schema(q, settings)
+    rows = asyncio.run(groups())
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return EXIT_OK
+    if not rows:
+        print("no failed jobs")
+        return EXIT_OK
+    body = [
+        (r["fingerprint"], r["jobs"], r["task"] or "", r["first_seen"].isoformat(timespec="seconds"),
+         r["last_seen"].isoformat(timespec="seconds"), (r["normalised"] or "")[:80])
+        for r in rows
+    ]
+    print(_table(("fingerprint", "jobs", "task", "first_seen", "last_seen", "error"), body))
+    return EXIT_OK
+
+
+def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        from skiplock.ui.config import UiConfig
+        from skiplock.ui.server import serve
+    except ImportError as exc:
+        raise ConfigError(f"the UI needs the extra: pip install 'skiplock[ui]' ({exc})") from None
+    config = UiConfig.load(
+        token_file=args.token_file, hide_payloads=args.hide_payloads, trusted_user_header=args.trusted_user_header
+    )
+    return serve(settings, config, host=args.host, port=args.port)
 
 
 def _by_selection(args: argparse.Namespace, settings: Settings, verb: str, what: str) -> int:
@@ -751,4 +802,5 @@ COMMANDS = {
     "grant": cmd_grant,
     "operator": cmd_operator,
     "schedules": cmd_schedules,
+    "ui": cmd_ui,
 }

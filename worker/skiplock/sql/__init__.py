@@ -17,7 +17,16 @@ from psycopg import sql
 
 _HEADER = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>.+)\n", re.MULTILINE)
 _INCLUDE = re.compile(r"/\* include: (?P<name>\w+) \*/")
-QUERY_FILES = ("jobs.sql", "stats.sql", "schema.sql", "doctor.sql", "schedules.sql", "drain.sql", "autoscale.sql")
+QUERY_FILES = (
+    "jobs.sql",
+    "stats.sql",
+    "schema.sql",
+    "doctor.sql",
+    "schedules.sql",
+    "drain.sql",
+    "ui.sql",
+    "autoscale.sql",
+)
 PART_FILES = ("claim_parts.sql",)
 """Named parts that queries include with ``/* include: <name> */`` (pasted in as they are, before rendering)."""
 MAX_INCLUDE_DEPTH = 4
@@ -168,8 +177,32 @@ class Queries:
     drain_cancel: LiteralString
     drain_list: LiteralString
     drain_holdings: LiteralString
+    # the operator's wait-time target (queries/autoscale.sql)
     queue_flow: LiteralString
     queue_due_soon: LiteralString
+    # the web UI's statements (queries/ui.sql)
+    ui_queue_stats: LiteralString
+    ui_done_last_minute: LiteralString
+    ui_jobs_window: LiteralString
+    ui_jobs_failed_window: LiteralString
+    ui_window_end: LiteralString
+    ui_failed_window_end: LiteralString
+    ui_job: LiteralString
+    ui_failure_groups: LiteralString
+    ui_failure_group: LiteralString
+    ui_group_ids: LiteralString
+    ui_filter_ids: LiteralString
+    ui_newest_id: LiteralString
+    ui_discard_failed: LiteralString
+    ui_workers: LiteralString
+    ui_schedules: LiteralString
+    ui_table_estimate: LiteralString
+    ui_audit_page: LiteralString
+    ui_audit_begin: LiteralString
+    ui_audit_lock: LiteralString
+    ui_audit_get: LiteralString
+    ui_audit_progress: LiteralString
+    ui_session: LiteralString
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
