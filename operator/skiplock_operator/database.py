@@ -24,29 +24,26 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row
 
 from skiplock import QueueStats
 from skiplock.errors import DatabaseUnavailableError
 from skiplock.migrate import amigrate
-from skiplock.queue import stats_from_row
-from skiplock.schedule import STALE_SECONDS, Fired, fire_due
+from skiplock.schedule import STALE_SECONDS, Fired
 from skiplock.settings import Settings
-from skiplock.sql import queries_for
-from skiplock.worker.retention import retention_lock_key
+from skiplock.store.purge import apurge_batch
+from skiplock.store.run import aexecute
+from skiplock.store.schedules import fire_due
+from skiplock.store.statements import FlowCursor, PurgePolicy, Statements
 from skiplock_operator.scaling import connection_budget
 
 log = logging.getLogger(__name__)
 PoolKey = tuple[str, str]
-FlowCursor = tuple[int, datetime]
-"""Where the previous flow read stopped: the highest job id, the database's clock."""
 T = TypeVar("T")
 
 # Classified reasons (condition reasons and Event reasons): the only words about a failure that leave here.
@@ -242,7 +239,7 @@ class Databases:
                 raise DatabaseProblem(classify(exc, connecting=True)) from None
         try:
             async with conn.transaction():
-                await conn.execute(queries_for("skiplock").session_statement_timeout, {"ms": str(self._ms())})
+                await aexecute(conn, Statements(Settings()).statement_timeout(self._ms()))
         except BaseException:
             sever(conn)
             await _close(conn)
@@ -327,18 +324,16 @@ class Databases:
         self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], *, lease_seconds: float
     ) -> dict[str, QueueStats]:
         """Stats of each of ``queues`` (zeros for a queue without jobs), in one round trip per queue."""
-        q = queries_for(schema)
+        s = _statements(schema)
 
         async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> dict[str, QueueStats]:
             out: dict[str, QueueStats] = {}
             async with conn.transaction():
-                cur = conn.cursor(row_factory=dict_row)
                 for name in queues:
-                    await cur.execute(q.queue_stats, {"queue": name, "lease_seconds": lease_seconds, "now": None})
-                    rows = [stats_from_row(r) for r in await cur.fetchall()]
+                    rows = await aexecute(conn, s.stats(name, lease_seconds, None))
                     out[name] = next((r for r in rows if r.queue == name), QueueStats(name, 0, 0, 0, 0, 0, 0.0))
-                    await cur.execute(q.queue_waiting, {"queue": name, "now": None})  # flow control
-                    held = next((r for r in await cur.fetchall() if r["queue"] == name), {})
+                    waiting = await aexecute(conn, s.waiting(name, None))  # flow control
+                    held = next((r for r in waiting if r["queue"] == name), {})
                     out[name] = replace(
                         out[name],
                         waiting_serial_key=int(held.get("serial_key", 0)),
@@ -351,12 +346,11 @@ class Databases:
 
     async def next_due_seconds(self, user: Hashable, dsn: str, schema: str, queues: Sequence[str]) -> float | None:
         """Seconds until the first delayed job of ``queues`` becomes visible, or None when none waits."""
-        q = queries_for(schema)
+        s = _statements(schema)
 
         async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> float | None:
             async with conn.transaction():
-                row = await (await conn.execute(q.queue_next_due, {"queues": list(queues), "now": None})).fetchone()
-            return None if row is None or row[0] is None else max(0.0, float(row[0]))
+                return await aexecute(conn, s.queue_next_due(queues))
 
         return await self._call(user, (dsn, schema), read)
 
@@ -364,11 +358,11 @@ class Databases:
         self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], channel: str
     ) -> tuple[list[Fired], float | None]:
         """Fire the due schedules of ``queues`` (see :mod:`skiplock.schedule`); the seconds until the next one."""
-        q = queries_for(schema)
+        s = _statements(schema)
 
         async def fire(conn: psycopg.AsyncConnection[Any], _: _Entry) -> tuple[list[Fired], float | None]:
             async with conn.transaction():
-                return await fire_due(conn, q, channel, queues=queues)
+                return await fire_due(conn, s, queues=queues, channel=channel)
 
         return await self._call(user, (dsn, schema), fire)
 
@@ -382,8 +376,8 @@ class Databases:
         async def read(conn: psycopg.AsyncConnection[Any], entry: _Entry) -> tuple[int, int]:
             if entry.limits is None:
                 async with conn.transaction():
-                    row = await (await conn.execute(queries_for(schema).server_connection_limits)).fetchone()
-                entry.limits = (int(row[0]), int(row[1])) if row else (100, 3)
+                    limits = await aexecute(conn, _statements(schema).server_connection_limits())
+                entry.limits = limits or (100, 3)
             return entry.limits
 
         return await self._call(user, (dsn, schema), read)
@@ -391,39 +385,24 @@ class Databases:
     async def set_paused(self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], paused: bool) -> None:
         """Pause (or resume) each of ``queues`` in the queues table, in one transaction; the statement tells the
         workers on the control channel (and, on resume, wakes those serving the queue)."""
-        q = queries_for(schema)
-        channels = Settings(schema=schema)
+        s = _statements(schema)
 
         async def write(conn: psycopg.AsyncConnection[Any], _: _Entry) -> None:
             async with conn.transaction():
                 for name in queues:
-                    params = {
-                        "queue": name,
-                        "paused": paused,
-                        "now": None,
-                        "control_channel": channels.control_channel,
-                        "channel": channels.channel,
-                    }
-                    await conn.execute(q.queue_set_paused, params)
+                    await aexecute(conn, s.set_paused(name, paused, None))
 
         await self._call(user, (dsn, schema), write)
 
     async def purge_batch(
-        self, user: Hashable, dsn: str, schema: str, params: Mapping[str, Any]
+        self, user: Hashable, dsn: str, schema: str, policy: PurgePolicy, limit: int
     ) -> Counter[str] | None:
-        """One batch of the scheduled retention, in its own transaction, under the schema's retention lock (the
-        key the workers' purge holds): the rows deleted by status, or None when someone else holds the lock."""
-        q = queries_for(schema)
+        """One batch of the scheduled retention (the one purge of :mod:`skiplock.store.purge`): the rows deleted
+        by status, or None when someone else holds the schema's purge lock."""
+        s = _statements(schema)
 
         async def purge(conn: psycopg.AsyncConnection[Any], _: _Entry) -> Counter[str] | None:
-            async with conn.transaction():
-                row = await (
-                    await conn.execute(q.retention_try_xact_lock, {"key": retention_lock_key(schema)})
-                ).fetchone()
-                if not row or not row[0]:
-                    return None
-                rows = await (await conn.execute(q.job_purge_expired, dict(params))).fetchall()
-            return Counter(r[0] for r in rows)
+            return await apurge_batch(conn, s, policy, limit, wait=False)
 
         return await self._call(user, (dsn, schema), purge)
 
@@ -432,12 +411,11 @@ class Databases:
     ) -> dict[str, tuple[int, float]]:
         """Per pod (the first part of a worker id): the jobs of ``queues`` it holds and the seconds since the
         oldest of them was claimed."""
-        q = queries_for(schema)
+        s = _statements(schema)
 
         async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> dict[str, tuple[int, float]]:
             async with conn.transaction():
-                rows = await (await conn.execute(q.drain_holdings, {"queues": list(queues), "now": None})).fetchall()
-            return {str(r[0]): (int(r[1]), float(r[2] or 0.0)) for r in rows}
+                return await aexecute(conn, s.drain_holdings(queues))
 
         return await self._call(user, (dsn, schema), read)
 
@@ -446,18 +424,11 @@ class Databases:
     ) -> tuple[int, int, FlowCursor]:
         """Jobs of ``queues`` enqueued ready and jobs done since ``cursor`` (the previous call's; None: count
         nothing, only start), and the cursor for the next call."""
-        q = queries_for(schema)
-        params = {
-            "queues": list(queues),
-            "after_id": cursor[0] if cursor else None,
-            "since": cursor[1] if cursor else None,
-        }
+        call = _statements(schema).queue_flow(queues, cursor)
 
         async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> tuple[int, int, FlowCursor]:
             async with conn.transaction():
-                row = await (await conn.execute(q.queue_flow, params)).fetchone()
-            assert row is not None  # an aggregate always answers one row
-            return int(row[0]), int(row[1]), (int(row[2]), row[3])
+                return await aexecute(conn, call)
 
         return await self._call(user, (dsn, schema), read)
 
@@ -466,24 +437,21 @@ class Databases:
     ) -> tuple[int, float | None]:
         """Delayed jobs and live schedules of ``queues`` due within ``horizon`` seconds, and the seconds until the
         first of either (None when none waits)."""
-        q = queries_for(schema)
-        params = {"queues": list(queues), "horizon": horizon, "stale_seconds": STALE_SECONDS}
+        call = _statements(schema).queue_due_soon(queues, horizon, STALE_SECONDS)
 
         async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> tuple[int, float | None]:
             async with conn.transaction():
-                row = await (await conn.execute(q.queue_due_soon, params)).fetchone()
-            assert row is not None
-            return int(row[0]), None if row[1] is None else float(row[1])
+                return await aexecute(conn, call)
 
         return await self._call(user, (dsn, schema), read)
 
     async def drains(self, user: Hashable, dsn: str, schema: str) -> set[str]:
         """The pods asked to drain (any JobQueue's: callers keep to their own pods)."""
-        q = queries_for(schema)
+        s = _statements(schema)
 
         async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> set[str]:
             async with conn.transaction():
-                return {str(r[0]) for r in await (await conn.execute(q.drain_list)).fetchall()}
+                return await aexecute(conn, s.drain_list())
 
         return await self._call(user, (dsn, schema), read)
 
@@ -492,17 +460,11 @@ class Databases:
     ) -> None:
         """Ask the workers of ``pods`` to stop claiming (or withdraw the request); the statement tells the
         workers on the control channel, so they look at once."""
-        q = queries_for(schema)
-        params = {
-            "workers": list(pods),
-            "reason": reason,
-            "now": None,
-            "control_channel": Settings(schema=schema).control_channel,
-        }
+        call = _statements(schema).drain_set(pods, draining, reason)
 
         async def write(conn: psycopg.AsyncConnection[Any], _: _Entry) -> None:
             async with conn.transaction():
-                await conn.execute(q.drain_request if draining else q.drain_cancel, params)
+                await aexecute(conn, call)
 
         if pods:
             await self._call(user, (dsn, schema), write)
@@ -522,6 +484,11 @@ class Databases:
             if entry.conn is not None:
                 sever(entry.conn)
                 await _close(entry.conn)
+
+
+def _statements(schema: str) -> Statements:
+    """The statements of one schema (its channels derive from it)."""
+    return Statements(Settings(schema=schema))
 
 
 def budget_from_limits(max_connections: int, reserved: int) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from skiplock import QueueStats
-from skiplock.queue import WAITING_REASONS
+from skiplock.store.statements import WAITING_REASONS
 
 RESULTS = ("success", "invalid", "retry", "error")
 STATES = ("ready", "delayed", "processing", "stalled", "failed")

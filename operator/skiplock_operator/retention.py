@@ -20,7 +20,7 @@ from typing import Any
 
 import kopf
 
-from skiplock.worker.retention import purge_params
+from skiplock.store.statements import PurgePolicy
 from skiplock_operator.database import DatabaseProblem
 from skiplock_operator.runtime import Daemon, Runtime, SecretProblem, wait
 from skiplock_operator.spec import JobQueueSpec
@@ -65,10 +65,10 @@ class Retention(Daemon):
     async def purge(self, spec: JobQueueSpec, stopped: Any) -> Counter[str]:
         """Batches until one comes back short, another purger holds the lock, or the daemon stops."""
         dsn = await self.dsn(spec)
-        params = purge_params(spec.worker_settings(), BATCH)
+        policy = PurgePolicy.retention(spec.worker_settings())
         total: Counter[str] = Counter()
         while not stopped:
-            batch = await self.rt.databases.purge_batch(self.user, dsn, spec.schema, params)
+            batch = await self.rt.databases.purge_batch(self.user, dsn, spec.schema, policy, BATCH)
             if batch is None:
                 break  # someone else purges this schema now
             for status, n in batch.items():

@@ -23,6 +23,7 @@ from psycopg import sql
 
 from skiplock import NonRetryableError, Queue, Settings
 from skiplock.errors import (
+    MAX_ERROR_CHARS,
     ConfigError,
     DatabaseUnavailableError,
     EnqueueError,
@@ -32,8 +33,8 @@ from skiplock.errors import (
 )
 from skiplock.handlers import Handler, load_handler
 from skiplock.migrate import latest_version, migrate
-from skiplock.queue import MAX_ERROR_CHARS, encode_payload
 from skiplock.sql import queries_for
+from skiplock.store.validation import encode_payload
 from skiplock.worker import Worker
 from support.ci import missing
 from support.pg import await_for
@@ -513,18 +514,21 @@ def test_load_handler_rejects_malformed_specs():
 
 
 async def test_one_refused_result_does_not_stop_the_worker_recording_results(settings, aqueue, monkeypatch):
-    from skiplock.queue import AsyncQueue
+    import dataclasses
 
-    real_fail = AsyncQueue.fail
+    from skiplock.store.statements import Statements
+
+    real_fail = Statements.fail
     refused: list[int] = []
 
-    async def fail_once(self, failures, **kw):
-        if not refused:
-            refused.append(failures[0].job.id)
-            raise psycopg.errors.DataError("timestamp out of range")  # what a 1e13 s backoff gets
-        return await real_fail(self, failures, **kw)
+    def fail_once(self, failures, worker, now):
+        call = real_fail(self, failures, worker, now)
+        if refused:
+            return call
+        refused.append(failures[0].job.id)  # the statement the server refuses, as a 1e13 s backoff gets refused
+        return dataclasses.replace(call, query="SELECT now() + make_interval(secs => 1e13)", params=None)
 
-    monkeypatch.setattr(AsyncQueue, "fail", fail_once)
+    monkeypatch.setattr(Statements, "fail", fail_once)
 
     async def handler(job):
         if job.payload.get("fail") and job.attempts == 1:

@@ -16,7 +16,7 @@ from skiplock import Queue, Settings
 from skiplock.errors import HandlerImportError
 from skiplock.handlers import load_target
 from skiplock.migrate import current_version, latest_version, migrate
-from skiplock.queue import Failure
+from skiplock.store.statements import Failure
 from support.pg import drop_schema
 
 

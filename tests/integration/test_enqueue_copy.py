@@ -11,7 +11,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from skiplock import AsyncQueue, PayloadError, Queue, Settings
-from skiplock.queue import COLUMN_DEFAULTS, COPY_CHUNK
+from skiplock.store.copy import COLUMN_DEFAULTS, COPY_CHUNK
 
 TRICKY = [
     {"tab\there": "new\nline", "cr": "a\rb", "bs": "C:\\dir\\", "quote": '"', "nul_text": "\\u0000"},

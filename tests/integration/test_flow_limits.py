@@ -16,7 +16,9 @@ import pytest
 from skiplock import Job, Queue, Settings
 from skiplock.errors import EnqueueError
 from skiplock.limits import RateLimit, TaskLimits
-from skiplock.queue import Failure, complete_and_claim_params
+from skiplock.sql import queries_for
+from skiplock.store.statements import Failure, complete_and_claim_params
+from support.store import WorkerCalls
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 QUEUES = (["q"], ["q", "other"])  # the one-queue statement and the round-robin one
@@ -27,7 +29,7 @@ def ids(jobs: list) -> list[int]:
 
 
 def claim(queue: Queue, names: list[str], worker: str = "w1", limit: int = 10, now: datetime = T0) -> list:
-    return queue.complete_and_claim((), names, limit=limit, worker=worker, now=now)[1]
+    return WorkerCalls(queue).complete_and_claim((), names, limit=limit, worker=worker, now=now)[1]
 
 
 def claim_concurrently(settings: Settings, *, rounds: int, limit: int, threads: int = 8) -> list[Job]:
@@ -39,7 +41,7 @@ def claim_concurrently(settings: Settings, *, rounds: int, limit: int, threads: 
         with Queue(settings=settings, max_size=1) as q:
             barrier.wait()
             for _ in range(rounds):
-                claimed.extend(q.complete_and_claim((), ["q"], limit=limit, worker=f"w{n}", now=T0)[1])
+                claimed.extend(WorkerCalls(q).complete_and_claim((), ["q"], limit=limit, worker=f"w{n}", now=T0)[1])
 
     running = [threading.Thread(target=claimer, args=(n,)) for n in range(threads)]
     for t in running:
@@ -59,7 +61,7 @@ def test_a_key_runs_one_job_at_a_time_in_enqueue_order(queue: Queue, names: list
     assert claim(queue, names, worker="w2") == []  # nobody else takes a later job of a running key
     current = next(j for j in first if j.id == a[0])
     for expected in a[1:]:
-        done, nxt = queue.complete_and_claim([current], names, limit=10, worker="w1", now=T0)
+        done, nxt = WorkerCalls(queue).complete_and_claim([current], names, limit=10, worker="w1", now=T0)
         assert done == {current.id}
         assert ids(nxt) == [expected]  # the completion passes the key on within the same statement
         current = nxt[0]
@@ -118,7 +120,7 @@ def queue_key(queue: Queue, job_id: int) -> str:
 
 # ---------------------------------------------------------------------------------------------- concurrency
 def limit(queue: Queue, concurrency: int | None = None, rate: RateLimit | None = None, task: str = "t") -> None:
-    queue.register_limits([TaskLimits(task, concurrency, rate)], worker="test")
+    WorkerCalls(queue).register_limits([TaskLimits(task, concurrency, rate)], worker="test")
 
 
 @pytest.mark.parametrize("names", QUEUES)
@@ -129,9 +131,9 @@ def test_a_claimer_without_limits_leaves_limited_tasks_to_those_that_know_them(q
     limited = queue.enqueue_many("q", [{}] * 2, task="t", run_at=T0, priority=5)
     keyed = queue.enqueue_many("q", [{}] * 2, task="u", run_at=T0, serial_key="k")
     untasked = queue.enqueue("q", {}, run_at=T0)
-    plain = queue.complete_and_claim((), names, limit=10, worker="w1", now=T0, limited=False)[1]
+    plain = WorkerCalls(queue).complete_and_claim((), names, limit=10, worker="w1", now=T0, limited=False)[1]
     assert ids(plain) == [keyed[0], untasked.id]  # one of the key at a time, none of the limited task
-    again = queue.complete_and_claim(plain, names, limit=10, worker="w1", now=T0, limited=False)
+    again = WorkerCalls(queue).complete_and_claim(plain, names, limit=10, worker="w1", now=T0, limited=False)
     assert again[0] == {keyed[0], untasked.id} and ids(again[1]) == [keyed[1]]  # the key passed on
     assert ids(claim(queue, names, worker="w2")) == limited  # a claimer that knows the limits takes them
 
@@ -146,7 +148,7 @@ def test_global_concurrency_caps_running_jobs_and_the_rest_run(queue: Queue, nam
     assert ids(claim(queue, names, worker="w2", limit=5)) == plain  # the limit holds none of the other tasks back
     assert claim(queue, names, worker="w2") == []
     done = next(j for j in first if j.id == limited[0])
-    completed, nxt = queue.complete_and_claim([done], names, limit=10, worker="w1", now=T0)
+    completed, nxt = WorkerCalls(queue).complete_and_claim([done], names, limit=10, worker="w1", now=T0)
     assert completed == {done.id} and ids(nxt) == [limited[2]]  # the finished run's slot goes to the next job
     assert queue.limits()[0]["running"] == 2
 
@@ -165,13 +167,13 @@ def test_every_way_a_run_ends_frees_its_slot(queue: Queue, ending: str) -> None:
     elif ending in ("fail", "fail_final"):
         queue.fail([Failure(job, "Boom", 0.0, ending == "fail")], worker="w1", now=T0)
     elif ending == "snooze":
-        queue.snooze([job], [0.0], worker="w1", now=T0)
+        WorkerCalls(queue).snooze([job], [0.0], worker="w1", now=T0)
     elif ending == "release":
-        queue.release([job], worker="w1", now=T0)
+        WorkerCalls(queue).release([job], worker="w1", now=T0)
     elif ending == "cancel":
         queue.cancel(ids=[job.id])
     elif ending == "recover":
-        queue.recover_expired(queue="q", now=T0 + timedelta(days=1))
+        WorkerCalls(queue).recover_expired(queue="q", now=T0 + timedelta(days=1))
     else:
         with queue.pool.connection() as conn:
             conn.execute(f'DELETE FROM "{queue.settings.schema}".jobs WHERE id = %s', (job.id,))
@@ -199,11 +201,13 @@ def test_rate_limit_allows_n_starts_per_period_and_keeps_the_rest_pending(queue:
     queue.complete(first, worker="w1")
     later = T0 + timedelta(seconds=30)
     assert claim(queue, names, now=later) == []  # completions do not give starts back: the period does
-    assert queue.next_start(["t"], names, now=later) == pytest.approx(30.0)
+    assert WorkerCalls(queue).next_start(["t"], names, now=later) == pytest.approx(30.0)
     assert {r["status"] for r in map(queue.get, range(first[-1].id + 1, first[-1].id + 4)) if r} == {"pending"}
     assert len(claim(queue, names, now=T0 + timedelta(seconds=60))) == 2
     assert len(claim(queue, names, now=T0 + timedelta(seconds=120))) == 1
-    assert queue.next_start(["t"], names, now=T0 + timedelta(seconds=121)) is None  # nothing waits on the rate
+    assert (
+        WorkerCalls(queue).next_start(["t"], names, now=T0 + timedelta(seconds=121)) is None
+    )  # nothing waits on the rate
 
 
 def test_next_start_hints_a_slot_freed_just_now_but_not_one_free_for_long(queue: Queue) -> None:
@@ -212,10 +216,10 @@ def test_next_start_hints_a_slot_freed_just_now_but_not_one_free_for_long(queue:
     limit(queue, concurrency=1, rate=RateLimit(1, 10.0))
     queue.enqueue_many("q", [{}] * 2, task="t", run_at=T0)
     [first] = claim(queue, ["q"])
-    hint = queue.next_start(["t"], ["q"], now=T0 + timedelta(seconds=10.5))
+    hint = WorkerCalls(queue).next_start(["t"], ["q"], now=T0 + timedelta(seconds=10.5))
     assert hint is not None and -1.0 < hint <= 0.0
     # The running job holds the only concurrency slot: the free rate slot cannot be used, so no hint to spin on.
-    assert queue.next_start(["t"], ["q"], now=T0 + timedelta(seconds=12)) is None
+    assert WorkerCalls(queue).next_start(["t"], ["q"], now=T0 + timedelta(seconds=12)) is None
     assert claim(queue, ["q"], now=T0 + timedelta(seconds=12)) == []
     queue.complete([first], worker="w1")
     assert len(claim(queue, ["q"], now=T0 + timedelta(seconds=12))) == 1
@@ -262,7 +266,10 @@ def test_the_claim_moves_a_rate_slot_on_by_its_primary_key(queue: Queue, pg_dsn,
         ).fetchall()
         assert rows <= 0, "task_slots was analysed: the test needs a table without statistics"
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        lines = [r[0] for r in conn.execute("EXPLAIN " + queue.queries.job_complete_and_claim_one, params)]
+        lines = [
+            r[0]
+            for r in conn.execute("EXPLAIN " + queries_for(queue.settings.schema).job_complete_and_claim_one, params)
+        ]
     start = next(i for i, line in enumerate(lines) if line.strip() == "CTE took_rslot")
     depth = len(lines[start]) - len(lines[start].lstrip())
     end = next((i for i in range(start + 1, len(lines)) if len(lines[i]) - len(lines[i].lstrip()) <= depth), None)
@@ -279,19 +286,21 @@ def test_the_rate_hint_probes_each_task_once(queue: Queue, pg_dsn, schema) -> No
     params = {"tasks": ["t"], "queues": ["q", "r"], "now": T0}
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + queue.queries.task_limits_next_start, params))
+        plan = "\n".join(
+            r[0] for r in conn.execute("EXPLAIN " + queries_for(queue.settings.schema).task_limits_next_start, params)
+        )
     assert plan.count(" on task_slots ") == 1 and "task_slots_rate_free_idx" in plan, plan
     assert "Seq Scan" not in plan and "jobs_claim_idx" in plan, plan
 
 
 # ---------------------------------------------------------------------------------------------- registration
 def test_the_latest_registration_wins_and_slots_follow_it(queue: Queue) -> None:
-    [row] = queue.register_limits([TaskLimits("t", 3)], worker="old")
+    [row] = WorkerCalls(queue).register_limits([TaskLimits("t", 3)], worker="old")
     assert not row["was_present"]
     queue.enqueue_many("q", [{}] * 4, task="t", run_at=T0)
     running = claim(queue, ["q"])
     assert len(running) == 3
-    [row] = queue.register_limits([TaskLimits("t", 1, RateLimit(10, 1.0))], worker="new")
+    [row] = WorkerCalls(queue).register_limits([TaskLimits("t", 1, RateLimit(10, 1.0))], worker="new")
     assert (row["was_present"], row["was_concurrency"], row["was_registered_by"]) == (True, 3, "old")
     [lim] = queue.limits()
     assert (lim["global_concurrency"], lim["rate_limit"], lim["registered_by"]) == (1, 10, "new")
@@ -299,7 +308,7 @@ def test_the_latest_registration_wins_and_slots_follow_it(queue: Queue) -> None:
     queue.complete(running, worker="w1")
     queue.enqueue_many("q", [{}] * 2, task="t", run_at=T0)
     assert len(claim(queue, ["q"])) == 1
-    queue.register_limits([TaskLimits("t")], worker="newer")  # no limits any more: unregistered
+    WorkerCalls(queue).register_limits([TaskLimits("t")], worker="newer")  # no limits any more: unregistered
     assert queue.limits() == []
     with queue.pool.connection() as conn:
         left = conn.execute(f'SELECT count(*) FROM "{queue.settings.schema}".task_slots').fetchone()
@@ -346,7 +355,7 @@ def test_a_task_default_and_the_cli_set_the_serial_options(queue: Queue, pg_dsn:
     with queue.pool.connection() as conn:
         rows = conn.execute(f'SELECT id, serial_key, serial_skip_on_retry FROM "{schema}".jobs ORDER BY id').fetchall()
     assert rows == [(first, "user:42", True), (second, "user:42", False)]
-    queue.register_limits([t.limits], worker="w")
+    WorkerCalls(queue).register_limits([t.limits], worker="w")
     claim(queue, ["q"], now=datetime.now(UTC))
     listing = run_cli("limits", dsn=pg_dsn, schema=schema).stdout
     assert "5/1s" in listing and "waiting_serial_key" in listing

@@ -20,9 +20,10 @@ import pytest
 from skiplock import AsyncQueue, Queue, Settings, Snooze
 from skiplock.app import App
 from skiplock.errors import EnqueueError
-from skiplock.queue import Failure
+from skiplock.store.statements import Failure
 from skiplock.worker import Worker
 from support.pg import await_for, wait_for
+from support.store import WorkerCalls
 
 
 def fast(settings: Settings, **kw: Any) -> Settings:
@@ -295,7 +296,7 @@ def test_a_recovered_lease_is_part_of_the_history(queue: Queue, pg_dsn, schema):
     queue.claim("q", limit=1, worker="gone", lease_seconds=1)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"UPDATE \"{schema}\".jobs SET lease_expires_at = now() - interval '1 s' WHERE id = %s", (job_id,))
-    wait_for(lambda: queue.recover_expired(queue="q"), timeout=10, what="recovered")
+    wait_for(lambda: WorkerCalls(queue).recover_expired(queue="q"), timeout=10, what="recovered")
     [entry] = row(pg_dsn, schema, job_id)["errors"]
     assert entry["attempt"] == 1 and entry["worker"] == "gone" and entry["error"].startswith("LeaseExpired")
 
@@ -436,10 +437,12 @@ def test_a_lease_is_never_renewed_past_the_jobs_timeout(queue: Queue, pg_dsn, sc
     [job] = queue.claim("q", limit=1, worker="w", lease_seconds=2, now=t0)
     assert job.timeout_seconds == 3
     for after in (1.5, 2.5):
-        held = queue.heartbeat([job], worker="w", leases=[2], timeouts=[3], now=t0 + timedelta(seconds=after))
+        held = WorkerCalls(queue).heartbeat(
+            [job], worker="w", leases=[2], timeouts=[3], now=t0 + timedelta(seconds=after)
+        )
         assert held == {job.id}
         assert row(pg_dsn, schema, job.id)["lease_expires_at"] == t0 + timedelta(seconds=3)
-    assert queue.recover_expired(queue="q", now=t0 + timedelta(seconds=3.5))[0].id == job.id
+    assert WorkerCalls(queue).recover_expired(queue="q", now=t0 + timedelta(seconds=3.5))[0].id == job.id
 
 
 # ---------------------------------------------------------------------------------------------- snooze
@@ -489,8 +492,8 @@ async def test_snooze_on_the_last_attempt_reschedules_without_using_it(settings,
 def test_snooze_is_fenced_and_checks_its_delay(queue: Queue, pg_dsn, schema):
     job_id = queue.enqueue("q", {}).id
     [job] = queue.claim("q", limit=1, worker="w")
-    assert queue.snooze([job], [60], worker="other") == set(), "fenced: only the lease holder snoozes"
-    assert queue.snooze([job], [60], worker="w") == {job_id}
+    assert WorkerCalls(queue).snooze([job], [60], worker="other") == set(), "fenced: only the lease holder snoozes"
+    assert WorkerCalls(queue).snooze([job], [60], worker="w") == {job_id}
     r = row(pg_dsn, schema, job_id)
     assert (r["status"], r["attempts"]) == ("pending", 0) and r["visible_at"] > r["updated_at"]
     for bad in (-1, float("nan"), True):
@@ -626,7 +629,9 @@ async def test_scheduled_retention_keeps_each_status_its_own_time_one_worker_at_
     from prometheus_client import CollectorRegistry
 
     from skiplock.metrics import WorkerMetrics
-    from skiplock.worker.retention import Retention, retention_lock_key
+    from skiplock.store.statements import retention_lock_key
+    from skiplock.store.worker import PgWorkerStore
+    from skiplock.worker.retention import Retention
 
     _old_rows(pg_dsn, schema, "done", 12, "8 days")
     _old_rows(pg_dsn, schema, "done", 5, "6 days")  # kept: done jobs live 7 days
@@ -635,10 +640,11 @@ async def test_scheduled_retention_keeps_each_status_its_own_time_one_worker_at_
     _old_rows(pg_dsn, schema, "cancelled", 3, "8 days")
     _old_rows(pg_dsn, schema, "pending", 2, "90 days")  # never purged, whatever its age
     metrics = WorkerMetrics(CollectorRegistry())
-    retention = Retention(settings, metrics, batch=5)  # several batches, each its own transaction
+    retention = Retention(settings, metrics, PgWorkerStore(settings, metrics), batch=5)  # several batches
     with psycopg.connect(pg_dsn, autocommit=True) as holder:  # another worker is purging
         holder.execute("SELECT pg_advisory_lock(%s)", (retention_lock_key(schema),))
         assert await retention.purge_once() is None and _count(pg_dsn, schema, "done") == 17
+        holder.execute("SELECT pg_advisory_unlock(%s)", (retention_lock_key(schema),))  # not left to the backend's exit
     purged = await retention.purge_once()
     assert purged == {"done": 12, "failed": 4, "cancelled": 3}
     assert [_count(pg_dsn, schema, s) for s in ("done", "failed", "cancelled", "pending")] == [5, 7, 0, 2]
@@ -676,9 +682,11 @@ async def test_purge_during_a_drain_loses_nothing_and_stops_the_worker(settings,
     from prometheus_client import CollectorRegistry
 
     from skiplock.metrics import WorkerMetrics
+    from skiplock.store.worker import PgWorkerStore
     from skiplock.worker.retention import Retention
 
-    await Retention(settings, WorkerMetrics(CollectorRegistry())).purge_once()
+    metrics = WorkerMetrics(CollectorRegistry())
+    await Retention(settings, metrics, PgWorkerStore(settings, metrics)).purge_once()
     assert _count(pg_dsn, schema, "done") == 1, "the next round purged the rest, never the fresh job"
 
 

@@ -11,7 +11,7 @@ from psycopg import IsolationLevel
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from skiplock import AsyncQueue, Queue, Settings
-from skiplock.queue import may_autocommit
+from skiplock.store.run import may_autocommit
 
 
 def _committed(pg_dsn: str, schema: str) -> int:

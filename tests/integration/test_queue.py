@@ -14,9 +14,10 @@ import pytest
 
 from skiplock import AsyncQueue, Job, PayloadError, Queue, Settings
 from skiplock.errors import ConfigError, DatabaseUnavailableError, NonRetryableError
-from skiplock.queue import Failure, complete_and_claim_params
-from skiplock.sql import Queries
+from skiplock.sql import Queries, queries_for
+from skiplock.store.statements import Failure, complete_and_claim_params
 from support.procs import claim_all
+from support.store import AsyncWorkerCalls, WorkerCalls
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
@@ -85,7 +86,7 @@ def test_idempotency_key_returns_the_existing_job(queue: Queue):
     second = queue.enqueue("q", {"n": 2}, idempotency_key="order-42")
     assert second.id == first.id and second.duplicate
     assert queue.enqueue("other", {"n": 3}, idempotency_key="order-42").duplicate is False
-    with queue._pool.connection() as conn:
+    with queue.pool.connection() as conn:
         count = conn.execute(f'SELECT count(*) FROM "{queue.settings.schema}".jobs').fetchone()[0]
     assert count == 2
 
@@ -209,9 +210,9 @@ def test_complete_is_fenced_by_worker_and_attempt(queue: Queue):
 def test_a_recovered_and_reclaimed_job_refuses_the_old_attempt(queue: Queue):
     queue.enqueue("q", {})
     [old] = queue.claim("q", limit=1, worker="w1", now=T0)
-    assert [r.id for r in queue.recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(seconds=31))] == [
-        old.id
-    ]
+    assert [
+        r.id for r in WorkerCalls(queue).recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(seconds=31))
+    ] == [old.id]
     [new] = queue.claim("q", limit=1, worker="w1", now=T0 + timedelta(seconds=32))
     assert new.attempts == 2
     assert queue.complete([old], worker="w1") == set()
@@ -242,8 +243,8 @@ def test_non_retryable_errors_fail_at_once(queue: Queue, settings: Settings):
 
 
 def test_failure_text_is_bounded_and_storable(settings: Settings):
+    from skiplock.errors import format_error
     from skiplock.job import Job
-    from skiplock.queue import format_error
 
     job = Job(1, "q", {}, 1, 5)
     f = Failure.from_exception(job, RuntimeError("x" * 100_000), settings)
@@ -264,7 +265,7 @@ def test_batch_completion_reports_only_the_lost_ones(queue: Queue):
 def test_release_hands_back_without_burning_an_attempt(queue: Queue):
     job_id = queue.enqueue("q", {}).id
     [job] = queue.claim("q", limit=1, worker="w")
-    assert queue.release([job], worker="w") == {job_id}
+    assert WorkerCalls(queue).release([job], worker="w") == {job_id}
     row = status_of(queue, job_id)
     assert (row["status"], row["attempts"]) == ("pending", 0)
 
@@ -273,17 +274,17 @@ def test_release_hands_back_without_burning_an_attempt(queue: Queue):
 def test_heartbeat_extends_the_lease_so_the_job_is_not_recovered(queue: Queue):
     queue.enqueue("q", {})
     [job] = queue.claim("q", limit=1, worker="w", now=T0)
-    assert queue.heartbeat([job], worker="w", now=T0 + timedelta(seconds=25)) == {job.id}
-    assert queue.recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(seconds=40)) == []
-    recovered = queue.recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(seconds=56))
+    assert WorkerCalls(queue).heartbeat([job], worker="w", now=T0 + timedelta(seconds=25)) == {job.id}
+    assert WorkerCalls(queue).recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(seconds=40)) == []
+    recovered = WorkerCalls(queue).recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(seconds=56))
     assert [r.status for r in recovered] == ["pending"]
-    assert queue.heartbeat([job], worker="w") == set()
+    assert WorkerCalls(queue).heartbeat([job], worker="w") == set()
 
 
 def test_recovery_fails_exhausted_jobs_and_says_why(queue: Queue):
     job_id = queue.enqueue("q", {}, max_attempts=1).id
     queue.claim("q", limit=1, worker="crashed-worker", now=T0)
-    [r] = queue.recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(minutes=5))
+    [r] = WorkerCalls(queue).recover_expired(queue="q", lease_seconds=30, now=T0 + timedelta(minutes=5))
     assert (r.id, r.status) == (job_id, "failed")
     assert "lease expired" in status_of(queue, job_id)["last_error"]
     assert "crashed-worker" in status_of(queue, job_id)["last_error"]
@@ -294,7 +295,7 @@ def test_recovery_is_scoped_to_its_queue(queue: Queue):
     queue.enqueue("b", {})
     queue.claim("a", limit=1, worker="w", now=T0, lease_seconds=1)
     queue.claim("b", limit=1, worker="w", now=T0, lease_seconds=1)
-    assert [r.queue for r in queue.recover_expired(queue="a", now=T0 + timedelta(seconds=5))] == ["a"]
+    assert [r.queue for r in WorkerCalls(queue).recover_expired(queue="a", now=T0 + timedelta(seconds=5))] == ["a"]
 
 
 # ---------------------------------------------------------------------------------------------- stats / admin
@@ -319,7 +320,8 @@ def test_stats_reads_only_the_partial_indexes(queue: Queue, pg_dsn):
             r[0]
             for r in conn.execute(
                 "EXPLAIN "
-                + queue.queries.queue_stats.replace("%(queue)s", "NULL")
+                + queries_for(queue.settings.schema)
+                .queue_stats.replace("%(queue)s", "NULL")
                 .replace("%(now)s", "NULL")
                 .replace("%(lease_seconds)s", "60")
             )
@@ -372,11 +374,11 @@ async def test_async_queue_runs_the_same_cycle(aqueue: AsyncQueue):
     ids = await aqueue.enqueue_many("q", [{"i": i} for i in range(3)])
     jobs = await aqueue.claim("q", limit=10, worker="w")
     assert {j.id for j in jobs} == {r.id, *ids}
-    assert await aqueue.heartbeat(jobs, worker="w") == {j.id for j in jobs}
+    assert await AsyncWorkerCalls(aqueue).heartbeat(jobs, worker="w") == {j.id for j in jobs}
     assert await aqueue.complete(jobs[:2], worker="w") == {jobs[0].id, jobs[1].id}
     statuses = await aqueue.fail([Failure(jobs[2], "E: x", 0, retry=True)], worker="w")
     assert statuses == {jobs[2].id: "pending"}
-    assert await aqueue.release(jobs[3:], worker="w") == {jobs[3].id}
+    assert await AsyncWorkerCalls(aqueue).release(jobs[3:], worker="w") == {jobs[3].id}
     [s] = await aqueue.stats("q")
     assert s.ready == 2 and s.processing == 0
 
@@ -392,16 +394,16 @@ async def test_complete_and_claim_completes_fenced_and_claims_in_one_statement(a
     ids = await aqueue.enqueue_many("q", [{"i": i} for i in range(4)])
     first, second = await aqueue.claim("q", limit=2, worker="w")
     stale = Job(second.id, second.queue, second.payload, second.attempts - 1, second.max_attempts)
-    completed, claimed = await aqueue.complete_and_claim([first, stale], "q", limit=5, worker="w")
+    completed, claimed = await AsyncWorkerCalls(aqueue).complete_and_claim([first, stale], "q", limit=5, worker="w")
     assert completed == {first.id}, "only the attempt the worker holds is completed"
     assert sorted(j.id for j in claimed) == ids[2:]
     assert all(j.attempts == 1 and j.payload == {"i": ids.index(j.id)} for j in claimed)
     assert (await aqueue.get(first.id))["status"] == "done"
     assert (await aqueue.get(second.id))["status"] == "processing"
     # nothing done and nothing left: an empty round trip is harmless
-    assert await aqueue.complete_and_claim([], "q", limit=5, worker="w") == (set(), [])
+    assert await AsyncWorkerCalls(aqueue).complete_and_claim([], "q", limit=5, worker="w") == (set(), [])
     # another worker cannot complete our jobs through it
-    assert (await aqueue.complete_and_claim([second], "q", limit=1, worker="intruder"))[0] == set()
+    assert (await AsyncWorkerCalls(aqueue).complete_and_claim([second], "q", limit=1, worker="intruder"))[0] == set()
 
 
 # ---------------------------------------------------------------------------------------------- one method set
@@ -413,27 +415,30 @@ def public_methods(cls: type) -> dict[str, inspect.Signature]:
     }
 
 
+PUBLIC_QUEUE_METHODS = {
+    "open", "close", "detached",
+    "enqueue", "enqueue_many",
+    "claim", "complete", "fail",
+    "get", "statuses", "stats", "list_failed", "list_stalled", "waiting", "limits",
+    "retry_failed", "cancel", "pause", "resume", "paused", "purge",
+    "schedules", "register_schedules", "remove_schedules", "prune_schedules",
+    "migrate", "check_schema",
+}  # fmt: skip
+"""Producer and admin verbs, plus the seed's claim/complete/fail for a loop of one's own; the worker's hot path
+(complete_and_claim, heartbeat, release_orphans, ...) is ``skiplock.store.worker.WorkerStore``, not public."""
+
+
 def test_queue_and_async_queue_expose_the_same_methods_with_the_same_parameters():
     sync, asynchronous = public_methods(Queue), public_methods(AsyncQueue)
     assert set(sync) == set(asynchronous), set(sync) ^ set(asynchronous)
-    for name in (
-        "open",
-        "enqueue",
-        "enqueue_many",
-        "list_failed",
-        "retry_failed",
-        "cancel",
-        "purge",
-        "complete_and_claim",
-    ):
-        assert name in sync
+    assert set(sync) == PUBLIC_QUEUE_METHODS, "the public façade is docs/reference/python.md's list"
     for name, signature in sync.items():
         if name == "open":  # both take dsn or settings= (or pool=); the sync one is also the constructor
             assert list(signature.parameters) == list(asynchronous[name].parameters)
             continue
         assert list(signature.parameters) == list(asynchronous[name].parameters), name
         assert inspect.iscoroutinefunction(getattr(AsyncQueue, name)) or name == "detached", name
-    for prop in ("closed", "pool", "queries"):
+    for prop in ("closed", "pool"):
         assert isinstance(getattr(Queue, prop), property) and isinstance(getattr(AsyncQueue, prop), property)
 
 
@@ -467,7 +472,7 @@ async def test_async_queue_has_the_admin_verbs(aqueue: AsyncQueue):
 def test_sync_queue_completes_and_claims_in_one_statement(queue: Queue):
     a, b = queue.enqueue_many("q", [{"i": 0}, {"i": 1}])
     [first] = queue.claim("q", limit=1, worker="w")
-    completed, claimed = queue.complete_and_claim([first], "q", limit=5, worker="w")
+    completed, claimed = WorkerCalls(queue).complete_and_claim([first], "q", limit=5, worker="w")
     assert completed == {a} and [j.id for j in claimed] == [b]
 
 
@@ -490,7 +495,7 @@ async def test_a_detached_queue_runs_only_on_the_callers_connection(settings: Se
 
 
 def test_queue_names_reach_the_claim_as_a_text_array_literal_whatever_they_hold(pg_dsn):
-    from skiplock.queue import text_array
+    from skiplock.store.statements import text_array
 
     names = ("default", "a.b:c-d", 'we"ird', "back\\slash", "com,ma", "{x}", " sp ", "NULL")
     with psycopg.connect(pg_dsn) as conn:
@@ -518,9 +523,11 @@ def test_fenced_statements_find_their_rows_by_primary_key_after_an_analyze_that_
         ][:100]
         params = {"ids": ids, "attempts": [1] * len(ids), "worker": "w", "now": None}
         for name in ("job_complete", "job_release"):
-            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + getattr(queue.queries, name), params))
+            plan = "\n".join(
+                r[0] for r in conn.execute("EXPLAIN " + getattr(queries_for(queue.settings.schema), name), params)
+            )
             assert "jobs_pkey" in plan and "jobs_lease_deadline_idx" not in plan, (name, plan)
-        claim = queue.queries.job_complete_and_claim_unlimited_one
+        claim = queries_for(queue.settings.schema).job_complete_and_claim_unlimited_one
         claim_params = {"queues": "{q}", "limit": 10, "per_queue": "{10}", "rotate": 0, "lease_seconds": 60.0}
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + claim, params | claim_params | {"leases": None}))
         done_part = plan.split("CTE done")[1].split("CTE ")[0]
@@ -553,16 +560,18 @@ def test_fenced_statements_find_their_rows_by_primary_key_in_a_table_never_analy
         assert analyzed == (True,), "the table must not have been analyzed for this test to mean anything"
         params = {"ids": ids, "attempts": [1] * len(ids), "worker": "w", "now": None}
         for name in ("job_complete", "job_confirm_done", "job_release", "job_cancelled_among"):
-            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + getattr(queue.queries, name), params))
+            plan = "\n".join(
+                r[0] for r in conn.execute("EXPLAIN " + getattr(queries_for(queue.settings.schema), name), params)
+            )
             assert "jobs_pkey" in plan and "Seq Scan" not in plan and "Join" not in plan, (name, plan)
-        claim = queue.queries.job_complete_and_claim_unlimited_one
+        claim = queries_for(queue.settings.schema).job_complete_and_claim_unlimited_one
         claim_params = {"queues": "{q}", "limit": 100, "per_queue": "{100}", "rotate": 0, "lease_seconds": 60.0}
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + claim, params | claim_params | {"leases": None}))
         done_part = plan.split("CTE done")[1].split("CTE ")[0]
         assert "jobs_pkey" in done_part and "Seq Scan" not in done_part and "Join" not in done_part, plan
         # each row is matched with its own attempt: a stale attempt of a job is left alone
         wrong = {"ids": ids, "attempts": [1] * 100 + [2] * 100, "worker": "w", "now": None}
-        completed = [r[0] for r in conn.execute(queue.queries.job_complete, wrong)]
+        completed = [r[0] for r in conn.execute(queries_for(queue.settings.schema).job_complete, wrong)]
         assert sorted(completed) == sorted(ids[:100])
 
 
@@ -575,12 +584,12 @@ def test_a_claim_after_a_job_takes_only_the_later_jobs_of_its_priority(queue: Qu
     claimed = queue.claim("q", limit=2, worker="w")
     assert [j.id for j in claimed] == [high, a]
     late = queue.enqueue("q", "late", run_at=T0 - timedelta(days=3650)).id  # due long before a: sorts first
-    _, after = queue.complete_and_claim([], "q", limit=10, worker="w", after=claimed[-1])
+    _, after = WorkerCalls(queue).complete_and_claim([], "q", limit=10, worker="w", after=claimed[-1])
     assert [j.id for j in after] == [b, c]
-    _, rest = queue.complete_and_claim([], "q", limit=10, worker="w")
+    _, rest = WorkerCalls(queue).complete_and_claim([], "q", limit=10, worker="w")
     assert [j.id for j in rest] == [late, low]
     with pytest.raises(ValueError, match="one queue"):
-        queue.complete_and_claim([], ["q", "r"], limit=10, worker="w", after=claimed[-1])
+        WorkerCalls(queue).complete_and_claim([], ["q", "r"], limit=10, worker="w", after=claimed[-1])
 
 
 def test_a_claim_of_several_queues_takes_at_most_each_queues_share(queue: Queue):
@@ -588,12 +597,12 @@ def test_a_claim_of_several_queues_takes_at_most_each_queues_share(queue: Queue)
     a queue with nothing due gives none, and the others do not take its share."""
     a = queue.enqueue_many("a", [{"i": i} for i in range(30)])
     b = queue.enqueue_many("b", [{"i": i} for i in range(30)])
-    _, equal = queue.complete_and_claim([], ["a", "b", "c"], limit=12, worker="w")
+    _, equal = WorkerCalls(queue).complete_and_claim([], ["a", "b", "c"], limit=12, worker="w")
     assert sorted(j.id for j in equal) == sorted(a[:4] + b[:4]), "4 of each (c has none): 8 of 12"
-    _, shared = queue.complete_and_claim([], ["a", "b", "c"], limit=12, worker="w", shares=[10, 1, 1])
+    _, shared = WorkerCalls(queue).complete_and_claim([], ["a", "b", "c"], limit=12, worker="w", shares=[10, 1, 1])
     assert [j.id for j in shared if j.queue == "a"] == a[4:14] and [j.id for j in shared if j.queue == "b"] == b[4:5]
     with pytest.raises(ValueError, match="shares must give each of the 3 queues at least 1 job"):
-        queue.complete_and_claim([], ["a", "b", "c"], limit=12, worker="w", shares=[12, 0, 0])
+        WorkerCalls(queue).complete_and_claim([], ["a", "b", "c"], limit=12, worker="w", shares=[12, 0, 0])
 
 
 def test_a_claim_of_several_queues_on_a_large_table_is_never_compiled(queue: Queue, pg_dsn):
@@ -608,7 +617,7 @@ def test_a_claim_of_several_queues_on_a_large_table_is_never_compiled(queue: Que
         conn.execute(f'ANALYZE "{schema}".jobs')
         conn.execute("SET jit_above_cost = 0")  # as if the estimate were large enough, on any table
         params = complete_and_claim_params([], ["a", "b"], 200, "w", None, lease_seconds=60.0, shares=[199, 1])
-        query = queue.queries.job_complete_and_claim_unlimited
+        query = queries_for(queue.settings.schema).job_complete_and_claim_unlimited
 
         def plan() -> str:
             return "\n".join(r[0] for r in conn.execute("EXPLAIN " + query, params))
@@ -616,7 +625,7 @@ def test_a_claim_of_several_queues_on_a_large_table_is_never_compiled(queue: Que
         row = conn.execute("SELECT pg_jit_available()").fetchone()
         if row is not None and row[0]:  # a server built without LLVM never compiles
             assert "JIT:" in plan(), "the server's default would compile it"
-        conn.execute(queue.queries.session_control)
+        conn.execute(queries_for(queue.settings.schema).session_control)
         assert "JIT:" not in plan()
 
 
@@ -640,7 +649,9 @@ def test_a_claim_after_a_job_starts_its_index_scan_there(queue: Queue, pg_dsn):
     }
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         for name in ("job_complete_and_claim_one_after", "job_complete_and_claim_unlimited_one_after"):
-            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + getattr(queue.queries, name), params))
+            plan = "\n".join(
+                r[0] for r in conn.execute("EXPLAIN " + getattr(queries_for(queue.settings.schema), name), params)
+            )
             scan = plan.split("Index Scan using jobs_claim_idx")[1].split("->")[0]
             cond = scan.split("Index Cond:")[1].splitlines()[0]  # the condition line, not the Filter after it
             assert "ROW(visible_at, id) >" in cond, plan
@@ -684,12 +695,12 @@ def test_every_claim_statement_has_a_generic_plan_that_finds_its_rows_by_primary
         )
         conn.execute(f'ANALYZE "{schema}".jobs')
         conn.execute("SET jit_above_cost = 0")  # as if every plan were costly enough to compile: the session says no
-        conn.execute(queue.queries.session_control)  # every control connection's settings
-        conn.execute(queue.queries.session_generic_plans)
+        conn.execute(queries_for(queue.settings.schema).session_control)  # every control connection's settings
+        conn.execute(queries_for(queue.settings.schema).session_generic_plans)
         names = [n for n in Queries.__annotations__ if n.startswith("job_complete_and_claim")]
         assert len(names) == 6
         for name in names:
-            args = _prepare_claim(conn, getattr(queue.queries, name), values)
+            args = _prepare_claim(conn, getattr(queries_for(queue.settings.schema), name), values)
             plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE claim({args})"))
             conn.execute("DEALLOCATE claim")
             bad = [line for line in plan.splitlines() if "Seq Scan on jobs" in line or "JIT:" in line]
@@ -710,11 +721,11 @@ def test_a_claim_without_flow_limits_finds_its_rows_in_one_index_scan_not_one_fo
         conn.execute(
             f"""INSERT INTO "{schema}".jobs (queue, payload) SELECT 'q', '{{}}' FROM generate_series(1, 500)"""
         )
-        conn.execute(queue.queries.session_generic_plans)
+        conn.execute(queries_for(queue.settings.schema).session_generic_plans)
         names = [n for n in Queries.__annotations__ if n.startswith("job_complete_and_claim_unlimited")]
         assert len(names) == 3
         for name in names:
-            args = _prepare_claim(conn, getattr(queue.queries, name), values)
+            args = _prepare_claim(conn, getattr(queries_for(queue.settings.schema), name), values)
             with conn.transaction(force_rollback=True):
                 plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN (ANALYZE, COSTS OFF) EXECUTE claim({args})"))
             conn.execute("DEALLOCATE claim")

@@ -13,8 +13,9 @@ from prometheus_client import CollectorRegistry
 
 from skiplock import App, Settings
 from skiplock.cli import main
-from skiplock.schedule import STALE_SECONDS, fire_due, register_sync
-from skiplock.sql import queries_for
+from skiplock.schedule import STALE_SECONDS
+from skiplock.store.schedules import fire_due, register_sync
+from skiplock.store.statements import Statements
 from skiplock.worker import Worker
 from support.pg import await_for
 
@@ -45,9 +46,8 @@ def periodic_app(schema: str, **timing: Any) -> App:
 
 def test_the_compare_and_set_fires_a_tick_once(settings: Settings, pg_dsn: str, schema: str, queue: Any) -> None:
     app = periodic_app(schema, every=3600)
-    q = queries_for(schema)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        register_sync(conn, q, app.schedules)
+        register_sync(conn, Statements(settings), app.schedules)
         conn.execute(f"UPDATE \"{schema}\".schedules SET next_run_at = now() - interval '1 second'")
         [(due,)] = conn.execute(f'SELECT next_run_at FROM "{schema}".schedules').fetchall()
     params = {
@@ -60,13 +60,13 @@ def test_the_compare_and_set_fires_a_tick_once(settings: Settings, pg_dsn: str, 
         "unique_states": ["pending", "processing", "done", "failed", "cancelled"],
         "channel": settings.channel,
     }
-    first = db(pg_dsn, q.schedule_fire, params)
-    second = db(pg_dsn, q.schedule_fire, params)  # a firer that read the same row: its compare-and-set fails
+    first = db(pg_dsn, Statements(settings).q.schedule_fire, params)
+    second = db(pg_dsn, Statements(settings).q.schedule_fire, params)  # a firer that read the same row: CAS fails
     assert first[0][0] == 1 and first[0][1] is not None
     assert second[0][:2] == (0, None)
     # The unique key is the second guard: a firer whose compare-and-set passes again inserts nothing twice.
     db(pg_dsn, f'UPDATE "{schema}".schedules SET next_run_at = %s', (due,))
-    third = db(pg_dsn, q.schedule_fire, params)
+    third = db(pg_dsn, Statements(settings).q.schedule_fire, params)
     assert third[0][0] == 1 and third[0][1] is None
     assert len(tick_jobs(pg_dsn, schema)) == 1
 
@@ -121,19 +121,18 @@ async def test_stale_schedules_are_not_fired_and_come_back_from_the_next_tick(
     settings: Settings, pg_dsn: str, schema: str, queue: Any
 ) -> None:
     app = periodic_app(schema, every=3600)
-    q = queries_for(schema)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        register_sync(conn, q, app.schedules)
+        register_sync(conn, Statements(settings), app.schedules)
         conn.execute(
             f'UPDATE "{schema}".schedules SET seen_at = now() - make_interval(secs => %s), '
             "next_run_at = now() - interval '1 hour'",
             (STALE_SECONDS + 60,),
         )
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as aconn:
-        fired, next_due = await fire_due(aconn, q, settings.channel)
+        fired, next_due = await fire_due(aconn, Statements(settings))
     assert fired == [] and next_due is None and tick_jobs(pg_dsn, schema) == []
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        register_sync(conn, q, app.schedules)  # registered again: from the next tick, not the stale one
+        register_sync(conn, Statements(settings), app.schedules)  # registered again: from the next tick
         [(fresh,)] = conn.execute(
             f"SELECT next_run_at > now() - interval '1 minute' FROM \"{schema}\".schedules"
         ).fetchall()
@@ -179,15 +178,14 @@ async def test_a_row_that_cannot_be_fired_does_not_block_the_others(
     settings: Settings, pg_dsn: str, schema: str, queue: Any
 ) -> None:
     app = periodic_app(schema, every=3600)
-    q = queries_for(schema)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        register_sync(conn, q, app.schedules)
+        register_sync(conn, Statements(settings), app.schedules)
         conn.execute(
             f'INSERT INTO "{schema}".schedules (name, app, queue, task, cron, timezone, next_run_at, period_seconds) '
             "VALUES ('broken', 'periodic', 'ticks', 'broken', '* * * * *', 'Not/AZone', now(), 60)"
         )
         conn.execute(f"UPDATE \"{schema}\".schedules SET next_run_at = now() - interval '1 second'")
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as aconn:
-        fired, _ = await fire_due(aconn, q, settings.channel)
+        fired, _ = await fire_due(aconn, Statements(settings))
     assert [f.name for f in fired] == ["periodic.tick"]
     assert len(tick_jobs(pg_dsn, schema)) == 1

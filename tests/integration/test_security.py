@@ -625,8 +625,8 @@ async def test_unique_jobs_and_schedules_under_least_privilege_roles(pg_dsn, sch
     """The producer enqueues unique jobs (skip) but may not replace; a worker role registers its schedules but
     cannot insert their ticks; the operator role (the owner) fires them."""
     from skiplock import App
-    from skiplock.schedule import fire_due, register
-    from skiplock.sql import queries_for
+    from skiplock.store.schedules import fire_due, register
+    from skiplock.store.statements import Statements
 
     _grant(pg_dsn, schema, roles)
     settings = Settings.load(env={}, dsn=roles.dsn(pg_dsn, roles.producer), schema=schema)
@@ -643,12 +643,12 @@ async def test_unique_jobs_and_schedules_under_least_privilege_roles(pg_dsn, sch
             )
     app = App("least", schema=schema)
     app.task(name="least.tick", queue="q", every=3600)(lambda job: None)
-    q = queries_for(schema)
+    q = Statements(Settings(schema=schema))
     async with await psycopg.AsyncConnection.connect(roles.dsn(pg_dsn, roles.worker), autocommit=True) as conn:
         await register(conn, q, app.schedules)
         await conn.execute(sql.SQL("UPDATE {} SET next_run_at = now()").format(sql.Identifier(schema, "schedules")))
         with pytest.raises(errors.InsufficientPrivilege):
-            await fire_due(conn, q, "skiplock_jobs")
+            await fire_due(conn, q, channel="skiplock_jobs")
     async with await psycopg.AsyncConnection.connect(roles.dsn(pg_dsn, roles.operator), autocommit=True) as conn:
-        fired, _ = await fire_due(conn, q, "skiplock_jobs")
+        fired, _ = await fire_due(conn, q, channel="skiplock_jobs")
     assert [(f.name, f.job_id is not None) for f in fired] == [("least.tick", True)]

@@ -12,7 +12,7 @@ import pytest
 
 from skiplock import App, ConfigError, EnqueueError, EnqueueManyResult, Queue, Settings
 from skiplock.metrics import ENQUEUE_DUPLICATES
-from skiplock.queue import Failure
+from skiplock.store.statements import Failure
 from skiplock.unique import unique_key
 
 

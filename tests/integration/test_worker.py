@@ -22,9 +22,9 @@ from skiplock import Queue, Settings
 from skiplock.errors import HandlerImportError
 from skiplock.handlers import Handler, load_handler
 from skiplock.metrics import WorkerMetrics
+from skiplock.store.worker import PgWorkerStore
 from skiplock.worker import APPLICATION_NAME, Worker
 from skiplock.worker import claimer as claimer_module
-from skiplock.worker.control import Control
 from support.bouncer import run_pgbouncer
 from support.pg import await_for, wait_for
 from support.workers import WorkerProcess, make_effects_table
@@ -414,7 +414,7 @@ async def test_claims_are_planned_again_once_the_jobs_table_has_grown(settings: 
             await await_for(lambda: set(first) <= set(ran), timeout=10, what="trickle done")
         claimer = worker._claimer
         assert claimer is not None and claimer.replans == 0
-        control = claimer._control
+        control = claimer._store
         more = await aqueue.enqueue_many("default", [{"pad": "x" * 200} for _ in range(3000)])
         await await_for(lambda: len(ran) == len(first) + len(more), timeout=60, what="backlog done")
         assert claimer.replans >= 1 and control.plans == claimer.replans
@@ -463,8 +463,10 @@ async def test_control_connections_prepare_the_claim_at_its_first_use(settings: 
         await await_for(lambda: len(ran) == 1, timeout=30, what="the job done")
         claimer = worker._claimer
         assert claimer is not None
-        await await_for(lambda: claimer._conn is None, timeout=30, what="claim connection returned when idle")
-        pool = claimer._control.pool
+        await await_for(
+            lambda: not claimer._store.claim_connection_kept, timeout=30, what="claim connection returned when idle"
+        )
+        pool = claimer._store.pool
         held = [await pool.getconn() for _ in range(pool.get_stats()["pool_size"])]
         try:
             prepared = []
@@ -485,10 +487,10 @@ async def test_control_calls_go_on_unprepared_once_prepared_statements_go_missin
     """A pooler in transaction mode loses a connection's prepared statements between transactions: the call that
     finds one missing is tried again, the control pool's connections are replaced, and nothing is prepared after."""
     caplog.set_level(logging.WARNING, logger="skiplock")
-    control = Control(settings, WorkerMetrics(CollectorRegistry()))
+    control = PgWorkerStore(settings, WorkerMetrics(CollectorRegistry()))
     await control.open()
     try:
-        paused = control.queue.queries.queue_paused
+        paused = control.statements.q.queue_paused
         held = [await control.pool.getconn() for _ in range(control.pool.max_size)]
         for conn in held:
             await conn.execute(paused, {"queues": ["default"]})  # prepared at its first use
@@ -498,9 +500,9 @@ async def test_control_calls_go_on_unprepared_once_prepared_statements_go_missin
             assert conn.pgconn.exec_(b"DEALLOCATE ALL").status == psycopg.pq.ExecStatus.COMMAND_OK
         for conn in held:
             await control.pool.putconn(conn)
-        assert await control.call("claim", lambda: control.queue.paused(["default"])) == []
+        assert await control.paused(["default"]) == []
         assert control.prepare is False and control.ok
-        assert await control.call("claim", lambda: control.queue.paused(["default"])) == []
+        assert await control.paused(["default"]) == []
         async with control.pool.connection() as conn:
             rows = await (await conn.execute("SELECT count(*) FROM pg_prepared_statements")).fetchall()
             assert rows == [(0,)]
@@ -518,7 +520,7 @@ async def test_a_replan_makes_each_control_connection_plan_its_statements_again_
     checkout, plans it again for the table as it is (the primary key), and is still the same server session. (The
     worker's own statements find their rows by primary key whatever the table's size; this probe is the join they
     once made, which a plan made for the empty table reads by a scan of the table.)"""
-    control = Control(settings, WorkerMetrics(CollectorRegistry()))
+    control = PgWorkerStore(settings, WorkerMetrics(CollectorRegistry()))
     await control.open()
     try:
         probe = sql.SQL(
@@ -633,15 +635,17 @@ async def test_the_claimers_connection_goes_back_to_the_pool_with_the_servers_pl
     try:
         ids = await aqueue.enqueue_many("default", [{} for _ in range(3000)])
         await await_for(
-            lambda: worker._claimer is not None and worker._claimer._generic_plans,
+            lambda: worker._claimer is not None and worker._claimer._store.streaming_claims,
             timeout=30,
             what="claims filling their batch: generic plans",
         )
         claimer = worker._claimer
         assert claimer is not None
         await await_for(lambda: len(ran) == len(ids), timeout=60, what="jobs done")
-        await await_for(lambda: claimer._conn is None, timeout=30, what="claim connection returned when idle")
-        pool = claimer._control.pool
+        await await_for(
+            lambda: not claimer._store.claim_connection_kept, timeout=30, what="claim connection returned when idle"
+        )
+        pool = claimer._store.pool
         held = [await pool.getconn() for _ in range(pool.get_stats()["pool_size"])]
         try:
             for conn in held:

@@ -27,6 +27,7 @@ from skiplock.testing import enqueued, run_jobs
 from skiplock.worker import APPLICATION_NAME, Worker
 from support.http import status_of
 from support.pg import await_for, wait_for
+from support.store import WorkerCalls
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -253,7 +254,7 @@ def test_lease_deadline_is_stored_and_judges_recovery_and_stalled(queue, pg_dsn,
         later = conn.execute("SELECT now() + interval '30 seconds'").fetchone()[0]
     [stats] = queue.stats("q", lease_seconds=5, now=later)
     assert stats.stalled == 1, "only the 20 s lease is past its deadline, whatever the observer's lease"
-    assert [r.id for r in queue.recover_expired(queue="q", lease_seconds=5, now=later)] == [a.id]
+    assert [r.id for r in WorkerCalls(queue).recover_expired(queue="q", lease_seconds=5, now=later)] == [a.id]
 
 
 def test_setting_only_the_lease_frees_a_killed_workers_jobs_within_about_two_leases(settings, pg_dsn, schema):
@@ -530,19 +531,19 @@ async def test_writes_in_a_job_conn_transaction_block_roll_back_when_the_lease_i
 async def test_a_claim_whose_first_reply_was_lost_has_its_jobs_handed_back_and_run(
     settings, pg_dsn, schema, monkeypatch
 ):
-    from skiplock.queue import AsyncQueue
+    from skiplock.store.worker import PgWorkerStore
 
-    real = AsyncQueue.complete_and_claim
+    real = PgWorkerStore._claim
     lost: list[int] = []
 
-    async def lose_first_reply(self, *args, **kwargs):
-        done, jobs = await real(self, *args, **kwargs)
+    async def lose_first_reply(self, call):
+        done, jobs = await real(self, call)
         if jobs and not lost:
             lost.extend(j.id for j in jobs)
             raise psycopg.OperationalError("server closed the connection unexpectedly")  # committed, reply lost
         return done, jobs
 
-    monkeypatch.setattr(AsyncQueue, "complete_and_claim", lose_first_reply)
+    monkeypatch.setattr(PgWorkerStore, "_claim", lose_first_reply)
     ran: list[int] = []
     [job_id] = insert(pg_dsn, schema, "default", [{}], max_attempts=1)
     async with Worker(settings=fast(settings), handler=lambda job: ran.append(job.id)):

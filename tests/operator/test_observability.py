@@ -7,7 +7,7 @@ import statistics
 from typing import Any
 
 from skiplock import AsyncQueue
-from skiplock.queue import Failure
+from skiplock.store.statements import Failure
 from support.pg import await_for
 
 from .conftest import NAMESPACE, CapturedLog, Cluster, jobqueue_spec, metric

@@ -17,8 +17,8 @@ from psycopg import sql
 from skiplock import Settings
 from skiplock.app import App
 from skiplock.grant import apply_grants
+from skiplock.store.statements import PurgePolicy, retention_lock_key
 from skiplock.worker import Worker
-from skiplock.worker.retention import purge_params, retention_lock_key
 from skiplock_operator.database import PERMISSION_DENIED, Databases
 from support.pg import await_for
 from support.roles import Roles, login_roles
@@ -249,15 +249,15 @@ async def test_an_operator_holding_only_the_worker_role_reports_the_purge_failin
 
 async def test_a_purge_batch_waits_its_turn_behind_the_retention_lock(pg_dsn: str, schema: str) -> None:
     doomed = old_jobs(pg_dsn, schema, "done", 5, 30)
-    params = purge_params(Settings(schema=schema), 1000)
+    policy = PurgePolicy.retention(Settings(schema=schema))
     dbs = Databases(timeout=5.0)
     try:
         with psycopg.connect(pg_dsn, autocommit=True) as holder:  # a worker's purge in progress
             holder.execute("SELECT pg_advisory_lock(%s)", (retention_lock_key(schema),))
-            assert await dbs.purge_batch("t", pg_dsn, schema, params) is None
+            assert await dbs.purge_batch("t", pg_dsn, schema, policy, 1000) is None
             assert surviving(pg_dsn, schema, doomed) == doomed
             holder.execute("SELECT pg_advisory_unlock(%s)", (retention_lock_key(schema),))
-        assert await dbs.purge_batch("t", pg_dsn, schema, params) == {"done": 5}
+        assert await dbs.purge_batch("t", pg_dsn, schema, policy, 1000) == {"done": 5}
         assert not surviving(pg_dsn, schema, doomed)
     finally:
         await dbs.close()

@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 
 from skiplock import Queue, Settings
-from skiplock.queue import Failure
+from skiplock.store.statements import Failure
 from support.http import status_of
 from ui.conftest import TOKEN, add_failed
 

@@ -9,8 +9,8 @@ import pytest
 
 from skiplock import Job, Snooze
 from skiplock.app import App
+from skiplock.store.statements import retention_lock_key
 from skiplock.worker.executor import Entry, Router, Slots, Target, is_timeout, timed_out_error, timeout_for
-from skiplock.worker.retention import retention_lock_key
 
 
 def job(job_id: int, **kw: object) -> Job:

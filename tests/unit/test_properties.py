@@ -15,8 +15,8 @@ from skiplock import Settings
 from skiplock.backoff import backoff_seconds
 from skiplock.errors import ConfigError, PayloadError
 from skiplock.job import payload_depth_exceeded
-from skiplock.queue import encode_payload, encode_payloads
 from skiplock.settings import ENV_PREFIX
+from skiplock.store.validation import encode_payload, encode_payloads
 
 FIELDS = [f.name for f in fields(Settings)]
 # The latest timestamp PostgreSQL stores is in the year 294276: a retry delay must land before it.
@@ -193,8 +193,8 @@ def test_a_batch_encodes_as_its_payloads_one_by_one(values: list[Any], limit: in
     """encode_payloads checks the batch at once: the same texts, or the same first error, as payload by payload."""
     one_by_one = _outcome(lambda: [encode_payload(v, limit) for v in values])
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("skiplock.queue.MAX_PAYLOAD_DEPTH", 4)  # deep payloads are cheap to draw at depth 4
-        mp.setattr("skiplock.queue.payload_depth_exceeded", lambda text: payload_depth_exceeded(text, 4))
+        mp.setattr("skiplock.store.validation.MAX_PAYLOAD_DEPTH", 4)  # deep payloads are cheap to draw at depth 4
+        mp.setattr("skiplock.store.validation.payload_depth_exceeded", lambda text: payload_depth_exceeded(text, 4))
         assert _outcome(lambda: encode_payloads(values, limit)) == _outcome(
             lambda: [encode_payload(v, limit) for v in values]
         )
@@ -220,7 +220,7 @@ odd_values = st.sampled_from(
 @settings(max_examples=300)
 def test_the_batch_encoder_writes_what_the_payload_encoder_writes(values: list[Any]):
     """batch_encoder (the C encoder built once a batch) against _JSON.encode (one built per payload)."""
-    from skiplock.queue import _JSON, batch_encoder
+    from skiplock.store.validation import _JSON, batch_encoder
 
     encode = batch_encoder()
     assert [encode(v) for v in values] == [_JSON.encode(v) for v in values]
@@ -228,7 +228,7 @@ def test_the_batch_encoder_writes_what_the_payload_encoder_writes(values: list[A
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, object(), {(1,): 2}, {"set": {1}}])
 def test_the_batch_encoder_refuses_what_the_payload_encoder_refuses(bad: Any):
-    from skiplock.queue import _JSON, batch_encoder
+    from skiplock.store.validation import _JSON, batch_encoder
 
     with pytest.raises((TypeError, ValueError)) as expected:
         _JSON.encode(["ok", bad])

@@ -3,7 +3,7 @@ from importlib import resources
 
 import pytest
 
-from skiplock.sql import Queries, include, migrations, parse, queries_for
+from skiplock.sql import Queries, migrations, parse, queries_for
 
 
 def test_every_query_is_loaded_and_rendered_for_the_schema():
@@ -45,19 +45,38 @@ def test_hostile_schema_names_are_quoted_not_interpolated():
     assert '"we""ird".jobs' in q.job_complete_and_claim
 
 
-def test_parts_are_included_and_a_missing_part_fails():
-    assert include("WITH /* include: a */ SELECT 1", {"a": "a AS (SELECT 2)"}) == "WITH a AS (SELECT 2) SELECT 1"
-    with pytest.raises(ValueError, match="no SQL part named 'b'"):
-        include("/* include: b */", {"a": ""})
+def _cte(statement: str, name: str) -> str:
+    """The body of one CTE of a claim statement (from ``name AS (`` to the next top-level ``), x AS (``)."""
+    start = statement.index(f"{name} AS ")
+    end = statement.find("\n), ", start)
+    return statement[start : end if end >= 0 else len(statement)]
+
+
+CLAIMS = [n for n in Queries.__annotations__ if n.startswith("job_complete_and_claim")]
+
+
+@pytest.mark.parametrize(
+    ("cte", "variants"),
+    [
+        ("done", CLAIMS),  # the completions a claim carries, fenced by attempt, found by primary key
+        ("finishing", CLAIMS),
+        ("limit_full", [n for n in CLAIMS if "unlimited" not in n]),
+        ("limit_full", [n for n in CLAIMS if "unlimited" in n]),
+        ("limited", [n for n in CLAIMS if "unlimited" not in n]),  # flow-limit slots: only the limited claims
+        ("claimed", [n for n in CLAIMS if "unlimited" not in n]),
+        ("claimed", [n for n in CLAIMS if "unlimited" in n]),
+        ("taken", [n for n in CLAIMS if "unlimited" not in n]),
+    ],
+)
+def test_the_claim_variants_written_out_whole_share_each_common_part_word_for_word(cte: str, variants: list[str]):
+    """Each claim statement is written out whole in claim.sql (no include macro): a part they share must not
+    drift apart in one of them."""
     q = queries_for("s")
-    for name in Queries.__annotations__:
-        assert "/* include:" not in getattr(q, name), name
-    # the claim statements share their parts: the serial-key condition is in all six
-    claims = [getattr(q, n) for n in Queries.__annotations__ if n.startswith("job_complete_and_claim")]
-    assert len(claims) == 6 and all("k.serial_skip_on_retry" in c for c in claims)
+    bodies = {_cte(getattr(q, name), cte) for name in variants}
+    assert len(bodies) == 1, f"{cte} differs between {variants}"
 
 
-def test_parts_may_include_parts_but_not_in_a_cycle():
-    assert include("/* include: a */", {"a": "x /* include: b */", "b": "y"}) == "x y"
-    with pytest.raises(ValueError, match="deeper than"):
-        include("/* include: a */", {"a": "/* include: a */"})
+def test_the_six_claim_statements_are_the_ones_the_statements_pick():
+    q = queries_for("s")
+    assert len(CLAIMS) == 6 and all("k.serial_skip_on_retry" in getattr(q, n) for n in CLAIMS)
+    assert all("/* include:" not in getattr(q, n) for n in Queries.__annotations__)

@@ -25,8 +25,8 @@ from skiplock.job import (
 )
 from skiplock.worker import serve_queues
 from skiplock.worker.completer import Completer, failure_for
-from skiplock.worker.control import Scope
 from skiplock.worker.executor import Entry, Router, Slots, Target, UnknownTaskError
+from skiplock.worker.scope import Scope
 
 SETTINGS = Settings(
     dsn="postgresql://x@127.0.0.1/none", backoff_base_seconds=4, backoff_cap_seconds=8, backoff_jitter=0
@@ -380,7 +380,7 @@ def test_a_claim_row_becomes_the_same_job_as_a_dict_row_and_claims_come_back_in_
     from datetime import UTC, datetime, timedelta
 
     from skiplock.job import CLAIM_ROW
-    from skiplock.queue import completed_and_claimed
+    from skiplock.store.statements import completed_and_claimed
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     values = (7, "q", "t", '{"a": 1}', 2, 5, 3, t0, t0 + timedelta(seconds=1), "key", 1.5, "k1")
@@ -494,7 +494,7 @@ async def test_a_flush_in_flight_keeps_its_jobs_held():
 
 
 def test_one_claim_takes_and_locks_about_limit_rows_over_all_queues():
-    from skiplock.queue import per_queue_limit
+    from skiplock.store.statements import per_queue_limit
 
     assert per_queue_limit(10, 1) == 10 and per_queue_limit(10, 3) == 4 and per_queue_limit(10, 50) == 1
 

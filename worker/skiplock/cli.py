@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from datetime import UTC
 from typing import Any
 
-from skiplock import __version__
+from skiplock import __version__, render
 from skiplock.errors import ConfigError, DatabaseUnavailableError, PayloadError, SchemaNotReadyError, SkiplockError
 from skiplock.knobs import KNOBS, Knob
 from skiplock.logs import configure_logging
-from skiplock.queue import check_queue_name
 from skiplock.settings import Settings, redact
+from skiplock.store.validation import check_queue_name
 
 log = logging.getLogger(__name__)
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_DATABASE = 0, 1, 2, 3
@@ -376,14 +376,8 @@ def _unique_options(args: argparse.Namespace, payload: Any) -> dict[str, Any]:
 
 
 def cmd_schedules(args: argparse.Namespace, settings: Settings) -> int:
-    import psycopg
-
-    from skiplock import schedule
     from skiplock.handlers import load_app
-    from skiplock.queue import check_connect
-    from skiplock.sql import queries_for
 
-    q = queries_for(settings.schema)
     if args.action == "sync" and not args.schedules_app:
         raise ConfigError("schedules sync: give --app module:attr (the app whose periodic tasks to register)")
     if args.action == "remove" and not args.names:
@@ -391,23 +385,19 @@ def cmd_schedules(args: argparse.Namespace, settings: Settings) -> int:
     app = load_app(args.schedules_app) if args.action == "sync" else None
     with _queue(settings) as queue:
         _guard_schema(queue, settings)
-    dsn = settings.require_dsn()
-    check_connect(dsn)
-    with psycopg.connect(dsn, autocommit=True) as conn:
         if app is not None:
-            schedule.register_sync(conn, q, app.schedules)
+            queue.register_schedules(app.schedules)
             print(f"registered {len(app.schedules)} schedule(s) of app {app.name!r}")
             if args.prune:
-                names = [s.name for s in app.schedules]
-                gone = conn.execute(q.schedule_prune, {"app": app.name, "names": names}).fetchall()
-                print(f"removed {len(gone)} schedule(s) no longer defined" + "".join(f"\n  {r[0]}" for r in gone))
+                gone = queue.prune_schedules(app.name, [s.name for s in app.schedules])
+                print(f"removed {len(gone)} schedule(s) no longer defined" + "".join(f"\n  {n}" for n in gone))
             return EXIT_OK
         if args.action == "remove":
-            removed = {r[0] for r in conn.execute(q.schedule_delete, {"names": args.names}).fetchall()}
+            removed = queue.remove_schedules(args.names)
             for name in args.names:
                 print(f"{name}: {'removed' if name in removed else 'no such schedule'}")
             return EXIT_OK if removed == set(args.names) else EXIT_PROBLEMS
-        rows = schedule.list_schedules(conn, q)
+        rows = queue.schedules()
     if args.json:
         print(json.dumps(rows, default=str, indent=2))
         return EXIT_OK
@@ -440,11 +430,11 @@ def cmd_limits(args: argparse.Namespace, settings: Settings) -> int:
         for r in limits
     ]  # fmt: skip
     head = ("task", "global_concurrency", "running", "rate_limit", "recent_starts", "registered_by")
-    print(_table(head, body) if body else "no task limits registered (workers register them at start)")
+    print(render.table(head, body) if body else "no task limits registered (workers register them at start)")
     held = [(r["queue"], r["serial_key"], r["concurrency"], r["rate"]) for r in waiting]
     if held:
         print()
-        print(_table(("queue", "waiting_serial_key", "waiting_concurrency", "waiting_rate"), held))
+        print(render.table(("queue", "waiting_serial_key", "waiting_concurrency", "waiting_rate"), held))
     return EXIT_OK
 
 
@@ -462,35 +452,8 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     if args.queue and not rows:
         print(f"queue {args.queue!r} has no pending, processing or failed jobs", file=sys.stderr)
     else:
-        print(render_stats(rows))
+        print(render.stats(rows))
     return EXIT_OK
-
-
-def render_stats(rows: Sequence[Any]) -> str:
-    head = ("queue", "ready", "delayed", "processing", "stalled", "failed", "oldest_ready_s", "next_due",
-            "avg_attempts_done", "paused")  # fmt: skip
-    body = [
-        (r.queue, r.ready, r.delayed, r.processing, r.stalled, r.failed, round(r.oldest_ready_age_seconds, 1),
-         r.next_due.isoformat(timespec="seconds") if r.next_due else "-",
-         "-" if r.avg_attempts_done is None else f"{r.avg_attempts_done:.2f}", "yes" if r.paused else "no")
-        for r in rows
-    ]  # fmt: skip
-    return _table(head, body) if body else "no pending, processing or failed jobs"
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A text table: numeric columns right-aligned, text columns left-aligned."""
-    numeric = [
-        all(isinstance(r[i], int | float) and not isinstance(r[i], bool) for r in rows) for i in range(len(head))
-    ]
-    cells = [list(map(str, head))] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
-    lines = [
-        "  ".join((c.rjust(w) if num else c.ljust(w)) for c, w, num in zip(r, widths, numeric, strict=True)).rstrip()
-        for r in cells
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def cmd_failed(args: argparse.Namespace, settings: Settings) -> int:
@@ -515,7 +478,7 @@ def cmd_failed(args: argparse.Namespace, settings: Settings) -> int:
         )
         for r in rows
     ]
-    print(_table(("id", "queue", "attempts", "failed_at", "last_error"), body))
+    print(render.table(("id", "queue", "attempts", "failed_at", "last_error"), body))
     return EXIT_OK
 
 
@@ -540,11 +503,17 @@ def _failed_groups(args: argparse.Namespace, settings: Settings) -> int:
         print("no failed jobs")
         return EXIT_OK
     body = [
-        (r["fingerprint"], r["jobs"], r["task"] or "", r["first_seen"].isoformat(timespec="seconds"),
-         r["last_seen"].isoformat(timespec="seconds"), (r["normalised"] or "")[:80])
+        (
+            r["fingerprint"],
+            r["jobs"],
+            r["task"] or "",
+            r["first_seen"].isoformat(timespec="seconds"),
+            r["last_seen"].isoformat(timespec="seconds"),
+            (r["normalised"] or "")[:80],
+        )
         for r in rows
     ]
-    print(_table(("fingerprint", "jobs", "task", "first_seen", "last_seen", "error"), body))
+    print(render.table(("fingerprint", "jobs", "task", "first_seen", "last_seen", "error"), body))
     return EXIT_OK
 
 
@@ -609,7 +578,7 @@ def cmd_stalled(args: argparse.Namespace, settings: Settings) -> int:
             )
             for r in rows
         ]
-        print(_table(("id", "queue", "task", "locked_by", "lease_expired_at", "attempts"), body))
+        print(render.table(("id", "queue", "task", "locked_by", "lease_expired_at", "attempts"), body))
     return EXIT_PROBLEMS if rows else EXIT_OK
 
 
@@ -639,31 +608,8 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps(row, indent=2, default=str))
         return EXIT_OK
-    print(render_job(row))
+    print(render.job(row))
     return EXIT_OK
-
-
-def render_job(row: dict[str, Any]) -> str:
-    """``skiplock show``: one field a line, then the error history, oldest first."""
-    keys = ("id", "queue", "task", "status", "priority", "attempts", "max_attempts", "timeout_seconds",
-            "visible_at", "locked_by", "locked_at", "lease_expires_at", "idempotency_key", "created_at",
-            "updated_at", "last_error")  # fmt: skip
-    width = max(map(len, keys))
-    lines = [f"{k.ljust(width)}  {_show_value(row.get(k))}" for k in keys]
-    lines.append(f"{'payload'.ljust(width)}  {json.dumps(row.get('payload'), ensure_ascii=False)}")
-    errors = row.get("errors") or []
-    lines.append(f"errors ({len(errors)}, oldest first):" if errors else "errors: none")
-    for e in errors:
-        lines.append(f"  #{e.get('attempt')} {e.get('at')} {e.get('worker') or '-'}: {e.get('error')}")
-    return "\n".join(lines)
-
-
-def _show_value(value: Any) -> str:
-    if value is None:
-        return "-"
-    if hasattr(value, "isoformat"):
-        return str(value.isoformat(timespec="seconds"))
-    return str(value).replace("\n", " ")
 
 
 def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
@@ -690,8 +636,8 @@ GC_YOUNG_THRESHOLD = 20_000
 """Allocations between the cyclic collector's young collections in a worker process (Python's default: 700). A
 draining worker allocates a few objects a job (its ``Job``, entry and result) that live for milliseconds: at 700,
 most of them are still alive at a collection and are traversed there, and again one generation up. At 20,000 a
-collection comes every few thousand jobs, while only the few hundred jobs in flight are alive (callgrind: 3.6 %
-fewer instructions a no-op job). Cyclic garbage a handler leaves is collected as before, a little later."""
+collection comes every few thousand jobs, while only the few hundred jobs in flight are alive (ADR 0007 gives the
+instructions it saves). Cyclic garbage a handler leaves is collected as before, a little later."""
 
 
 def tune_gc() -> None:
@@ -739,7 +685,7 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     import psycopg
 
     from skiplock import doctor
-    from skiplock.queue import check_connect
+    from skiplock.store.run import check_connect
 
     dsn = settings.require_dsn()
     check_connect(dsn)
@@ -753,7 +699,7 @@ def cmd_grant(args: argparse.Namespace, settings: Settings) -> int:
     import psycopg
 
     from skiplock import grant
-    from skiplock.queue import check_connect
+    from skiplock.store.run import check_connect
 
     roles = {"producer": args.producer, "worker": args.worker, "operator": args.operator}
     if args.dry_run:

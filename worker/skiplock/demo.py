@@ -22,24 +22,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, LiteralString
+from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from skiplock.job import Job
 from skiplock.settings import Settings
+from skiplock.store.run import execute
+from skiplock.store.statements import Statements
 
 DEMO_SCHEMA = "skiplock_demo"
 DEMO_QUEUE = "demo"
 BAR = 30
-
-
-def _sql(text: LiteralString) -> sql.Composed:
-    return sql.SQL(text).format(sql.Identifier(DEMO_SCHEMA))
-
-
-_STATUS_COUNTS = _sql("SELECT status, count(*) FROM {}.jobs GROUP BY 1")
+STATEMENTS = Statements(Settings(schema=DEMO_SCHEMA))
 
 
 def handle(job: Job) -> None:
@@ -51,7 +46,7 @@ def handle(job: Job) -> None:
         raise ConnectionError(f"payment gateway timed out (attempt {job.attempts})")
     time.sleep(p["work_ms"] / 1000)
     # The effect is written through job.conn: it commits with the job's completion, exactly once.
-    job.conn.execute(_sql("INSERT INTO {}.receipts (job_id, order_id) VALUES (%s, %s)"), (job.id, p["order"]))
+    execute(job.conn, STATEMENTS.demo("demo_receipt_insert", {"job_id": job.id, "order_id": p["order"]}))
 
 
 def demo_payloads(n: int, rng: random.Random) -> list[tuple[dict[str, Any], float]]:
@@ -156,7 +151,7 @@ def _cli() -> str:
 
 
 def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
-    from skiplock.cli import render_stats
+    from skiplock import render
     from skiplock.queue import Queue
 
     settings = Settings.load(
@@ -169,11 +164,11 @@ def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
         backoff_jitter=0.5,
     )
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(_sql("DROP SCHEMA IF EXISTS {} CASCADE"))
+        execute(conn, STATEMENTS.demo("demo_reset"))
     with Queue(settings=settings) as q:
         q.migrate()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(_sql("CREATE TABLE {}.receipts (job_id bigint PRIMARY KEY, order_id int NOT NULL)"))
+            execute(conn, STATEMENTS.demo("demo_receipts_create"))
         rng = random.Random(7)
         mix = demo_payloads(jobs, rng)
         now = [p for p, d in mix if d == 0]
@@ -198,15 +193,14 @@ def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
             exits = [p.wait(timeout=60) for p in procs]
         elapsed = time.monotonic() - started
         print()
-        print(render_stats(q.stats(DEMO_QUEUE)))
-        with psycopg.connect(dsn) as conn:
-            status: dict[str, int] = dict(conn.execute(_STATUS_COUNTS).fetchall())
-            receipts = conn.execute(_sql("SELECT count(*), count(DISTINCT order_id) FROM {}.receipts")).fetchone()
-        assert receipts is not None
+        print(render.stats(q.stats(DEMO_QUEUE)))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            status = execute(conn, STATEMENTS.status_counts())
+            [receipts] = execute(conn, STATEMENTS.demo("demo_receipts_count"))
         print(
             f"\ndone {status.get('done', 0)}, failed {status.get('failed', 0)} in {elapsed:.1f}s "
-            f"({status.get('done', 0) / elapsed:.0f} jobs/s); receipts written through job.conn: {receipts[0]} "
-            f"for {receipts[1]} orders (one per done job)"
+            f"({status.get('done', 0) / elapsed:.0f} jobs/s); receipts written through job.conn: "
+            f"{receipts['receipts']} for {receipts['orders']} orders (one per done job)"
         )
         print(f"workers drained on SIGTERM with exit codes {exits}")
         return code if all(e == 0 for e in exits) else 1
@@ -235,8 +229,7 @@ def _watch(dsn: str, total: int, poison: int, started: float, procs: list[subpro
     deadline = started + 300
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
-            rows = conn.execute(_STATUS_COUNTS).fetchall()
-            c = {s: n for s, n in rows}
+            c = execute(conn, STATEMENTS.status_counts())
             done, failed = c.get("done", 0), c.get("failed", 0)
             t = time.monotonic()
             if t - last_t >= 0.5:

@@ -23,9 +23,9 @@ from psycopg.rows import dict_row
 
 from skiplock.job import QueueStats
 from skiplock.migrate import current_version, latest_version
-from skiplock.queue import stats_from_row
 from skiplock.settings import Settings, redact
 from skiplock.sql import migrations, queries_for
+from skiplock.store.statements import stats_from_row
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")

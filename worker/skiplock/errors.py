@@ -51,3 +51,20 @@ class Snooze(Exception):
             raise ValueError(f"Snooze needs a number of seconds within [0, 1e9) (got {seconds!r})")
         super().__init__(f"snoozed for {seconds:g}s")
         self.seconds = float(seconds)
+
+
+MAX_ERROR_CHARS = 4000
+"""Longest error text stored in a job (``last_error``)."""
+
+
+def format_error(exc: BaseException) -> str:
+    """``"<Type>: <message>"``, bounded and storable (no NUL, valid UTF-8)."""
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not lose the failure
+        message = "<unprintable exception>"
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    text = text.replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 20] + " ...[truncated]"
+    return text

@@ -39,6 +39,9 @@ from psycopg import sql
 
 from skiplock.errors import ConfigError
 from skiplock.migrate import check_version, current_version
+from skiplock.settings import Settings
+from skiplock.store.run import execute
+from skiplock.store.statements import Statements
 
 LEASE_COLUMNS = (
     "status",
@@ -161,7 +164,8 @@ def apply_grants(
     names = [r for r in (producer, worker, operator) if r is not None]
     with conn.transaction():
         statements = grant_sql(schema, producer, worker, operator)
-        found = {r[0] for r in conn.execute("SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", (names,))}
+        s = Statements(Settings(schema=schema))
+        found = execute(conn, s.roles_existing(names))
         missing = [r for r in names if r not in found]
         if missing:
             raise ConfigError(
@@ -171,7 +175,7 @@ def apply_grants(
         check_version(current_version(conn, schema), schema)
         for statement in statements:
             try:
-                conn.execute(statement)
+                execute(conn, s.command(statement))
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise ConfigError(
                     f"grant: {str(exc).strip()}: run it as a superuser, or as a role that owns the schema and is "

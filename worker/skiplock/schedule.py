@@ -1,10 +1,11 @@
 """Periodic tasks: timing (cron or every N seconds, in a time zone), registration and firing of ticks.
 
 Schedules live in the database (the ``schedules`` table), one row per periodic task with its next due time.
-Workers register their app's schedules at start and every hour; ``skiplock schedules sync`` does it at deploy.
-Whoever finds a schedule due (a worker, or the operator, which cannot import application code) fires it with
-one statement: a compare-and-set of ``next_run_at`` plus the job INSERT, whose unique key (schedule and tick
-time) is a second guard. So each tick is enqueued once however many workers and operator replicas run.
+Workers register their app's schedules at start and every hour; ``skiplock schedules sync`` does it at deploy
+(the statements are in :mod:`skiplock.store.schedules`). Whoever finds a schedule due (a worker, or the
+operator, which cannot import application code) fires it with one statement: a compare-and-set of
+``next_run_at`` plus the job INSERT, whose unique key (schedule and tick time) is a second guard. So each tick
+is enqueued once however many workers and operator replicas run.
 
 Late ticks (after downtime): only the last missed tick runs, the earlier ones are skipped (and counted).
 A schedule nobody registered for ``max(7 days, 3 periods)`` is stale: it is not fired any more (a task removed
@@ -23,11 +24,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import psycopg
 from cronsim import CronSim, CronSimError
-from psycopg.rows import dict_row
 
-from skiplock.sql import Queries
 from skiplock.unique import UNIQUE_STATES
 
 log = logging.getLogger(__name__)
@@ -208,7 +206,7 @@ def _names(names: Iterable[str] | None) -> list[str] | None:
     return None if names is None else list(names)
 
 
-def _scope(names: Iterable[str] | None, queues: Sequence[str] | None) -> dict[str, Any]:
+def scope_params(names: Iterable[str] | None, queues: Sequence[str] | None) -> dict[str, Any]:
     return {
         "names": _names(names),
         "queues": None if queues is None else list(queues),
@@ -216,57 +214,6 @@ def _scope(names: Iterable[str] | None, queues: Sequence[str] | None) -> dict[st
     }
 
 
-# --------------------------------------------------------------------------------------------- database calls
-async def register(conn: psycopg.AsyncConnection[Any], q: Queries, schedules: Sequence[Schedule]) -> None:
-    """Register (or refresh) ``schedules``: one short transaction."""
-    async with conn.transaction():
-        now = (await (await conn.execute(q.schedule_now)).fetchone() or [datetime.now(UTC)])[0]
-        for s in schedules:
-            await conn.execute(q.schedule_register, s.register_params(now))
-
-
-def register_sync(conn: psycopg.Connection[Any], q: Queries, schedules: Sequence[Schedule]) -> None:
-    with conn.transaction():
-        now = (conn.execute(q.schedule_now).fetchone() or [datetime.now(UTC)])[0]
-        for s in schedules:
-            conn.execute(q.schedule_register, s.register_params(now))
-
-
-async def fire_due(
-    conn: psycopg.AsyncConnection[Any],
-    q: Queries,
-    channel: str,
-    *,
-    names: Iterable[str] | None = None,
-    queues: Sequence[str] | None = None,
-) -> tuple[list[Fired], float | None]:
-    """Fire every due schedule (of ``names`` / ``queues``, or all) on an autocommit connection; returns what was
-    fired and the seconds until the next one is due (None: no schedule)."""
-    scope = _scope(names, queues)
-    fired: list[Fired] = []
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(q.schedule_due, scope)
-        for row in await cur.fetchall():
-            try:
-                params, missed = fire_params(row, channel)
-            except (ValueError, StopIteration) as exc:  # a row written by hand, or a cron that never fires again
-                log.warning("schedule %s cannot be fired: %s", row["name"], exc, extra={"action": "schedule_invalid"})
-                continue
-            await cur.execute(q.schedule_fire, params)
-            out = await cur.fetchone()
-            job_id = out["id"] if out else None
-            fired.append(Fired(row["name"], row["task"], params["tick"], job_id, missed if job_id else 0))
-        await cur.execute(q.schedule_next_due, scope)
-        nxt = await cur.fetchone()
-    return fired, (None if not nxt or nxt["seconds"] is None else max(0.0, float(nxt["seconds"])))
-
-
 def wait_seconds(next_due: float | None) -> float:
     """How long a firer sleeps: until the next schedule is due, at most :data:`MAX_WAIT_SECONDS`."""
     return MAX_WAIT_SECONDS if next_due is None else min(MAX_WAIT_SECONDS, max(0.01, next_due))
-
-
-def list_schedules(conn: psycopg.Connection[Any], q: Queries) -> list[dict[str, Any]]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(q.schedule_list, {"stale_seconds": STALE_SECONDS})
-        return cur.fetchall()

@@ -1,8 +1,8 @@
 """Loads the named SQL of ``queries/*.sql`` and the ``migrations/NNNN_*.sql`` files, rendered for one schema.
 
-Each query starts with ``-- name: <query>`` and one description line. ``{schema}`` is rendered with
-``psycopg.sql.Identifier`` (so any schema name is quoted), values stay ``%(name)s`` parameters. A query may include
-a named part of ``PART_FILES`` with ``/* include: <name> */`` (the claim statements share theirs this way).
+Each query starts with ``-- name: <query>`` and one description line, and is the SQL that runs, written out whole.
+``{schema}`` is rendered with ``psycopg.sql.Identifier`` (so any schema name is quoted), values stay ``%(name)s``
+parameters.
 """
 
 from __future__ import annotations
@@ -16,20 +16,18 @@ from typing import Any, LiteralString
 from psycopg import sql
 
 _HEADER = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>.+)\n", re.MULTILINE)
-_INCLUDE = re.compile(r"/\* include: (?P<name>\w+) \*/")
 QUERY_FILES = (
     "jobs.sql",
+    "claim.sql",
     "stats.sql",
     "schema.sql",
     "doctor.sql",
     "schedules.sql",
+    "demo.sql",
     "drain.sql",
     "ui.sql",
     "autoscale.sql",
 )
-PART_FILES = ("claim_parts.sql",)
-"""Named parts that queries include with ``/* include: <name> */`` (pasted in as they are, before rendering)."""
-MAX_INCLUDE_DEPTH = 4
 
 
 @dataclass(frozen=True)
@@ -59,31 +57,12 @@ def render(text: str, schema: str) -> LiteralString:
     return composed.as_string(None)  # type: ignore[return-value]
 
 
-def include(text: str, parts: dict[str, str]) -> str:
-    """``text`` with each ``/* include: <name> */`` replaced by that part (a missing part is a ValueError)."""
-
-    def part(m: re.Match[str]) -> str:
-        if m["name"] not in parts:
-            raise ValueError(f"no SQL part named {m['name']!r} to include")
-        return parts[m["name"]]
-
-    for _ in range(MAX_INCLUDE_DEPTH):  # parts may include parts
-        if not _INCLUDE.search(text):
-            return text
-        text = _INCLUDE.sub(part, text)
-    raise ValueError(f"SQL parts nested deeper than {MAX_INCLUDE_DEPTH} (an include cycle?)")
-
-
 @cache
 def _raw_queries() -> tuple[Statement, ...]:
     folder = resources.files(__package__).joinpath("queries")
-    parts = {
-        p.name: p.text for filename in PART_FILES for p in parse(folder.joinpath(filename).read_text(encoding="utf-8"))
-    }
     out: list[Statement] = []
     for filename in QUERY_FILES:
-        statements = parse(folder.joinpath(filename).read_text(encoding="utf-8"))
-        out.extend(Statement(s.name, s.doc, include(s.text, parts)) for s in statements)
+        out.extend(parse(folder.joinpath(filename).read_text(encoding="utf-8")))
     names = [s.name for s in out]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
@@ -130,11 +109,9 @@ class Queries:
     job_retry_failed: LiteralString
     job_cancel: LiteralString
     job_cancelled_among: LiteralString
-    job_purge_batch: LiteralString
-    job_purge_expired: LiteralString
-    retention_try_lock: LiteralString
+    job_purge: LiteralString
+    retention_xact_lock: LiteralString
     retention_try_xact_lock: LiteralString
-    retention_unlock: LiteralString
     queue_stats: LiteralString
     queue_set_paused: LiteralString
     session_generic_plans: LiteralString
@@ -157,6 +134,7 @@ class Queries:
     schema_versions: LiteralString
     schema_record: LiteralString
     schema_present: LiteralString
+    roles_existing: LiteralString
     doctor_indexes: LiteralString
     doctor_autovacuum: LiteralString
     doctor_table_stats: LiteralString
@@ -172,6 +150,11 @@ class Queries:
     schedule_delete: LiteralString
     schedule_prune: LiteralString
     schedule_now: LiteralString
+    demo_reset: LiteralString
+    demo_receipts_create: LiteralString
+    demo_receipt_insert: LiteralString
+    demo_receipts_count: LiteralString
+    job_status_counts: LiteralString
     drain_requested: LiteralString
     drain_request: LiteralString
     drain_cancel: LiteralString

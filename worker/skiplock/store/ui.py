@@ -21,10 +21,11 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from skiplock.queue import Call, Result, Statements
 from skiplock.schedule import STALE_SECONDS
 from skiplock.settings import Settings
 from skiplock.sql import Queries, queries_for
+from skiplock.store.call import Call, Result
+from skiplock.store.statements import Statements
 
 BATCH = 500
 """Jobs a bulk action changes in one transaction."""

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from skiplock.queue import check_queue_name
 from skiplock.store.ui import ActionError, JobFilter, UiStore
+from skiplock.store.validation import check_queue_name
 from skiplock.ui import params as p
 from skiplock.ui.auth import Denied, api_actor
 from skiplock.ui.config import UiConfig

@@ -6,7 +6,8 @@ Seams (each owns its state; they talk through small methods):
 - ``completer``: done/failed buffers riding on claims, flushes; the only writer of final states
 - ``leases``: heartbeats, recovery by the stored deadline, hand-back, orphan reclaim
 - ``retention``: the scheduled purge of old jobs, one worker of the fleet at a time
-- ``control``: the control pool and its error handling; ``pools``: the one pool constructor
+- ``scope``: what every seam shares (``skiplock.store.worker.WorkerStore`` is its data access); ``pools``: the
+  one pool constructor
 
 Embed it in an asyncio program (``await worker.run()``, ``async with Worker(...)``) or in a thread of a sync one
 (``worker.start()`` / ``worker.stop()``). Signal handling is the CLI's: ``request_stop()`` works from any thread.
@@ -35,18 +36,20 @@ from skiplock.handlers import Handler
 from skiplock.job import Job, Outcome
 from skiplock.listener import Listener
 from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetrics, serve
-from skiplock.queue import Failure, check_connect
 from skiplock.settings import Settings
+from skiplock.store.run import check_connect
+from skiplock.store.statements import Failure
+from skiplock.store.worker import PgWorkerStore
 from skiplock.worker import flow, loops
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import Completer, failure_for, queue_counts
-from skiplock.worker.control import Control, Scope
 from skiplock.worker.executor import AsyncExecutor, Entry, Router, Slots, ThreadExecutor
 from skiplock.worker.leases import Leases
 from skiplock.worker.pools import APPLICATION_NAME, async_pool, sync_pool
 from skiplock.worker.queue_gauges import export_queue_gauges
 from skiplock.worker.retention import Retention
 from skiplock.worker.schedules import Scheduler
+from skiplock.worker.scope import Scope
 
 __all__ = ["APPLICATION_NAME", "Outcome", "Worker", "serve_queues"]
 log = logging.getLogger(__name__)
@@ -135,7 +138,7 @@ class Worker:
         self._last_tick = time.monotonic()
         self._to_release: list[Job] = []
         self._slots: Slots | None = None
-        self._control: Control | None = None
+        self._store: PgWorkerStore | None = None
         self._claimer: Claimer | None = None
         self._completer: Completer | None = None
         self._leases: Leases | None = None
@@ -259,15 +262,15 @@ class Worker:
     async def _serve(self, stopping: asyncio.Event, exporter: Exporter | None, until_idle: bool) -> int:
         s = self.settings
         dsn = s.require_dsn()
-        control = self._control = Control(s, self.metrics)
-        await control.open()
+        store = self._store = PgWorkerStore(s, self.metrics)
+        await store.open()
         kinds = self.router.kinds
         overrides = self.router.lease_overrides()
         slots = self._slots = Slots(s.concurrency, lease=min([s.lease_seconds, *overrides.values()]))
         for queue, m in self._bound.items():  # read at each scrape: handler threads start jobs the loop never sees
             m.in_flight.set_function(partial(slots.running_in, queue))
-        limits = await flow.register_limits(control, self.app, self.identity) if self.app is not None else ()
-        scope = Scope(control, s, self.identity, self.queues, overrides, limits)
+        limits = await flow.register_limits(store, self.app, self.identity) if self.app is not None else ()
+        scope = Scope(store, s, self.identity, self.queues, overrides, limits)
         completer = self._completer = Completer(scope, self._bound, self._observe, slots, self._refill)
         completer.observing = lambda: self.observe is not _ignore
         leases = self._leases = Leases(
@@ -294,7 +297,7 @@ class Worker:
                 pool = async_pool(dsn, "skiplock-handlers", s.concurrency, autocommit=True, timeout=30)
                 await pool.open()
                 self._async = AsyncExecutor(
-                    s.concurrency, slots, pool, control.queue.queries, self.identity, completer.finished_one
+                    s.concurrency, slots, pool, store.statements, self.identity, completer.finished_one
                 )
             if False in kinds:
                 spool = sync_pool(dsn, "skiplock-handlers", s.concurrency, timeout=30)
@@ -303,7 +306,7 @@ class Worker:
                     s.concurrency,
                     slots,
                     spool,
-                    control.queue.queries,
+                    store.statements,
                     self.identity,
                     completer.finished,
                     completer.timed_out,
@@ -321,14 +324,14 @@ class Worker:
                 asyncio.create_task(claimer.watch_table(), name="replan"),
             ]
             if s.queue_metrics_seconds:  # the queue gauges of its queues: one bounded query in the background
-                gauges = export_queue_gauges(self.registry, control.queue, self.queues, s.queue_metrics_seconds)
+                gauges = export_queue_gauges(self.registry, store, self.queues, s.queue_metrics_seconds)
                 tasks.append(asyncio.create_task(gauges, name="queue-gauges"))
             upkeep: list[asyncio.Task[None]] = []  # purge and ticks: they stop when the drain starts
             if not until_idle:
-                self.retention = Retention(s, self.metrics)
+                self.retention = Retention(s, self.metrics, store)
                 upkeep.append(asyncio.create_task(self.retention.run(), name="retention"))
                 if self.app is not None and self.app.schedules:  # periodic tasks: register and fire their ticks
-                    scheduler = Scheduler(s, self.app, self.metrics, control.pool)
+                    scheduler = Scheduler(s, self.app, self.metrics, store)
                     upkeep.append(asyncio.create_task(scheduler.run(), name="schedules"))
                 tasks += upkeep
             self.metrics.listener_enabled.set(1 if s.listen else 0)
@@ -372,7 +375,7 @@ class Worker:
                 self.released = leases.released
         finally:
             await self._close_executors()
-            await control.close()
+            await store.close()
             c = self._claimer
             log.info(
                 "worker stopped",
@@ -572,7 +575,7 @@ class Worker:
         stuck = self._slots.stuck() if self._slots is not None else 0
         if stuck and self._slots is not None and stuck >= self._slots.capacity:
             return False, f"all {stuck} slots stuck in handlers past their timeout"
-        ok = self._control is not None and self._control.ok
+        ok = self._store is not None and self._store.ok
         note = f"; {stuck} slot(s) stuck past their timeout" if stuck else ""
         return (ok, ("database reachable" if ok else "database unreachable") + note)
 

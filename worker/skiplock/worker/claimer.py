@@ -16,18 +16,15 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
-
-import psycopg
 
 from skiplock.job import Job
 from skiplock.metrics import BoundMetrics, WorkerMetrics
-from skiplock.queue import per_queue_limit
+from skiplock.store.statements import per_queue_limit
 from skiplock.worker import drain, flow
 from skiplock.worker.completer import Completer
-from skiplock.worker.control import Scope
 from skiplock.worker.executor import Entry, Slots
 from skiplock.worker.leases import Leases
+from skiplock.worker.scope import Scope
 
 log = logging.getLogger(__name__)
 # A prepared statement keeps the plan made for the jobs table as it was when it was prepared, until an ANALYZE of
@@ -104,7 +101,7 @@ class Claimer:
         metrics: WorkerMetrics,
         stopping: asyncio.Event,
     ) -> None:
-        self._control = scope.control
+        self._store = scope.store
         self._settings = scope.settings
         self._identity = scope.identity
         self._queues = list(scope.queues)
@@ -123,8 +120,6 @@ class Claimer:
         self._paused_changed = asyncio.Event()
         self.paused: set[str] = set()  # this worker's view of its paused queues (for metrics and logs)
         self.draining = False  # the operator asked this pod to stop claiming (scale-in; see drain.py)
-        self._conn: psycopg.AsyncConnection[Any] | None = None  # kept between claims: no pool checkout per claim
-        self._generic_plans = False  # the kept connection was set to plan its claims once (CLAIM_PLANS)
         self._orphans_possible = False
         self._quiet_until = 0.0
         self._empty_streak = 0
@@ -269,12 +264,12 @@ class Claimer:
         statement itself skips paused queues, so this view never decides what is claimed."""
         every = max(1.0, self._settings.poll_seconds * 5)
         while True:
-            rows = await self._control.call("claim", lambda: self._control.queue.paused(self._queues))
+            rows = await self._store.paused(self._queues)
             if rows is not None:
                 self.paused = set(rows)
                 for queue, m in bound.items():
                     m.paused.set(1 if queue in self.paused else 0)
-            draining = await drain.requested(self._control, self._settings.worker_id)  # drain.py: the scale-in hook
+            draining = await drain.requested(self._store, self._settings.worker_id)  # drain.py: the scale-in hook
             if draining is not None and draining != self.draining:
                 self.draining = draining
                 drain.report(draining, self._settings.worker_id)
@@ -289,9 +284,9 @@ class Claimer:
         REPLAN_GROWTH times over since they were planned (see REPLAN_GROWTH)."""
         planned: int | None = None
         while True:
-            size = await self._control.call("claim", self._control.queue.jobs_table_bytes)
+            size = await self._store.jobs_table_bytes()
             if size is not None and planned is not None and size > REPLAN_GROWTH * max(planned, REPLAN_FLOOR_BYTES):
-                self._control.replan()  # each control connection before its next use, the claimer's kept one too
+                self._store.replan()  # each control connection before its next use, the claimer's kept one too
                 self.replans += 1
                 log.info(
                     "jobs table grew from %d to %d bytes: claims are planned again",
@@ -328,7 +323,7 @@ class Claimer:
                     if self.until_idle and idle:
                         self._stopping.set()
                         break
-                    await self._return_conn()  # idle: the pool checks and recycles it meanwhile
+                    await self._store.give_back_claim_connection()  # idle: the pool checks and recycles it meanwhile
                     source = await self._wait_for_work()
                     if self._stopping.is_set():
                         break
@@ -341,7 +336,7 @@ class Claimer:
                     self._orphans_possible = False
                 more = await self._claim(min(s.batch, free))
         finally:
-            await self._return_conn()
+            await self._store.give_back_claim_connection()
 
     async def _claim(self, want: int) -> bool:
         """One claim carrying the finished jobs; True when it filled the batch (more work is waiting)."""
@@ -352,21 +347,21 @@ class Claimer:
         shares = self.shares(want)
         self._claiming = True
         try:
-            result = await self._control.call("claim", lambda: self._complete_and_claim(done, want, after, shares))
+            result = await self._complete_and_claim(done, want, after, shares)
         except BaseException:
             self._completer.give_back(done)
             raise
         finally:
             self._claiming = False
         self._after = None
-        if self._control.uncertain:  # a try failed in flight: it may have claimed jobs whose reply was lost
+        if self._store.uncertain:  # a try failed in flight: it may have claimed jobs whose reply was lost
             self._orphans_possible = True
         if result is None:
             # The completions must not wait for a claim that keeps failing (a statement timeout, a lock wait):
             # the completer writes them on its own. The claim may have committed with its reply lost.
             self._completer.give_back(done)
             self._orphans_possible = True
-            await self._control.backoff(self._stopping)
+            await self._store.backoff(self._stopping)
             return True
         completed, jobs = result
         if after is None:  # from the start: the next claims may start after its last job, for a while
@@ -393,7 +388,7 @@ class Claimer:
             if self._empty_streak >= EMPTY_STREAK:
                 self._quiet_until = time.monotonic() + EMPTY_CLAIM_QUIET_SECONDS
         if self._rate_limited and len(jobs) < want:  # due jobs may wait on a rate: wake when the next may start
-            self._due_in = await flow.next_start(self._control, self._rate_limited, tuple(self._queues))
+            self._due_in = await flow.next_start(self._store, self._rate_limited, tuple(self._queues))
         # Full: the batch was filled, or some queue gave all it may give one claim (more of it is waiting), or it
         # brought several jobs: a claim that asks for a whole batch may come back short while more jobs are due
         # (serial keys whose earlier jobs this worker holds), so the next one follows, without waiting for a NOTIFY
@@ -411,42 +406,23 @@ class Claimer:
 
     async def _complete_and_claim(
         self, done: list[Job], want: int, after: Job | None, shares: list[int] | None
-    ) -> tuple[set[int], list[Job]]:
-        """The hot path, on the connection kept between claims (a pool checkout per claim cost as much client CPU
-        as the statement). A connection that fails goes back to the pool (which drops it if broken)."""
-        aq = self._control.queue
-        if self._conn is not None:  # kept since its checkout: its plans may be older than the last replan
-            try:
-                await self._control.forget_stale_plans(self._conn)
-            except psycopg.Error:  # a pooler that refuses the command: a new connection plans afresh as well
-                await self._conn.close()
-                await self._return_conn()
-        try:
-            if self._conn is None:
-                self._conn = await aq.pool.getconn()
-            result = await aq.complete_and_claim(
-                done,
-                self._queues,
-                limit=want,
-                worker=self._identity,
-                lease_seconds=self._settings.lease_seconds,
-                leases=self._leases_by_task,
-                rotate=self._rotate,
-                limited=self._limited,
-                after=after,
-                shares=shares,
-                conn=self._conn,
-            )
-            if not self._generic_plans and want > 1 and self._busy(want, shares, result[1]):  # see CLAIM_PLANS
-                try:
-                    self._generic_plans = True  # from here on the connection is reset before it goes back
-                    await self._conn.execute(aq.queries.session_generic_plans, prepare=False)
-                except psycopg.Error:  # the jobs claimed stand; the connection goes (closed if it kept a setting)
-                    await self._return_conn()
-            return result
-        except BaseException:
-            await self._return_conn()
-            raise
+    ) -> tuple[set[int], list[Job]] | None:
+        """The hot path, on the connection the store keeps between claims."""
+        result = await self._store.complete_and_claim(
+            done,
+            self._queues,
+            limit=want,
+            worker=self._identity,
+            lease_seconds=self._settings.lease_seconds,
+            leases=self._leases_by_task,
+            rotate=self._rotate,
+            limited=self._limited,
+            after=after,
+            shares=shares,
+        )
+        if result is not None and want > 1 and self._busy(want, shares, result[1]):  # see CLAIM_PLANS
+            await self._store.stream_claims()
+        return result
 
     def shares(self, want: int) -> list[int] | None:
         """The most jobs the next claim of ``want`` takes of each queue (None: one queue); the candidates the claim
@@ -478,31 +454,13 @@ class Claimer:
             return True
         return shares is not None and len(jobs) > 1 and len(self._short_queues(shares, jobs)) < len(self._queues)
 
-    async def _return_conn(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        if not self._generic_plans:
-            await self._control.queue.pool.putconn(conn)
-            return
-        self._generic_plans = False
-        reset = False
-        try:
-            with contextlib.suppress(psycopg.Error):
-                await conn.execute(self._control.queue.queries.session_reset_plans, prepare=False)
-                reset = True
-        finally:
-            if not reset:  # the pool's other users must not inherit the setting: the pool drops a closed one
-                await conn.close()
-            await self._control.queue.pool.putconn(conn)
-
     async def _wait_for_slot(self) -> None:
         self._slots.freed.clear()
         try:
             async with asyncio.timeout(BUSY_RETURN_SECONDS):
                 await self._slots.freed.wait()
         except TimeoutError:
-            await self._return_conn()  # all slots busy for a while (maybe hours): the pool has it
+            await self._store.give_back_claim_connection()  # all slots busy for a while (maybe hours): the pool has it
             if self._slots.waiting():
                 return  # the loop hands back buffered jobs that waited too long
             await self._slots.freed.wait()

@@ -12,19 +12,18 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from functools import partial
 from operator import attrgetter
 from typing import assert_never
 
 from skiplock.app import Task
 from skiplock.backoff import backoff_seconds
-from skiplock.errors import NonRetryableError, Snooze
+from skiplock.errors import NonRetryableError, Snooze, format_error
 from skiplock.job import Job, Outcome
 from skiplock.metrics import BoundMetrics
-from skiplock.queue import Failure, format_error
 from skiplock.settings import Settings
-from skiplock.worker.control import Scope
+from skiplock.store.statements import Failure
 from skiplock.worker.executor import Entry, Slots
+from skiplock.worker.scope import Scope
 
 log = logging.getLogger(__name__)
 FLUSH_MAX = 500
@@ -83,7 +82,7 @@ class Completer:
         self._observe = observe  # each outcome counted here (not handed_back)
         self._slots = slots  # results free their slots here
         self._refill = refill  # slots were freed: start buffered jobs in them now
-        self._control = scope.control
+        self._store = scope.store
         self._settings = scope.settings
         self._m = metrics
         self._identity = scope.identity
@@ -159,9 +158,7 @@ class Completer:
         was lost with its connection: those are confirmed as done by this worker, not reported as lost."""
         if len(completed) < len(done):
             refused = [j for j in done if j.id not in completed]
-            confirmed = await self._control.call(
-                "complete", lambda: self._control.queue.confirm_done(refused, worker=self._identity)
-            )
+            confirmed = await self._store.confirm_done(refused, worker=self._identity)
             completed = completed | (confirmed or set())
         cancelled = await self.cancelled_among([j for j in done if j.id not in completed])
         self.count_done(done, completed, cancelled)
@@ -170,9 +167,7 @@ class Completer:
         """Of jobs whose write the fence refused, the ones cancelled meanwhile (not lost: counted as cancelled)."""
         if not jobs:
             return set()
-        found = await self._control.call(
-            "complete", lambda: self._control.queue.cancelled_among(jobs, worker=self._identity)
-        )
+        found = await self._store.cancelled_among(jobs, worker=self._identity)
         return found or set()
 
     def count_done(self, done: list[Job], completed: set[int], cancelled: Collection[int] = ()) -> None:
@@ -376,7 +371,7 @@ class Completer:
             ended = self._done + [f.job for f, _ in self._failed]
             self.flushes += bool(self._done)
             if not await self.flush():
-                await self._control.backoff(stopping)
+                await self._store.backoff(stopping)
                 self._needed.set()
             elif ended and not stopping.is_set():
                 self.on_written(ended)  # jobs ended without a claim: one may have held back another (serial keys)
@@ -397,9 +392,7 @@ class Completer:
             self._writing = list(batch)
             ok = False
             try:
-                done = await self._control.call(
-                    "complete", partial(self._control.queue.complete, batch, worker=self._identity)
-                )
+                done = await self._store.complete(batch, worker=self._identity)
                 if done is not None:
                     await self.settle(batch, done)
                     ok = True
@@ -417,9 +410,7 @@ class Completer:
             ok = False
             try:
                 failures = [f for f, _ in fails]
-                statuses = await self._control.call(
-                    "fail", partial(self._control.queue.fail, failures, worker=self._identity)
-                )
+                statuses = await self._store.fail(failures, worker=self._identity)
                 if statuses is not None:
                     cancelled = await self.cancelled_among([f.job for f in failures if f.job.id not in statuses])
                     for f, cause in fails:
@@ -437,10 +428,7 @@ class Completer:
         jobs = [j for j, _ in batch]
         self._writing = list(jobs)
         try:
-            written = await self._control.call(
-                "fail",
-                lambda: self._control.queue.snooze(jobs, [d for _, d in batch], worker=self._identity),
-            )
+            written = await self._store.snooze(jobs, [d for _, d in batch], worker=self._identity)
         except BaseException:
             self._snoozed[:0] = batch
             raise

@@ -15,7 +15,7 @@ import logging
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from skiplock.worker.control import Control
+from skiplock.store.worker import WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -26,18 +26,14 @@ def drain_key(worker_id: str) -> str:
     return worker_id.split(":", 1)[0]
 
 
-async def requested(control: Control, worker_id: str) -> bool | None:
+async def requested(store: WorkerStore, worker_id: str) -> bool | None:
     """Whether this worker's pod is asked to drain; None when the database could not say (nothing changes). Not
-    through ``Control.call``: its retry bookkeeping belongs to the claims (a claim's lost reply is judged by it)."""
+    through the store's retried calls: their bookkeeping belongs to the claims (a lost reply is judged by it)."""
     try:
-        async with control.queue.pool.connection() as conn:
-            row = await (
-                await conn.execute(control.queue.queries.drain_requested, {"worker": drain_key(worker_id)})
-            ).fetchone()
+        return await store.drain_requested(drain_key(worker_id))
     except (psycopg.Error, PoolTimeout, OSError) as exc:
         log.debug("drain request not read (%s)", type(exc).__name__, extra={"action": "drain_unknown"})
         return None
-    return bool(row and row[0])
 
 
 def report(draining: bool, worker_id: str) -> None:

@@ -30,8 +30,8 @@ from skiplock.app import App, Task
 from skiplock.errors import Snooze
 from skiplock.handlers import Handler
 from skiplock.job import AsyncLazyConnection, Job, LazyConnection, Outcome
-from skiplock.queue import fence_one_params
-from skiplock.sql import Queries
+from skiplock.store.run import aexecute, execute
+from skiplock.store.statements import Statements
 
 log = logging.getLogger(__name__)
 
@@ -416,7 +416,7 @@ class Slots:
             return sum(1 for e in self._running.values() if e.job.queue == queue)
 
 
-def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Queries) -> Outcome | None:
+def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Statements) -> Outcome | None:
     """After a sync handler that used job.conn returned: complete in its transaction (``done``, or ``lease_lost`` when
     the fence refused it), else None: the completer's batch writes it. (IDLE: the handler ended the job's transaction
     itself, with ``commit()`` or ``rollback()``: documented as unfenced; the job is completed in the batch.)"""
@@ -426,21 +426,21 @@ def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Querie
     if status != TransactionStatus.INTRANS:
         conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
-    if conn.execute(q.job_complete_one, fence_one_params(job, worker)).fetchone() is None:
+    if not execute(conn, q.complete_one(job, worker)):
         conn.rollback()
         return "lease_lost"
     conn.commit()
     return "done"
 
 
-async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: str, q: Queries) -> Outcome | None:
+async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: str, q: Statements) -> Outcome | None:
     status = conn.info.transaction_status
     if status == TransactionStatus.IDLE:
         return None
     if status != TransactionStatus.INTRANS:
         await conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
-    if await (await conn.execute(q.job_complete_one, fence_one_params(job, worker))).fetchone() is None:
+    if not await aexecute(conn, q.complete_one(job, worker)):
         await conn.rollback()
         return "lease_lost"
     await conn.commit()
@@ -470,7 +470,7 @@ class AsyncExecutor:
         size: int,
         slots: Slots,
         pool: AsyncConnectionPool[Any],
-        queries: Queries,
+        queries: Statements,
         worker: str,
         report: Callable[[Entry], None],
     ) -> None:
@@ -636,7 +636,7 @@ class ThreadExecutor:
         size: int,
         slots: Slots,
         pool: ConnectionPool[Any],
-        queries: Queries,
+        queries: Statements,
         worker: str,
         report: Callable[[list[Entry]], None],
         expire: Callable[[Entry, BaseException], None],

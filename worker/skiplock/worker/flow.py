@@ -8,16 +8,16 @@ import logging
 
 from skiplock.app import App
 from skiplock.limits import TaskLimits, changed
-from skiplock.worker.control import Control
+from skiplock.store.worker import WorkerStore
 
 log = logging.getLogger(__name__)
 
 
-async def register_limits(control: Control, app: App, identity: str) -> tuple[TaskLimits, ...]:
+async def register_limits(store: WorkerStore, app: App, identity: str) -> tuple[TaskLimits, ...]:
     """Register every task's limits (a task without limits drops an older registration); returns the limited ones.
     The latest registration wins: replacing another worker's different limits is logged."""
     limits = [t.limits for t in app]
-    rows = await control.call("register_limits", lambda: control.queue.register_limits(limits, worker=identity))
+    rows = await store.register_limits(limits, worker=identity)
     if rows is None:
         log.error(
             "task limits not registered: the limits registered before (if any) stay in force",
@@ -34,8 +34,8 @@ async def register_limits(control: Control, app: App, identity: str) -> tuple[Ta
     return tuple(x for x in limits if x.limited)
 
 
-async def next_start(control: Control, rate_limited: tuple[str, ...], queues: tuple[str, ...]) -> float | None:
+async def next_start(store: WorkerStore, rate_limited: tuple[str, ...], queues: tuple[str, ...]) -> float | None:
     """Seconds until a rate limit lets a due job of ``rate_limited`` start (None: none is waiting on a rate)."""
     if not rate_limited:
         return None
-    return await control.call("claim", lambda: control.queue.next_start(rate_limited, queues))
+    return await store.next_start(rate_limited, queues)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from skiplock.job import Job
 from skiplock.metrics import BoundMetrics
-from skiplock.worker.control import Scope
+from skiplock.worker.scope import Scope
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class Leases:
         unstarted_lost: Callable[[Job, bool], None] = lambda job, cancelled: None,
     ) -> None:
         settings, lease_overrides = scope.settings, scope.lease_overrides
-        self._control = scope.control
+        self._store = scope.store
         self._settings = settings
         self._identity = scope.identity
         self._queues = list(scope.queues)
@@ -78,11 +78,8 @@ class Leases:
             return
         leases = [self.lease_for(j) for j in jobs]
         sent = time.monotonic()
-        held = await self._control.call(
-            "heartbeat",
-            lambda: self._control.queue.heartbeat(
-                jobs, worker=self._identity, leases=leases, timeouts=[self.timeout_for(j) for j in jobs]
-            ),
+        held = await self._store.heartbeat(
+            jobs, worker=self._identity, leases=leases, timeouts=[self.timeout_for(j) for j in jobs]
         )
         if held is None:
             return
@@ -126,9 +123,7 @@ class Leases:
         held = self._tracked() if jobs is None else jobs
         if not held:
             return set()
-        found = await self._control.call(
-            "heartbeat", lambda: self._control.queue.cancelled_among(held, worker=self._identity)
-        )
+        found = await self._store.cancelled_among(held, worker=self._identity, operation="heartbeat")
         if found:
             self._cancelled(found)
         return found or set()
@@ -140,12 +135,7 @@ class Leases:
             await _halted(halt, self.recover_seconds)
 
     async def recover(self) -> int:
-        recovered = await self._control.call(
-            "recover",
-            lambda: self._control.queue.recover_expired(
-                queues=self._queues, lease_seconds=self._settings.lease_seconds
-            ),
-        )
+        recovered = await self._store.recover_expired(queues=self._queues, lease_seconds=self._settings.lease_seconds)
         for r in recovered or []:
             bound = self._m.get(r.queue)
             if bound is not None:
@@ -162,7 +152,7 @@ class Leases:
     async def release(self, jobs: list[Job]) -> int:
         if not jobs:
             return 0
-        ids = await self._control.call("release", lambda: self._control.queue.release(jobs, worker=self._identity))
+        ids = await self._store.release(jobs, worker=self._identity)
         for job in jobs:
             if ids and job.id in ids:
                 m = self._m[job.queue]
@@ -181,10 +171,7 @@ class Leases:
         """After a call whose reply was lost: hand back jobs leased to this worker that it does not know it runs.
         Returns False when the database did not answer (try again later)."""
         known = [j.id for j in self._tracked()]
-        rows = await self._control.call(
-            "release",
-            lambda: self._control.queue.release_orphans(worker=self._identity, queues=self._queues, known=known),
-        )
+        rows = await self._store.release_orphans(worker=self._identity, queues=self._queues, known=known)
         if rows is None:
             return False
         if rows:

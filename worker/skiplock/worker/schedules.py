@@ -10,29 +10,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import PoolTimeout
 
 from skiplock import schedule
 from skiplock.app import App
 from skiplock.metrics import WorkerMetrics
 from skiplock.settings import Settings, redact
-from skiplock.sql import queries_for
+from skiplock.store.worker import WorkerStore
 
 log = logging.getLogger(__name__)
 ERROR_WAIT_SECONDS = 5.0
 
 
 class Scheduler:
-    def __init__(self, settings: Settings, app: App, metrics: WorkerMetrics, pool: AsyncConnectionPool[Any]) -> None:
+    def __init__(self, settings: Settings, app: App, metrics: WorkerMetrics, store: WorkerStore) -> None:
         self._settings = settings
         self._schedules = app.schedules
         self._names = [s.name for s in self._schedules]
         self._metrics = metrics
-        self._pool = pool
-        self._q = queries_for(settings.schema)
+        self._store = store
         self._registered_at = -float("inf")
         self.may_fire = True  # False once the role was refused the INSERT
         self.rounds = 0
@@ -60,9 +58,9 @@ class Scheduler:
 
     async def round(self) -> float:
         """Register when due, fire what is due; returns the seconds to sleep."""
-        async with self._pool.connection() as conn:
+        async with self._store.schedules() as schedules:
             if time.monotonic() - self._registered_at >= schedule.REGISTER_EVERY_SECONDS:
-                await schedule.register(conn, self._q, self._schedules)
+                await schedules.register(self._schedules)
                 self._registered_at = time.monotonic()
                 log.info(
                     "registered %d schedule(s)",
@@ -72,7 +70,7 @@ class Scheduler:
             if not self.may_fire:
                 return schedule.REGISTER_EVERY_SECONDS
             try:
-                fired, next_due = await schedule.fire_due(conn, self._q, self._settings.channel, names=self._names)
+                fired, next_due = await schedules.fire_due(self._names)
             except psycopg.errors.InsufficientPrivilege:
                 self.may_fire = False
                 log.info(

@@ -141,85 +141,27 @@ ORDER BY unique_key, (status = ANY (unique_states)) DESC, id DESC;
 -- Wake the workers of one queue (delivered at commit; repeated notifications in one transaction fold into one).
 SELECT pg_notify(%(channel)s, %(queue)s);
 
--- name: job_complete_and_claim
--- Mark claimed jobs done, fenced (rows still processing under this worker and attempt), and lease up to `limit` visible pending jobs of the given queues that are not paused: at most its share (`per_queue[i]`) of each, taken round-robin from the queue after `rotate` on (the claimer moves it every claim), so a busy queue never starves a quiet one; one statement, one commit (claim alone: no ids).
-WITH /* include: claim_done */
-), /* include: claim_limit_full */
-), /* include: claim_pick_many */
-), /* include: claim_slots */
-), /* include: claim_update */
-), /* include: claim_take_slots */
-)
-/* include: claim_result */
-
--- name: job_complete_and_claim_one
--- The claim of job_complete_and_claim for a worker of one queue: the same completion, lease and columns, with a plain index scan instead of the per-queue round-robin (no window function, sort or rotation).
-WITH /* include: claim_done */
-), /* include: claim_limit_full */
-), /* include: claim_pick_one */
-), /* include: claim_slots */
-), /* include: claim_update */
-), /* include: claim_take_slots */
-)
-/* include: claim_result */
-
--- name: job_complete_and_claim_unlimited
--- job_complete_and_claim for a worker none of whose tasks has a global concurrency or rate limit: the same completion, round-robin, serial keys and lease, without the slot bookkeeping (a third of the planning); jobs of limited tasks are left pending for the workers that know their limits.
-WITH /* include: claim_done */
-), /* include: claim_limit_all */
-), /* include: claim_pick_many */
-), /* include: claim_update_all */
-)
-/* include: claim_result */
-
--- name: job_complete_and_claim_unlimited_one
--- job_complete_and_claim_one for a worker none of whose tasks has a global concurrency or rate limit (see job_complete_and_claim_unlimited).
-WITH /* include: claim_done */
-), /* include: claim_limit_all */
-), /* include: claim_pick_one */
-), /* include: claim_update_all */
-)
-/* include: claim_result */
-
--- name: job_complete_and_claim_one_after
--- job_complete_and_claim_one from a position in claim order (claim_pick_one_after): the claimer's claim while a backlog drains.
-WITH /* include: claim_done */
-), /* include: claim_limit_full */
-), /* include: claim_pick_one_after */
-), /* include: claim_slots */
-), /* include: claim_update */
-), /* include: claim_take_slots */
-)
-/* include: claim_result */
-
--- name: job_complete_and_claim_unlimited_one_after
--- job_complete_and_claim_unlimited_one from a position in claim order (claim_pick_one_after).
-WITH /* include: claim_done */
-), /* include: claim_limit_all */
-), /* include: claim_pick_one_after */
-), /* include: claim_update_all */
-)
-/* include: claim_result */
-
 -- name: job_complete
 -- Mark claimed jobs done, fenced (the UPDATE of job_complete_and_claim, alone: that statement costs a handler's transaction 1.2x).
 UPDATE {schema}.jobs AS j
 SET status = 'done', locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE /* include: by_attempts */ AND j.status = /* include: processing_by_id */ AND j.locked_by = %(worker)s
+WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], j.id)] AND j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
 RETURNING j.id;
 
 -- name: job_complete_one
--- Mark one claimed job done, fenced, in its handler's transaction: job_complete for one job by primary key, which PostgreSQL plans once per connection (job_complete's unnest made it plan every call afresh, 0.3 ms, and run 2.4x longer).
+-- Mark one claimed job done, fenced, in its handler's transaction: job_complete for one job by primary key, which PostgreSQL plans once per connection (job_complete's unnest made it plan every call afresh, and run longer: ADR 0007).
 UPDATE {schema}.jobs AS j
 SET status = 'done', locked_at = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE j.id = %(id)s AND j.attempts = %(attempts)s AND j.status = /* include: processing_by_id */
+WHERE j.id = %(id)s AND j.attempts = %(attempts)s AND j.status = (SELECT 'processing'::text)
   AND j.locked_by = %(worker)s
 RETURNING j.id;
 
 -- name: job_confirm_done
 -- Of these attempts, the ones this worker already completed (a retried completion whose first reply was lost).
 SELECT j.id FROM {schema}.jobs AS j
-WHERE /* include: by_attempts */ AND j.status = 'done' AND j.locked_by = %(worker)s;
+WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], j.id)] AND j.status = 'done' AND j.locked_by = %(worker)s;
 
 -- name: job_fail
 -- Record failed attempts, fenced: back to pending after a per-job delay, or failed when exhausted or final; each appends {{attempt, at, error, worker}} to the error history (the last 20 kept).
@@ -237,7 +179,7 @@ SET status = CASE WHEN f.retry AND j.attempts < j.max_attempts THEN 'pending' EL
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[], %(delays)s::float8[],
             %(retry)s::boolean[]) AS f(id, attempts, error, delay, retry)
-WHERE j.id = f.id AND j.attempts = f.attempts AND j.status = /* include: processing_by_id */
+WHERE j.id = f.id AND j.attempts = f.attempts AND j.status = (SELECT 'processing'::text)
   AND j.locked_by = %(worker)s
 RETURNING j.id, j.status, j.visible_at;
 
@@ -248,7 +190,7 @@ SET status = 'pending', attempts = j.attempts - 1,
     visible_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => s.delay),
     locked_by = NULL, locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(delays)s::float8[]) AS s(id, attempts, delay)
-WHERE j.id = s.id AND j.attempts = s.attempts AND j.status = /* include: processing_by_id */
+WHERE j.id = s.id AND j.attempts = s.attempts AND j.status = (SELECT 'processing'::text)
   AND j.locked_by = %(worker)s
 RETURNING j.id;
 
@@ -257,7 +199,8 @@ RETURNING j.id;
 UPDATE {schema}.jobs AS j
 SET status = 'pending', attempts = j.attempts - 1, visible_at = coalesce(%(now)s::timestamptz, now()),
     locked_by = NULL, locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE /* include: by_attempts */ AND j.status = /* include: processing_by_id */ AND j.locked_by = %(worker)s
+WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], j.id)] AND j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
 RETURNING j.id;
 
 -- name: job_release_orphans
@@ -277,7 +220,7 @@ WITH h AS (
 ), mine AS (
     SELECT j.id, h.lease, j.updated_at + make_interval(secs => h.timeout) AS timeout_at
     FROM {schema}.jobs AS j JOIN h ON j.id = h.id AND j.attempts = h.attempts
-    WHERE j.status = /* include: processing_by_id */ AND j.locked_by = %(worker)s
+    WHERE j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 ), renewed AS (
@@ -291,7 +234,7 @@ WITH h AS (
 SELECT h.id FROM h
 WHERE NOT EXISTS (
     SELECT 1 FROM {schema}.jobs AS j
-    WHERE j.id = h.id AND j.attempts = h.attempts AND j.status = /* include: processing_by_id */
+    WHERE j.id = h.id AND j.attempts = h.attempts AND j.status = (SELECT 'processing'::text)
       AND j.locked_by = %(worker)s);
 
 -- name: job_recover_expired
@@ -399,20 +342,8 @@ SELECT c.id, c.queue, c.was, (SELECT count(*) FROM told) AS told FROM cancelled 
 -- name: job_cancelled_among
 -- Of these attempts held by this worker, the ids cancelled meanwhile (checked on a control notification and by the heartbeat).
 SELECT j.id FROM {schema}.jobs AS j
-WHERE /* include: by_attempts */ AND j.status = 'cancelled' AND j.locked_by = %(worker)s;
-
--- name: job_purge_batch
--- Delete up to `limit` finished jobs last updated before a cutoff (one batch, its own transaction).
-WITH doomed AS (
-    SELECT id FROM {schema}.jobs
-    WHERE (status IN ('done', 'failed') OR status = 'cancelled') AND updated_at < %(before)s
-      AND status = ANY(%(statuses)s::text[])
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-    ORDER BY updated_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM {schema}.jobs AS j USING doomed WHERE j.id = doomed.id;
+WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
+      AND j.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], j.id)] AND j.status = 'cancelled' AND j.locked_by = %(worker)s;
 
 -- name: queue_set_paused
 -- Pause or resume a queue (stored in the queues table); tells the workers on the control channel and, on resume, wakes those serving it.
@@ -428,7 +359,7 @@ WITH upsert AS (
 SELECT u.queue, u.paused, (SELECT count(*) FROM told) AS told FROM upsert AS u;
 
 -- name: session_generic_plans
--- The claimer's connection keeps one generic plan per claim statement (a custom plan costs 0.7 ms of planning each claim, and PostgreSQL keeps choosing custom ones once the table has statistics).
+-- The claimer's connection keeps one generic plan per claim statement (a custom plan is planned again at each claim, and PostgreSQL keeps choosing custom ones once the table has statistics: ADR 0007).
 SELECT set_config('plan_cache_mode', 'force_generic_plan', false);
 
 -- name: session_reset_plans
@@ -440,7 +371,7 @@ SELECT set_config('plan_cache_mode', reset_val, false) FROM pg_settings WHERE na
 DISCARD PLANS;
 
 -- name: session_control
--- Every control connection of a worker works in UTC: the timestamps of a claim's rows then load without a time zone conversion (converting two timestamps a row to the server's zone was 7 % of a worker's instructions), so `job.created_at` and `job.visible_at` are UTC. And without JIT: a plan whose LIMIT the planner cannot see (a generic plan, or the per-queue shares of a claim of several queues, which it guesses at a tenth of the table) passes jit_above_cost on a large table, and compiling it cost 0.75-1 s a claim; no statement of a worker is large enough to gain from it.
+-- Every control connection of a worker works in UTC: the timestamps of a claim's rows then load without a time zone conversion (converting two timestamps a row to the server's zone was a measurable share of a worker's work: ADR 0007), so `job.created_at` and `job.visible_at` are UTC. And without JIT: a plan whose LIMIT the planner cannot see (a generic plan, or the per-queue shares of a claim of several queues, which it guesses at a tenth of the table) passes jit_above_cost on a large table, and compiling it cost far more than the claim itself (ADR 0007); no statement of a worker is large enough to gain from it.
 SELECT set_config('TimeZone', 'UTC', false), set_config('jit', 'off', false);
 
 -- name: jobs_table_bytes
@@ -453,19 +384,25 @@ SELECT queue, updated_at FROM {schema}.queues
 WHERE paused AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 ORDER BY queue;
 
--- name: job_purge_expired
--- One batch of the scheduled retention: up to `limit` done, failed and cancelled jobs each, older than their own retention (database clock); returns the status of each row deleted.
+-- name: job_purge
+-- One batch of a purge: up to `limit` done, failed and cancelled jobs each, older than that status's age in seconds (NULL: none of that status), of one queue or all; run in the transaction that took the schema's purge lock; returns the status of each row deleted.
 WITH done AS (
     SELECT id FROM {schema}.jobs
-    WHERE status = 'done' AND updated_at < now() - make_interval(secs => %(done_seconds)s)
+    WHERE status = 'done' AND %(done_seconds)s::float8 IS NOT NULL
+      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(done_seconds)s::float8)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), failed AS (
     SELECT id FROM {schema}.jobs
-    WHERE status = 'failed' AND updated_at < now() - make_interval(secs => %(failed_seconds)s)
+    WHERE status = 'failed' AND %(failed_seconds)s::float8 IS NOT NULL
+      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(failed_seconds)s::float8)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), cancelled AS (
     SELECT id FROM {schema}.jobs
-    WHERE status = 'cancelled' AND updated_at < now() - make_interval(secs => %(cancelled_seconds)s)
+    WHERE status = 'cancelled' AND %(cancelled_seconds)s::float8 IS NOT NULL
+      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(cancelled_seconds)s::float8)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 DELETE FROM {schema}.jobs AS j
@@ -473,17 +410,13 @@ USING (SELECT id FROM done UNION ALL SELECT id FROM failed UNION ALL SELECT id F
 WHERE j.id = doomed.id
 RETURNING j.status;
 
--- name: retention_try_lock
--- Take the fleet-wide retention lock of this schema if free (session level: held by one worker's connection).
-SELECT pg_try_advisory_lock(%(key)s::bigint) AS locked;
+-- name: retention_xact_lock
+-- Wait for the purge lock of this schema, held until the current transaction ends (an explicit purge: `skiplock purge`, Queue.purge).
+SELECT true AS locked FROM (SELECT pg_advisory_xact_lock(%(key)s::bigint)) AS l;
 
 -- name: retention_try_xact_lock
--- Take the retention lock of this schema for the current transaction if free (the operator's batches; a worker's purge holds the same key at session level).
+-- Take the purge lock of this schema for the current transaction if free (the scheduled retention of a worker or of the operator: a round that finds it taken ends, someone else purges).
 SELECT pg_try_advisory_xact_lock(%(key)s::bigint) AS locked;
-
--- name: retention_unlock
--- Release the retention lock.
-SELECT pg_advisory_unlock(%(key)s::bigint) AS unlocked;
 
 -- name: task_limits_register
 -- Register the limits of an app's tasks (a worker at start; the latest registration wins): upsert or remove each task's limits and bring its slot rows to the new counts (slots above a lowered limit go at once, held or not: their runs go on without one); returns what each task had before.
@@ -542,7 +475,7 @@ ORDER BY l.task;
 -- Seconds until the next start a rate limit allows, over the given tasks that have due pending jobs in the given queues (NULL when none waits: the claimer then waits as usual). A slot that came free within the last second counts (zero or less: claim again now; it may have come free between the claim and this query); a task with a slot free for longer is held back by something else (a concurrency limit, a serial key), so it gives no hint and is not spun on.
 -- Per task, one probe of the rate index for its earliest slot (the whole answer: every other slot comes free later).
 -- Joined slot against slot and against the jobs instead, the statement read every slot of a task once for each of
--- its busy ones: 400,000 buffers (200 ms) for a rate of 10,000/s, after every claim that came back short.
+-- its busy ones, after every claim that came back short (ADR 0007 gives the figures).
 SELECT extract(epoch FROM min(e.free_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS due_in_seconds
 FROM unnest(%(tasks)s::text[]) AS t(task)
 CROSS JOIN LATERAL (

@@ -31,3 +31,7 @@ INSERT INTO {schema}.schema_migrations (version, name) VALUES (%(version)s, %(na
 SELECT EXISTS (
     SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %(schema)s AND tablename = 'schema_migrations'
 ) AS present;
+
+-- name: roles_existing
+-- Which of the given role names exist (skiplock grant checks them before granting anything).
+SELECT rolname FROM pg_roles WHERE rolname = ANY(%(names)s::text[]);

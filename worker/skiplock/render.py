@@ -1,0 +1,60 @@
+"""What the CLI and the demo print: text tables and one job's fields (pure: rows in, text out)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from skiplock.job import QueueStats
+
+
+def stats(rows: Sequence[QueueStats]) -> str:
+    """``skiplock stats``: one line a queue."""
+    head = ("queue", "ready", "delayed", "processing", "stalled", "failed", "oldest_ready_s", "next_due",
+            "avg_attempts_done", "paused")  # fmt: skip
+    body = [
+        (r.queue, r.ready, r.delayed, r.processing, r.stalled, r.failed, round(r.oldest_ready_age_seconds, 1),
+         r.next_due.isoformat(timespec="seconds") if r.next_due else "-",
+         "-" if r.avg_attempts_done is None else f"{r.avg_attempts_done:.2f}", "yes" if r.paused else "no")
+        for r in rows
+    ]  # fmt: skip
+    return table(head, body) if body else "no pending, processing or failed jobs"
+
+
+def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A text table: numeric columns right-aligned, text columns left-aligned."""
+    numeric = [
+        all(isinstance(r[i], int | float) and not isinstance(r[i], bool) for r in rows) for i in range(len(head))
+    ]
+    cells = [list(map(str, head))] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    lines = [
+        "  ".join((c.rjust(w) if num else c.ljust(w)) for c, w, num in zip(r, widths, numeric, strict=True)).rstrip()
+        for r in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def job(row: dict[str, Any]) -> str:
+    """``skiplock show``: one field a line, then the error history, oldest first."""
+    keys = ("id", "queue", "task", "status", "priority", "attempts", "max_attempts", "timeout_seconds",
+            "visible_at", "locked_by", "locked_at", "lease_expires_at", "idempotency_key", "created_at",
+            "updated_at", "last_error")  # fmt: skip
+    width = max(map(len, keys))
+    lines = [f"{k.ljust(width)}  {show_value(row.get(k))}" for k in keys]
+    lines.append(f"{'payload'.ljust(width)}  {json.dumps(row.get('payload'), ensure_ascii=False)}")
+    errors = row.get("errors") or []
+    lines.append(f"errors ({len(errors)}, oldest first):" if errors else "errors: none")
+    for e in errors:
+        lines.append(f"  #{e.get('attempt')} {e.get('at')} {e.get('worker') or '-'}: {e.get('error')}")
+    return "\n".join(lines)
+
+
+def show_value(value: Any) -> str:
+    if value is None:
+        return "-"
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat(timespec="seconds"))
+    return str(value).replace("\n", " ")

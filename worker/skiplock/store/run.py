@@ -1,0 +1,213 @@
+"""One way to run a :class:`~skiplock.store.call.Call`, sync and async.
+
+:func:`execute` / :func:`aexecute` run a call on a connection. :class:`Runner` / :class:`AsyncRunner` hold a pool
+(or none: every call then needs the caller's ``conn=``) and run each call on the caller's connection, inside its
+transaction, or on a pool connection switched to autocommit for the time of the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row, tuple_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+
+from skiplock.errors import ConfigError, DatabaseUnavailableError
+from skiplock.settings import Settings, redact
+from skiplock.store.call import Call, Result
+
+T = TypeVar("T")
+NOT_CONNECTED = "not connected to a database: pass conn= (your transaction), or connect first"
+AnyConnection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+
+
+def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether the statement returned rows (read off the result's status: ``cursor.description`` builds a column
+    object for each column on every call)."""
+    result = cur.pgresult
+    return result is not None and result.status == psycopg.pq.ExecStatus.TUPLES_OK
+
+
+def execute(conn: psycopg.Connection[Any], call: Call[T]) -> T:
+    with conn.cursor(row_factory=tuple_row if call.tuples else dict_row, binary=call.binary) as cur:
+        cur.execute(call.query, call.params)
+        return call.read(Result(cur.fetchall() if _has_rows(cur) else [], cur.rowcount))
+
+
+async def aexecute(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
+    async with conn.cursor(row_factory=tuple_row if call.tuples else dict_row, binary=call.binary) as cur:
+        await cur.execute(call.query, call.params)
+        return call.read(Result(await cur.fetchall() if _has_rows(cur) else [], cur.rowcount))
+
+
+def idle(conn: AnyConnection) -> bool:
+    """No transaction open (nor a statement running, nor the connection broken)."""
+    return conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def outside_transaction(conn: AnyConnection) -> bool:
+    """An autocommit connection with no transaction open: statements that must commit together need their own."""
+    return conn.autocommit and idle(conn)
+
+
+def may_autocommit(conn: AnyConnection) -> bool:
+    """Whether a call may switch a pool connection to autocommit for its time (and back): one outside autocommit,
+    idle, without transaction characteristics of its own (isolation level, read only, deferrable). A statement then
+    runs in a transaction of its own as between BEGIN and COMMIT, two round trips fewer; statements that must
+    commit together run in an explicit transaction (see :func:`skiplock.store.copy.copy_jobs`)."""
+    plain = conn.isolation_level is None and conn.read_only is None and conn.deferrable is None
+    return plain and not conn.autocommit and idle(conn)
+
+
+def unavailable(exc: BaseException, dsn: str | None) -> DatabaseUnavailableError:
+    return DatabaseUnavailableError(redact(f"database unavailable: {exc}".strip(), dsn))
+
+
+def pool_options(name: str, max_size: int, connect_timeout: float) -> dict[str, Any]:
+    """Keyword arguments of an owned pool: one statement per call, so autocommit (no BEGIN/COMMIT round trips)."""
+    return {
+        "min_size": 1,
+        "max_size": max_size,
+        "open": False,
+        "name": name,
+        "timeout": connect_timeout,
+        "kwargs": {"autocommit": True},
+    }
+
+
+def check_connect(dsn: str, timeout: float = 10.0) -> None:
+    """Connect once, so a wrong DSN fails at once with the server's reason (password masked)."""
+    try:
+        psycopg.connect(dsn, connect_timeout=max(1, int(timeout))).close()
+    except psycopg.Error as exc:
+        raise unavailable(exc, dsn) from None
+
+
+async def acheck_connect(dsn: str, timeout: float = 10.0) -> None:
+    try:
+        conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=max(1, int(timeout)))
+    except psycopg.Error as exc:
+        raise unavailable(exc, dsn) from None
+    await conn.close()
+
+
+class Runner:
+    """Runs calls on a sync pool (owned or the caller's), or on the caller's ``conn=``."""
+
+    def __init__(self, settings: Settings, pool: ConnectionPool[Any] | None, *, owned: bool = False) -> None:
+        self.settings, self.pool, self.owned = settings, pool, owned
+
+    @classmethod
+    def connect(cls, settings: Settings, *, name: str, max_size: int, connect_timeout: float) -> Runner:
+        """An owned pool, open and checked (a wrong DSN fails here with the server's reason)."""
+        dsn = settings.require_dsn()
+        check_connect(dsn, connect_timeout)
+        pool: ConnectionPool[Any] = ConnectionPool(dsn, **pool_options(name, max_size, connect_timeout))
+        pool.open()
+        try:
+            pool.wait(timeout=connect_timeout)
+        except PoolTimeout as exc:
+            pool.close()
+            raise unavailable(exc, dsn) from None
+        return cls(settings, pool, owned=True)
+
+    def close(self) -> None:
+        if self.owned and self.pool is not None:
+            self.pool.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pool connection as it is (a transaction of its own when the pool's connections do not autocommit)."""
+        if self.pool is None:
+            raise ConfigError(NOT_CONNECTED)
+        try:
+            with self.pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:  # no connection could be had within the pool's timeout
+            raise unavailable(exc, self.settings.dsn) from None
+
+    @contextmanager
+    def on(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
+        """The caller's connection (``conn=``), or one of the pool for the time of the call, in autocommit when
+        :func:`may_autocommit` says so."""
+        if conn is not None:
+            if not isinstance(conn, psycopg.Connection):
+                raise ConfigError(f"conn= of a sync call must be a psycopg.Connection, not {type(conn).__name__}")
+            yield conn
+            return
+        with self.connection() as own:
+            if not may_autocommit(own):
+                yield own
+                return
+            own.autocommit = True
+            try:
+                yield own
+            finally:
+                if idle(own):  # else broken: the pool discards it
+                    own.autocommit = False
+
+    def __call__(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
+        with self.on(conn) as on:
+            return execute(on, call)
+
+
+class AsyncRunner:
+    """The asynchronous twin of :class:`Runner`."""
+
+    def __init__(self, settings: Settings, pool: AsyncConnectionPool[Any] | None, *, owned: bool = False) -> None:
+        self.settings, self.pool, self.owned = settings, pool, owned
+
+    @classmethod
+    async def connect(cls, settings: Settings, *, name: str, max_size: int, connect_timeout: float) -> AsyncRunner:
+        dsn = settings.require_dsn()
+        await acheck_connect(dsn, connect_timeout)
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, **pool_options(name, max_size, connect_timeout))
+        await pool.open()
+        try:
+            await pool.wait(timeout=connect_timeout)
+        except PoolTimeout as exc:
+            await pool.close()
+            raise unavailable(exc, dsn) from None
+        return cls(settings, pool, owned=True)
+
+    async def close(self) -> None:
+        if self.owned and self.pool is not None:
+            await self.pool.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        if self.pool is None:
+            raise ConfigError(NOT_CONNECTED)
+        try:
+            async with self.pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise unavailable(exc, self.settings.dsn) from None
+
+    @asynccontextmanager
+    async def on(self, conn: psycopg.AsyncConnection[Any] | None) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """See :meth:`Runner.on`."""
+        if conn is not None:
+            if not isinstance(conn, psycopg.AsyncConnection):
+                raise ConfigError(
+                    f"conn= of an async call must be a psycopg.AsyncConnection, not {type(conn).__name__}"
+                )
+            yield conn
+            return
+        async with self.connection() as own:
+            if not may_autocommit(own):
+                yield own
+                return
+            await own.set_autocommit(True)
+            try:
+                yield own
+            finally:
+                if idle(own):
+                    await own.set_autocommit(False)
+
+    async def __call__(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
+        async with self.on(conn) as on:
+            return await aexecute(on, call)
