@@ -20,8 +20,9 @@ from typing import Any
 import kopf
 
 from skiplock import QueueStats
+from skiplock.store.statements import FlowCursor
 from skiplock_operator import pause, scalein, scaling, status, waittarget, workload
-from skiplock_operator.database import PERMISSION_DENIED, DatabaseProblem, FlowCursor
+from skiplock_operator.database import PERMISSION_DENIED, DatabaseProblem
 from skiplock_operator.k8s import KubeApiError
 from skiplock_operator.pause import Pause
 from skiplock_operator.runtime import Condition, Daemon, Runtime, SecretProblem, database_conditions, wait, write_status
