@@ -19,12 +19,13 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 from skiplock.job import Job
 from skiplock.metrics import BoundMetrics, WorkerMetrics
 from skiplock.store.statements import per_queue_limit
+from skiplock.store.worker import ClaimStore
 from skiplock.worker import drain, flow
 from skiplock.worker.scope import Scope
 from skiplock.worker.wakeup import Wakeup
@@ -90,36 +91,6 @@ UNTIL_IDLE_RECHECK_SECONDS = 0.01
 # The shortest wait a rate limit's hint asks for: a slot that came free between a claim and the hint is claimed
 # again at once, and a job held back by something else as well is retried at most this often (for a second).
 RATE_RETRY_SECONDS = 0.01
-
-
-class ClaimStore(drain.DrainStore, flow.RateStore, Protocol):
-    """What the claimer asks of the data access (:class:`skiplock.store.worker.WorkerStore` has it); each call but
-    ``drain_requested`` returns None when the database failed."""
-
-    @property
-    def uncertain(self) -> bool:
-        """A try of the last call failed in flight: it may have committed with its reply lost."""
-
-    async def backoff(self, stopping: asyncio.Event) -> None: ...
-    def replan(self) -> None: ...
-    async def complete_and_claim(
-        self,
-        done: Sequence[Job],
-        queues: Sequence[str],
-        *,
-        limit: int,
-        worker: str,
-        lease_seconds: float | None = None,
-        leases: Mapping[str, float] | None = None,
-        rotate: int = 0,
-        limited: bool = True,
-        after: Job | None = None,
-        shares: Sequence[int] | None = None,
-    ) -> tuple[set[int], list[Job]] | None: ...
-    async def stream_claims(self) -> None: ...
-    async def give_back_claim_connection(self) -> None: ...
-    async def paused(self, queues: Sequence[str]) -> list[str] | None: ...
-    async def jobs_table_bytes(self) -> int | None: ...
 
 
 class DoneJobs(Protocol):

@@ -13,10 +13,10 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Protocol, assert_never
+from typing import assert_never
 
 from skiplock.app import Task
 from skiplock.backoff import backoff_seconds
@@ -25,6 +25,7 @@ from skiplock.job import Job, Outcome
 from skiplock.metrics import BoundMetrics
 from skiplock.settings import Settings
 from skiplock.store.statements import Failure
+from skiplock.store.worker import CompleterStore
 from skiplock.worker.scope import Scope
 from skiplock.worker.slots import Entry
 from skiplock.worker.wakeup import Wakeup
@@ -67,20 +68,6 @@ def failure_for(job: Job, exc: BaseException, task: Task | None, settings: Setti
     )
     delay = backoff_seconds(job.attempts, base=b.base, cap=max(b.cap, b.base), jitter=b.jitter) if retry else 0.0
     return Failure(job, format_error(exc), delay, retry)
-
-
-class CompleterStore(Protocol):
-    """What the completer asks of the data access (:class:`skiplock.store.worker.WorkerStore` has it); each call
-    returns None when the database failed."""
-
-    async def backoff(self, stopping: asyncio.Event) -> None: ...
-    async def complete(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
-    async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
-    async def fail(self, failures: Sequence[Failure], *, worker: str) -> dict[int, str] | None: ...
-    async def snooze(self, jobs: Sequence[Job], delays: Sequence[float], *, worker: str) -> set[int] | None: ...
-    async def cancelled_among(
-        self, jobs: Sequence[Job], *, worker: str, operation: str = "complete"
-    ) -> set[int] | None: ...
 
 
 Observer = Callable[[Job, Outcome], None]

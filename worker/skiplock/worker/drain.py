@@ -11,18 +11,13 @@ withdrawn (the backlog grew again) lets it claim again.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
 
 import psycopg
 from psycopg_pool import PoolTimeout
 
+from skiplock.store.worker import ClaimStore
+
 log = logging.getLogger(__name__)
-
-
-class DrainStore(Protocol):
-    """What a drain request is read with (:class:`skiplock.store.worker.WorkerStore` has it)."""
-
-    async def drain_requested(self, pod: str) -> bool: ...
 
 
 def drain_key(worker_id: str) -> str:
@@ -31,7 +26,7 @@ def drain_key(worker_id: str) -> str:
     return worker_id.split(":", 1)[0]
 
 
-async def requested(store: DrainStore, worker_id: str) -> bool | None:
+async def requested(store: ClaimStore, worker_id: str) -> bool | None:
     """Whether this worker's pod is asked to drain; None when the database could not say (nothing changes). Not
     through the store's retried calls: their bookkeeping belongs to the claims (a lost reply is judged by it)."""
     try:

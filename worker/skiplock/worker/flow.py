@@ -5,20 +5,12 @@ poll interval past the next allowed start)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Protocol
 
 from skiplock.app import App
 from skiplock.limits import TaskLimits, changed
-from skiplock.store.worker import WorkerStore
+from skiplock.store.worker import ClaimStore, WorkerStore
 
 log = logging.getLogger(__name__)
-
-
-class RateStore(Protocol):
-    """What the claimer asks about rate limits (:class:`skiplock.store.worker.WorkerStore` has it)."""
-
-    async def next_start(self, tasks: Sequence[str], queues: Sequence[str]) -> float | None: ...
 
 
 async def register_limits(store: WorkerStore, app: App, identity: str) -> tuple[TaskLimits, ...]:
@@ -42,7 +34,7 @@ async def register_limits(store: WorkerStore, app: App, identity: str) -> tuple[
     return tuple(x for x in limits if x.limited)
 
 
-async def next_start(store: RateStore, rate_limited: tuple[str, ...], queues: tuple[str, ...]) -> float | None:
+async def next_start(store: ClaimStore, rate_limited: tuple[str, ...], queues: tuple[str, ...]) -> float | None:
     """Seconds until a rate limit lets a due job of ``rate_limited`` start (None: none is waiting on a rate)."""
     if not rate_limited:
         return None

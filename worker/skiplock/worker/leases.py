@@ -11,40 +11,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
 from typing import Protocol
 
 from skiplock.job import Job
 from skiplock.metrics import BoundMetrics
-from skiplock.store.statements import Recovered
+from skiplock.store.worker import LeaseStore
 from skiplock.worker.scope import Scope
 from skiplock.worker.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
-
-
-class LeaseStore(Protocol):
-    """What the leases ask of the data access (:class:`skiplock.store.worker.WorkerStore` has it); each call returns
-    None when the database failed."""
-
-    async def heartbeat(
-        self,
-        jobs: Sequence[Job],
-        *,
-        worker: str,
-        leases: Sequence[float] | None = None,
-        timeouts: Sequence[float | None] | None = None,
-    ) -> set[int] | None: ...
-    async def cancelled_among(
-        self, jobs: Sequence[Job], *, worker: str, operation: str = "complete"
-    ) -> set[int] | None: ...
-    async def recover_expired(
-        self, *, queues: Sequence[str], lease_seconds: float | None = None
-    ) -> list[Recovered] | None: ...
-    async def release(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
-    async def release_orphans(
-        self, *, worker: str, queues: Sequence[str], known: Sequence[int]
-    ) -> list[int] | None: ...
 
 
 class Unwritten(Protocol):
