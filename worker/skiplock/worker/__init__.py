@@ -30,7 +30,7 @@ from typing import Any, Self
 from prometheus_client import CollectorRegistry
 
 from skiplock import __version__
-from skiplock.app import App, is_async_callable
+from skiplock.app import App
 from skiplock.errors import ConfigError
 from skiplock.handlers import Handler
 from skiplock.job import Job, Outcome
@@ -42,7 +42,7 @@ from skiplock.store.worker import PgWorkerStore
 from skiplock.worker import flow, loops
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import Completer
-from skiplock.worker.executor import Executors, Router
+from skiplock.worker.executor import Executors, Router, as_handler, serve_queues
 from skiplock.worker.leases import Leases
 from skiplock.worker.pools import APPLICATION_NAME
 from skiplock.worker.queue_gauges import export_queue_gauges
@@ -54,17 +54,6 @@ from skiplock.worker.wakeup import Wakeup, listener
 __all__ = ["APPLICATION_NAME", "Outcome", "Worker", "serve_queues"]
 log = logging.getLogger(__name__)
 STOP_WAIT_SECONDS = 5.0
-
-
-def serve_queues(settings: Settings, app: App | None, handler: Handler | None) -> tuple[str, ...]:
-    """The queues a worker serves: ``settings.queues``, else every queue its app's tasks name (plus
-    ``settings.queue`` for a catch-all handler), else ``settings.queue``."""
-    if settings.queues:
-        return settings.queues
-    if app is not None and len(app):
-        extra = (settings.queue,) if handler is not None else ()
-        return tuple(dict.fromkeys((*app.queues, *extra)))
-    return (settings.queue,)
 
 
 def _ignore(*_: Any) -> None:
@@ -80,13 +69,6 @@ async def _settle(tasks: list[asyncio.Task[Any]]) -> None:
     for t in done:
         if not t.cancelled() and t.exception() is not None:
             log.error("background task %s failed: %r", t.get_name(), t.exception(), extra={"action": "task_failed"})
-
-
-def _as_handler(handler: Handler | Callable[..., Any] | None) -> Handler | None:
-    if handler is None or isinstance(handler, Handler):
-        return handler
-    name = f"{getattr(handler, '__module__', '?')}:{getattr(handler, '__qualname__', type(handler).__name__)}"
-    return Handler(name, handler, is_async_callable(handler))
 
 
 class Worker:
@@ -107,7 +89,7 @@ class Worker:
         settings.require_dsn()
         self.settings = settings
         self.app = app
-        self.handler = _as_handler(handler)
+        self.handler = as_handler(handler)
         self.router = Router(app, self.handler)
         self.queues = serve_queues(settings, app, self.handler)
         self.identity = f"{settings.worker_id}:{uuid.uuid4().hex[:8]}"

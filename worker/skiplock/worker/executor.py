@@ -28,11 +28,12 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from skiplock.app import App
+from skiplock.app import App, is_async_callable
 from skiplock.errors import Snooze
 from skiplock.handlers import Handler
 from skiplock.job import AsyncLazyConnection, Job, LazyConnection, Outcome
 from skiplock.metrics import BoundMetrics
+from skiplock.settings import Settings
 from skiplock.store.run import aexecute, execute
 from skiplock.store.statements import Failure, Statements
 from skiplock.worker.completer import failure_for, queue_counts
@@ -52,7 +53,9 @@ __all__ = [
     "Target",
     "ThreadExecutor",
     "UnknownTaskError",
+    "as_handler",
     "is_timeout",
+    "serve_queues",
     "timed_out_error",
     "timeout_for",
 ]
@@ -86,6 +89,25 @@ class UnknownTaskError(Exception):
 
 class HandlerConnectionError(Exception):
     """The handler's transaction was aborted by a database error it swallowed, or job.conn could not be had."""
+
+
+def serve_queues(settings: Settings, app: App | None, handler: Handler | None) -> tuple[str, ...]:
+    """The queues a worker serves: ``settings.queues``, else every queue its app's tasks name (plus
+    ``settings.queue`` for a catch-all handler), else ``settings.queue``."""
+    if settings.queues:
+        return settings.queues
+    if app is not None and len(app):
+        extra = (settings.queue,) if handler is not None else ()
+        return tuple(dict.fromkeys((*app.queues, *extra)))
+    return (settings.queue,)
+
+
+def as_handler(handler: Handler | Callable[..., Any] | None) -> Handler | None:
+    """A catch-all handler given as a plain function, named by its module and qualified name."""
+    if handler is None or isinstance(handler, Handler):
+        return handler
+    name = f"{getattr(handler, '__module__', '?')}:{getattr(handler, '__qualname__', type(handler).__name__)}"
+    return Handler(name, handler, is_async_callable(handler))
 
 
 class Router:
