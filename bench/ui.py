@@ -14,14 +14,14 @@ By default a private PostgreSQL (pgserver's binaries, stock settings) is started
 to ``bench/results/ui-<time>.jsonl``.
 
 Last run (``make bench-ui``, a private PostgreSQL 16 of pgserver, stock settings, on the shared 2-core machine under
-other agents' load, seeded in 108 s): every read's median 1.5-37 ms, slowest `GET /api/jobs?status=failed&q=no-such-
-text` at 37 ms (a 10,000-row window of failed jobs, none matching); `/api/queues` 34 ms (14 ms in the run before its
-keyset: whether the keyset or the machine's load moved it was not measured apart; its second page of 2 queues 18
-ms), `/api/failures` 19 ms (20 groups over 100,000 failed jobs), `/api/limits` 10 ms, `/api/workers` 5 ms (its
-second page 5 ms), a job page 2 ms; retry of one job 14 ms, a canary of 10 9 ms, pause 6 ms; a group's bulk retry
-143 ms for the 1,500 jobs of its first request (202, three batches). Before the failure groups were read index-only,
-a plain GROUP BY over the failed jobs took 880 ms (one heap page per failed job) and the existing `queue_stats`
-statement 630 ms (the same); both are why the UI has statements of its own.
+other agents' load, seeded in 108 s): every read's median 1.5-37 ms, slowest `GET
+/api/jobs?status=failed&q=no-such-text` at 37 ms (a 10,000-row window of failed jobs, none matching); `/api/queues`
+34 ms (14 ms in the run before its keyset: whether the keyset or the machine's load moved it was not measured apart;
+its second page of 2 queues 18 ms), `/api/failures` 19 ms (20 groups over 100,000 failed jobs), `/api/limits` 10 ms,
+`/api/workers` 5 ms (its second page 5 ms), a job page 2 ms; retry of one job 14 ms, a canary of 10 9 ms, pause
+6 ms; a group's bulk retry 143 ms for the 1,500 jobs of its first request (202, three batches). Before the failure
+groups were read index-only, a plain GROUP BY over the failed jobs took 880 ms (one heap page per failed job) and
+the existing `queue_stats` statement 630 ms (the same); both are why the UI has statements of its own.
 """
 
 from __future__ import annotations
