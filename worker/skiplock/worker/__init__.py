@@ -36,8 +36,9 @@ from skiplock.exporter import Exporter, serve
 from skiplock.handlers import Handler
 from skiplock.job import Job, Outcome
 from skiplock.listener import Listener
-from skiplock.metrics import TableCollector, TableFetcher, WorkerMetrics
+from skiplock.metrics import TableCollector, WorkerMetrics
 from skiplock.settings import Settings
+from skiplock.store.health import TableReader
 from skiplock.store.run import check_connect
 from skiplock.store.worker import PgWorkerStore
 from skiplock.worker import flow, loops
@@ -343,7 +344,7 @@ class Worker:
         exporter = serve(
             self.registry, s.metrics_host, s.metrics_port, {"/healthz": self._healthy, "/readyz": self._ready}
         )
-        self.registry.register(TableCollector(TableFetcher(s), ttl=max(s.poll_seconds, 5.0)))
+        self.registry.register(TableCollector(TableReader(s), ttl=max(s.poll_seconds, 5.0)))
         log.info("metrics on :%d (/metrics, /healthz, /readyz)", exporter.port, extra={"action": "exporter_up"})
         return exporter
 
