@@ -33,10 +33,12 @@ def _extras(record: logging.LogRecord) -> dict[str, Any]:
 class PlainFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.fromtimestamp(record.created, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-        extras = " ".join(f"{k}={v}" for k, v in _extras(record).items() if k != "action")
+        extras = " ".join(f"{k}={v}" for k, v in _extras(record).items() if k not in ("action", "traceback"))
         line = f"{ts} {record.levelname:<7} {record.name}: {record.getMessage()}"
         if extras:
             line += f" [{extras}]"
+        if tb := getattr(record, "traceback", None):  # a job's traceback: indented below its line
+            line += "\n" + "\n".join("    " + x for x in str(tb).splitlines())
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -48,7 +48,10 @@ def job(row: dict[str, Any]) -> str:
     errors = row.get("errors") or []
     lines.append(f"errors ({len(errors)}, oldest first):" if errors else "errors: none")
     for e in errors:
-        lines.append(f"  #{e.get('attempt')} {e.get('at')} {e.get('worker') or '-'}: {e.get('error')}")
+        attempt = f"attempt {e.get('attempt')}/{row.get('max_attempts')}"
+        lines.append(f"  {attempt} at {e.get('at')} on {e.get('worker') or '-'}: {e.get('error')}")
+        if tb := e.get("traceback"):
+            lines.extend("      " + x for x in str(tb).splitlines())
     return "\n".join(lines)
 
 

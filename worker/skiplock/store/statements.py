@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from skiplock.backoff import backoff_seconds
-from skiplock.errors import EnqueueError, NonRetryableError, format_error
+from skiplock.errors import EnqueueError, NonRetryableError, format_error, format_traceback
 from skiplock.job import CLAIM_ROW, EnqueueManyResult, EnqueueResult, Job, QueueStats, job_from_claim
 from skiplock.limits import TaskLimits, register_params
 from skiplock.settings import Settings
@@ -167,6 +167,8 @@ class Failure:
     error: str
     delay_seconds: float
     retry: bool
+    traceback: str | None = None
+    """Where the error was raised (``format_traceback``), kept in the error history; None: not raised."""
 
     @classmethod
     def from_exception(cls, job: Job, exc: BaseException, settings: Settings) -> Failure:
@@ -177,7 +179,7 @@ class Failure:
             cap=settings.backoff_cap_seconds,
             jitter=settings.backoff_jitter,
         )
-        return cls(job, format_error(exc), delay, retry)
+        return cls(job, format_error(exc), delay, retry, format_traceback(exc))
 
     @property
     def final(self) -> bool:
@@ -189,6 +191,7 @@ def fail_params(failures: Sequence[Failure], worker: str, now: datetime | None) 
         "ids": [f.job.id for f in failures],
         "attempts": [f.job.attempts for f in failures],
         "errors": [f.error for f in failures],
+        "tracebacks": [f.traceback for f in failures],
         "delays": [f.delay_seconds for f in failures],
         "retry": [f.retry for f in failures],
         "worker": worker,
