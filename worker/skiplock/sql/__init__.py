@@ -26,6 +26,7 @@ QUERY_FILES = (
     "demo.sql",
     "drain.sql",
     "ui.sql",
+    "tasks.sql",
 )
 
 
@@ -112,6 +113,7 @@ class Queries:
     retention_xact_lock: LiteralString
     retention_try_xact_lock: LiteralString
     queue_stats: LiteralString
+    queue_done_recently: LiteralString
     queue_set_paused: LiteralString
     session_generic_plans: LiteralString
     session_reset_plans: LiteralString
@@ -124,6 +126,9 @@ class Queries:
     task_limits_register: LiteralString
     task_limits_list: LiteralString
     task_limits_next_start: LiteralString
+    task_register: LiteralString
+    task_find: LiteralString
+    task_names: LiteralString
     server_connection_limits: LiteralString
     session_statement_timeout: LiteralString
     schema_lock: LiteralString

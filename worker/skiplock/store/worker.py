@@ -32,6 +32,7 @@ from skiplock.store.purge import apurge_batch
 from skiplock.store.run import aexecute
 from skiplock.store.schedules import ScheduleSession
 from skiplock.store.statements import Failure, PurgePolicy, Recovered, Statements
+from skiplock.store.tasks import TaskDefaults
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -96,6 +97,7 @@ class WorkerStore(Protocol):
     async def jobs_table_bytes(self) -> int | None: ...
     async def next_start(self, tasks: Sequence[str], queues: Sequence[str]) -> float | None: ...
     async def register_limits(self, limits: Iterable[TaskLimits], *, worker: str) -> list[dict[str, Any]] | None: ...
+    async def register_tasks(self, tasks: Iterable[TaskDefaults], *, app: str, worker: str) -> list[str] | None: ...
 
     # the completer
     async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
@@ -370,6 +372,9 @@ class PgWorkerStore:
 
     async def register_limits(self, limits: Iterable[TaskLimits], *, worker: str) -> list[dict[str, Any]] | None:
         return await self._run("register_limits", self.statements.register_limits(limits, worker))
+
+    async def register_tasks(self, tasks: Iterable[TaskDefaults], *, app: str, worker: str) -> list[str] | None:
+        return await self._run("register_tasks", self.statements.register_tasks(tasks, app, worker))
 
     # ------------------------------------------------------------------ the completer
     async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None:

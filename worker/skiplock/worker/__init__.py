@@ -39,6 +39,7 @@ from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetri
 from skiplock.settings import Settings
 from skiplock.store.run import check_connect
 from skiplock.store.statements import Failure
+from skiplock.store.tasks import defaults_of
 from skiplock.store.worker import PgWorkerStore
 from skiplock.worker import flow, loops
 from skiplock.worker.claimer import Claimer
@@ -270,6 +271,8 @@ class Worker:
         for queue, m in self._bound.items():  # read at each scrape: handler threads start jobs the loop never sees
             m.in_flight.set_function(partial(slots.running_in, queue))
         limits = await flow.register_limits(store, self.app, self.identity) if self.app is not None else ()
+        if self.app is not None:  # each task's queue and defaults, for producers enqueueing by name
+            await store.register_tasks(map(defaults_of, self.app), app=self.app.name, worker=self.identity)
         scope = Scope(store, s, self.identity, self.queues, overrides, limits)
         completer = self._completer = Completer(scope, self._bound, self._observe, slots, self._refill)
         completer.observing = lambda: self.observe is not _ignore

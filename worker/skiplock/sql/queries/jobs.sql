@@ -301,7 +301,8 @@ ORDER BY coalesce(lease_expires_at, locked_at + make_interval(secs => %(lease_se
 LIMIT %(limit)s;
 
 -- name: job_retry_failed
--- Re-drive failed jobs (cancelled ones too only when asked: `statuses`) by ids, or a whole queue, with a fresh set of attempts; keys taken meanwhile are skipped.
+-- Re-drive failed jobs (cancelled ones too only when asked: `statuses`) by ids, or a whole queue, with a fresh set of attempts; keys taken meanwhile are skipped; wakes the workers of their queues at commit.
+WITH retried AS (
 UPDATE {schema}.jobs AS j
 SET status = 'pending', attempts = 0, visible_at = coalesce(%(now)s::timestamptz, now()),
     updated_at = coalesce(%(now)s::timestamptz, now())
@@ -315,7 +316,11 @@ WHERE j.status = ANY(%(statuses)s::text[])
   AND (j.unique_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM {schema}.jobs AS o
         WHERE o.unique_key = j.unique_key AND o.status = ANY (o.unique_states) AND o.id <> j.id))
-RETURNING j.id, j.queue;
+RETURNING j.id, j.queue
+), woke AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM retried) AS q
+)
+SELECT r.id, r.queue, (SELECT count(*) FROM woke) AS notified FROM retried AS r;
 
 -- name: job_cancel
 -- Cancel pending and running jobs (by ids, or a queue, optionally one task) at once, locking in id order: a running handler's completion is then refused by the fence, and the workers are told on the control channel.
