@@ -5,7 +5,6 @@ subcommand and option. Through subprocess, against a real PostgreSQL (and a real
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 from datetime import UTC, datetime
 
