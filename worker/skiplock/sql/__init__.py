@@ -26,6 +26,7 @@ QUERY_FILES = (
     "demo.sql",
     "drain.sql",
     "ui.sql",
+    "autoscale.sql",
     "tasks.sql",
 )
 
@@ -164,6 +165,9 @@ class Queries:
     drain_cancel: LiteralString
     drain_list: LiteralString
     drain_holdings: LiteralString
+    # the operator's wait-time target (queries/autoscale.sql)
+    queue_flow: LiteralString
+    queue_due_soon: LiteralString
     # the web UI's statements (queries/ui.sql)
     ui_queue_stats: LiteralString
     ui_done_last_minute: LiteralString
