@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import re
 import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from skiplock import Queue, Settings
