@@ -204,7 +204,12 @@ def _coerce(name: str, annotation: Any, raw: Any) -> Any:
                 raise ValueError("expected an integer")
             return int(raw)
         if kind == "float":
-            value = parse_duration(raw) if isinstance(raw, str) and is_duration_setting(name) else float(raw)
+            try:
+                value = float(raw)
+            except ValueError:  # a duration with a unit: 90s, 15m, 7d
+                if not (isinstance(raw, str) and is_duration_setting(name)):
+                    raise
+                value = parse_duration(raw)
             if not math.isfinite(value):
                 raise ValueError("expected a finite number")
             return value
