@@ -137,6 +137,7 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[int] | None = None
         self._last_tick = time.monotonic()
+        self._began: float | None = None  # when it started serving (the stop line says how long it ran)
         self._to_release: list[Job] = []
         self._slots: Slots | None = None
         self._store: PgWorkerStore | None = None
@@ -380,12 +381,17 @@ class Worker:
             await self._close_executors()
             await store.close()
             c = self._claimer
+            ran = time.monotonic() - self._began if self._began is not None else 0.0
             log.info(
-                "worker stopped",
+                "worker stopped after %.0f s; %d running job(s) handed back for another worker",
+                ran,
+                self.released,
+                extra={"action": "worker_stopped", "queues": ",".join(self.queues)},
+            )
+            log.debug(
+                "worker claim statistics",
                 extra={
-                    "action": "worker_stopped",
-                    "queues": self.queues,
-                    "released": self.released,
+                    "action": "worker_claims",
                     "claims": c.claims if c is not None else 0,
                     "empty_claims": c.empty_claims if c is not None else 0,
                     "claims_after": c.claims_after if c is not None else 0,
@@ -584,6 +590,7 @@ class Worker:
 
     def _log_started(self) -> None:
         s = self.settings
+        self._began = time.monotonic()
         log.info(
             "worker started",
             extra={
