@@ -322,6 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument(
         "--operator", metavar="ROLE", help="role that migrates, reads stats and purges (becomes the schema's owner)"
     )
+    gr.add_argument(
+        "--ui",
+        metavar="ROLE",
+        help="role of `skiplock ui`: reads everything, retries, cancels, pauses, writes ui_audit",
+    )
     gr.add_argument("--dry-run", action="store_true", help="print the statements, change nothing")
 
     ui = command("ui", "serve the web UI (needs skiplock[ui]; read-only without a token)")
@@ -884,7 +889,7 @@ def cmd_grant(args: argparse.Namespace, settings: Settings) -> int:
     from skiplock import grant
     from skiplock.store.run import check_connect
 
-    roles = {"producer": args.producer, "worker": args.worker, "operator": args.operator}
+    roles = {"producer": args.producer, "worker": args.worker, "operator": args.operator, "ui": args.ui}
     if args.dry_run:
         for statement in grant.grant_sql(settings.schema, **roles):
             print(statement.as_string(None) + ";")

@@ -555,15 +555,20 @@ class Statements:
     def task_names(self) -> Call[list[str]]:
         return Call(self.q.task_names, None, lambda r: [x["name"] for x in r.rows])
 
-    def limits(self, now: datetime | None) -> Call[list[dict[str, Any]]]:
-        return Call(self.q.task_limits_list, {"now": now}, lambda r: r.rows)
+    def limits(self, now: datetime | None, *, after: str = "", limit: int | None = None) -> Call[list[dict[str, Any]]]:
+        """Task limits by name after ``after``, at most ``limit`` of them (None: all)."""
+        return Call(self.q.task_limits_list, {"now": now, "after": after, "limit": limit}, lambda r: r.rows)
 
     def next_start(self, tasks: Sequence[str], queues: Sequence[str], now: datetime | None) -> Call[float | None]:
         params = {"tasks": list(tasks), "queues": list(queues), "now": now}
         return Call(self.q.task_limits_next_start, params, lambda r: r.rows[0]["due_in_seconds"] if r.rows else None)
 
-    def waiting(self, queue: str | None, now: datetime | None) -> Call[list[dict[str, Any]]]:
-        return Call(self.q.queue_waiting, {"queue": queue, "now": now}, lambda r: r.rows)
+    def waiting(
+        self, queue: str | None, now: datetime | None, *, after: str = "", limit: int | None = None
+    ) -> Call[list[dict[str, Any]]]:
+        """Held-back jobs per queue (by name after ``after``, at most ``limit`` queues; None: all) and reason."""
+        params = {"queue": queue, "now": now, "after": after, "limit": limit}
+        return Call(self.q.queue_waiting, params, lambda r: r.rows)
 
     def purge_lock(self, *, wait: bool) -> Call[bool]:
         """The schema's purge lock for the current transaction: waited for (``wait``), or taken only if free."""
