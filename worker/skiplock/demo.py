@@ -185,6 +185,7 @@ def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         execute(conn, STATEMENTS.demo("demo_reset"))
     with Queue(settings=settings) as q:
+        logging.getLogger("skiplock.migrate").setLevel(logging.WARNING)  # the demo's own schema: no news
         q.migrate()
         with psycopg.connect(dsn, autocommit=True) as conn:
             execute(conn, STATEMENTS.demo("demo_receipts_create"))
