@@ -32,14 +32,15 @@ def test_kept_demo_prints_commands_that_work_as_typed(tmp_path: Path) -> None:
         if not k.startswith("SKIPLOCK_") and k not in ("DATABASE_URL", "XDG_RUNTIME_DIR")
     }
     env["TMPDIR"] = str(tmp_path)  # a private data folder for this run's embedded server
-    # the user's shell, as after `make demo`: the virtualenv neither active nor on PATH
+    # as `make demo` runs it: the virtualenv's bin first on the demo's PATH, but not on the user's shell's (where
+    # the printed commands are pasted), and not activated
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep) if d != venv_bin)
     env.pop("VIRTUAL_ENV", None)
     demo = subprocess.run(
         [sys.executable, "-m", "skiplock", "demo", "--jobs", "60", "--workers", "1", "--concurrency", "4", "--keep"],
         cwd=tmp_path,
-        env=env,
+        env=env | {"PATH": venv_bin + os.pathsep + env["PATH"]},
         capture_output=True,
         text=True,
         timeout=240,
