@@ -389,8 +389,8 @@ class Worker:
                 self.released,
                 extra={"action": "worker_stopped", "queues": ",".join(self.queues)},
             )
-            log.debug(
-                "worker claim statistics",
+            log.info(  # for benchmarks (bench/scenario.py reads them), apart from the stop line
+                "claim statistics",
                 extra={
                     "action": "worker_claims",
                     "claims": c.claims if c is not None else 0,
