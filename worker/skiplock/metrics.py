@@ -25,7 +25,10 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 FAILURE_REASONS = ("non_retryable", "exhausted", "unknown_task")
-DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release", "purge", "schedule", "register_limits")
+DB_OPERATIONS = (
+    "claim", "complete", "fail", "heartbeat", "recover", "release", "purge", "schedule", "register_limits",
+    "register_tasks",
+)  # fmt: skip
 WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered", "rate_limit", "completed")
 
 

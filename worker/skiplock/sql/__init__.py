@@ -27,6 +27,7 @@ QUERY_FILES = (
     "drain.sql",
     "ui.sql",
     "autoscale.sql",
+    "tasks.sql",
 )
 
 
@@ -113,6 +114,7 @@ class Queries:
     retention_xact_lock: LiteralString
     retention_try_xact_lock: LiteralString
     queue_stats: LiteralString
+    queue_done_recently: LiteralString
     queue_set_paused: LiteralString
     session_generic_plans: LiteralString
     session_reset_plans: LiteralString
@@ -125,6 +127,9 @@ class Queries:
     task_limits_register: LiteralString
     task_limits_list: LiteralString
     task_limits_next_start: LiteralString
+    task_register: LiteralString
+    task_find: LiteralString
+    task_names: LiteralString
     server_connection_limits: LiteralString
     session_statement_timeout: LiteralString
     schema_lock: LiteralString

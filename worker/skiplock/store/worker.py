@@ -32,6 +32,7 @@ from skiplock.store.purge import apurge_batch
 from skiplock.store.run import aexecute
 from skiplock.store.schedules import ScheduleSession
 from skiplock.store.statements import Failure, PurgePolicy, Recovered, Statements
+from skiplock.store.tasks import TaskDefaults
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -142,6 +143,7 @@ class WorkerStore(ClaimStore, CompleterStore, LeaseStore, Protocol):
     @property
     def streaming_claims(self) -> bool: ...
     async def register_limits(self, limits: Iterable[TaskLimits], *, worker: str) -> list[dict[str, Any]] | None: ...
+    async def register_tasks(self, tasks: Iterable[TaskDefaults], *, app: str, worker: str) -> list[str] | None: ...
 
     # these raise: the caller decides what a failure means (none of them is on the claim path)
     async def stats(
@@ -389,6 +391,9 @@ class PgWorkerStore:
 
     async def register_limits(self, limits: Iterable[TaskLimits], *, worker: str) -> list[dict[str, Any]] | None:
         return await self._run("register_limits", self.statements.register_limits(limits, worker))
+
+    async def register_tasks(self, tasks: Iterable[TaskDefaults], *, app: str, worker: str) -> list[str] | None:
+        return await self._run("register_tasks", self.statements.register_tasks(tasks, app, worker))
 
     # ------------------------------------------------------------------ the completer
     async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None:

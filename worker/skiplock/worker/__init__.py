@@ -40,6 +40,7 @@ from skiplock.metrics import TableCollector, WorkerMetrics
 from skiplock.settings import Settings
 from skiplock.store.health import TableReader
 from skiplock.store.run import check_connect
+from skiplock.store.tasks import defaults_of
 from skiplock.store.worker import PgWorkerStore
 from skiplock.worker import flow, loops
 from skiplock.worker.claimer import Claimer
@@ -116,6 +117,7 @@ class Worker:
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[int] | None = None
         self._last_tick = time.monotonic()
+        self._began: float | None = None  # when it started serving (the stop line says how long it ran)
         # the seams, once built (see _serve): kept for the health checks, the last log line and tests
         self._store: PgWorkerStore | None = None
         self._completer: Completer | None = None
@@ -244,6 +246,8 @@ class Worker:
         executors: Executors | None = None
         try:
             limits = await flow.register_limits(store, self.app, self.identity) if self.app is not None else ()
+            if self.app is not None:  # each task's queue and defaults, for producers enqueueing by name
+                await store.register_tasks(map(defaults_of, self.app), app=self.app.name, worker=self.identity)
             scope = Scope(s, self.identity, self.queues, self.router.lease_overrides(), limits)
             observe = None if self.observe is _ignore else self.observe
             completer = self._completer = Completer(store, scope, bound, wakeup, observe)
@@ -312,11 +316,16 @@ class Worker:
             await store.close()
             stats = self._claimer.stats() if self._claimer is not None else {}
             flushes = self._completer.flushes if self._completer is not None else 0
+            ran = time.monotonic() - self._began if self._began is not None else 0.0
             log.info(
-                "worker stopped",
-                extra={"action": "worker_stopped", "queues": self.queues, "released": self.released, **stats,
-                       "flushes": flushes},
-            )  # fmt: skip
+                "worker stopped after %.0f s; %d running job(s) handed back for another worker",
+                ran,
+                self.released,
+                extra={"action": "worker_stopped", "queues": ",".join(self.queues)},
+            )
+            log.info(  # for benchmarks (bench/scenario.py reads them), apart from the stop line
+                "claim statistics", extra={"action": "worker_claims", **stats, "flushes": flushes}
+            )
         return 0
 
     def _on_stop(self) -> None:
@@ -364,6 +373,7 @@ class Worker:
 
     def _log_started(self) -> None:
         s = self.settings
+        self._began = time.monotonic()
         log.info(
             "worker started",
             extra={

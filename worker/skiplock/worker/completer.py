@@ -20,7 +20,7 @@ from typing import assert_never
 
 from skiplock.app import Task
 from skiplock.backoff import backoff_seconds
-from skiplock.errors import NonRetryableError, Snooze, format_error
+from skiplock.errors import NonRetryableError, Snooze, format_error, format_traceback
 from skiplock.job import Job, Outcome
 from skiplock.metrics import BoundMetrics
 from skiplock.settings import Settings
@@ -67,7 +67,7 @@ def failure_for(job: Job, exc: BaseException, task: Task | None, settings: Setti
         o.backoff_jitter if o and o.backoff_jitter is not None else settings.backoff_jitter,
     )
     delay = backoff_seconds(job.attempts, base=b.base, cap=max(b.cap, b.base), jitter=b.jitter) if retry else 0.0
-    return Failure(job, format_error(exc), delay, retry)
+    return Failure(job, format_error(exc), delay, retry, format_traceback(exc))
 
 
 Observer = Callable[[Job, Outcome], None]
@@ -243,11 +243,15 @@ class Completer:
             warn_lost(job, "failure not recorded: the lease was lost before it was written")
         elif status == "pending":
             self.count(job, "retried" if cause == "failed" else cause)
+            if f.traceback and log.isEnabledFor(logging.DEBUG):  # a retry's traceback at DEBUG only
+                extra["traceback"] = f.traceback
             log.warning("job failed, will retry in %.1fs", f.delay_seconds, extra={"action": "job_retry", **extra})
         else:
             reason = "unknown_task" if cause == "unknown_task" else ("exhausted" if f.retry else "non_retryable")
             self._m[job.queue].failed[reason].inc()
             self.count(job, cause)
+            if f.traceback:
+                extra["traceback"] = f.traceback
             log.error("job failed for good (%s)", reason.replace("_", "-"), extra={"action": "job_failed", **extra})
 
     # ------------------------------------------------------------------ results (from the executors)

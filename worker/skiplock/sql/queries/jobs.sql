@@ -164,7 +164,7 @@ WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
       AND j.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], j.id)] AND j.status = 'done' AND j.locked_by = %(worker)s;
 
 -- name: job_fail
--- Record failed attempts, fenced: back to pending after a per-job delay, or failed when exhausted or final; each appends {{attempt, at, error, worker}} to the error history (the last 20 kept).
+-- Record failed attempts, fenced: back to pending after a per-job delay, or failed when exhausted or final; each appends {{attempt, at, error, worker, traceback}} to the error history (the last 20 kept; no traceback key when none).
 UPDATE {schema}.jobs AS j
 SET status = CASE WHEN f.retry AND j.attempts < j.max_attempts THEN 'pending' ELSE 'failed' END,
     visible_at = CASE WHEN f.retry AND j.attempts < j.max_attempts
@@ -172,13 +172,13 @@ SET status = CASE WHEN f.retry AND j.attempts < j.max_attempts THEN 'pending' EL
                       ELSE j.visible_at END,
     last_error = f.error, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL,
     errors = jsonb_path_query_array(
-        j.errors || jsonb_build_array(jsonb_build_object(
+        j.errors || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
             'attempt', j.attempts, 'at', coalesce(%(now)s::timestamptz, now()),
-            'error', left(f.error, %(history_chars)s), 'worker', %(worker)s)),
+            'error', left(f.error, %(history_chars)s), 'worker', %(worker)s, 'traceback', f.traceback))),
         '$[last - 19 to last]'),
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[], %(delays)s::float8[],
-            %(retry)s::boolean[]) AS f(id, attempts, error, delay, retry)
+            %(retry)s::boolean[], %(tracebacks)s::text[]) AS f(id, attempts, error, delay, retry, traceback)
 WHERE j.id = f.id AND j.attempts = f.attempts AND j.status = (SELECT 'processing'::text)
   AND j.locked_by = %(worker)s
 RETURNING j.id, j.status, j.visible_at;
@@ -301,7 +301,8 @@ ORDER BY coalesce(lease_expires_at, locked_at + make_interval(secs => %(lease_se
 LIMIT %(limit)s;
 
 -- name: job_retry_failed
--- Re-drive failed jobs (cancelled ones too only when asked: `statuses`) by ids, or a whole queue, with a fresh set of attempts; keys taken meanwhile are skipped.
+-- Re-drive failed jobs (cancelled ones too only when asked: `statuses`) by ids, or a whole queue, with a fresh set of attempts; keys taken meanwhile are skipped; wakes the workers of their queues at commit.
+WITH retried AS (
 UPDATE {schema}.jobs AS j
 SET status = 'pending', attempts = 0, visible_at = coalesce(%(now)s::timestamptz, now()),
     updated_at = coalesce(%(now)s::timestamptz, now())
@@ -315,7 +316,11 @@ WHERE j.status = ANY(%(statuses)s::text[])
   AND (j.unique_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM {schema}.jobs AS o
         WHERE o.unique_key = j.unique_key AND o.status = ANY (o.unique_states) AND o.id <> j.id))
-RETURNING j.id, j.queue;
+RETURNING j.id, j.queue
+), woke AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM retried) AS q
+)
+SELECT r.id, r.queue, (SELECT count(*) FROM woke) AS notified FROM retried AS r;
 
 -- name: job_cancel
 -- Cancel pending and running jobs (by ids, or a queue, optionally one task) at once, locking in id order: a running handler's completion is then refused by the fence, and the workers are told on the control channel.

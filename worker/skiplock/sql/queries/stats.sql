@@ -88,3 +88,14 @@ FROM reasons
 GROUP BY queue
 ORDER BY queue
 LIMIT %(limit)s;
+
+-- name: queue_done_recently
+-- Jobs finished as done in the last `seconds`, per queue, from the done index alone, counted up to `cap` in all (the positive confirmation of `skiplock stats`).
+SELECT d.queue, count(*) AS done FROM (
+    SELECT queue FROM {schema}.jobs
+    WHERE status = 'done' AND updated_at > now() - make_interval(secs => %(seconds)s)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+    LIMIT %(cap)s
+) AS d
+GROUP BY d.queue
+ORDER BY d.queue;
