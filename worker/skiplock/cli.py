@@ -24,7 +24,13 @@ from skiplock.errors import ConfigError, DatabaseUnavailableError, PayloadError,
 from skiplock.knobs import KNOBS, Knob
 from skiplock.logs import configure_logging
 from skiplock.settings import Settings, redact
-from skiplock.store.validation import check_queue_name
+from skiplock.store.validation import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_DELAY_SECONDS,
+    PRIORITY_RANGE,
+    check_queue_name,
+    timeout_problem,
+)
 
 log = logging.getLogger(__name__)
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_DATABASE = 0, 1, 2, 3
@@ -57,6 +63,31 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def _bounded(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` within ``low..high`` (the enqueue bounds the database checks too)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not low <= value <= high:  # NaN compares false
+            raise argparse.ArgumentTypeError(f"{text!r} must be within {low:g}..{high:g}")
+        return value
+
+    return parse
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if problem := timeout_problem(value, "the timeout"):
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 
@@ -112,13 +143,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--task", help="task name of the job, as registered with @app.task (default: none)")
     e.add_argument("--payload", required=True, help='the job\'s JSON payload, e.g. \'{"to": "a@b.c"}\'')
-    e.add_argument("--delay", type=_seconds, default=0.0, help="seconds before the job becomes visible")
-    e.add_argument("--priority", type=int, default=0, help="higher runs first (-32768..32767, default 0)")
     e.add_argument(
-        "--max-attempts", type=_positive_int, help="attempts before failed (default SKIPLOCK_MAX_ATTEMPTS or 5)"
+        "--delay",
+        type=_bounded(float, 0, MAX_DELAY_SECONDS),
+        default=0.0,
+        help="seconds before the job becomes visible",
+    )
+    e.add_argument(
+        "--priority",
+        type=_bounded(int, *PRIORITY_RANGE),
+        default=0,
+        help="higher runs first (-32768..32767, default 0)",
+    )
+    e.add_argument(
+        "--max-attempts",
+        type=_bounded(int, 1, MAX_ATTEMPTS_LIMIT),
+        help="attempts before failed (1..1000, default SKIPLOCK_MAX_ATTEMPTS or 5)",
     )
     e.add_argument("--idempotency-key", help="a second enqueue with the same key returns the first job")
-    e.add_argument("--timeout", type=float, dest="timeout_seconds", help="seconds one attempt may run (default none)")
+    e.add_argument(
+        "--timeout",
+        type=_timeout,
+        dest="timeout_seconds",
+        help="seconds one attempt may run (up to a year; default none)",
+    )
     e.add_argument("--serial-key", help="jobs sharing this key run one at a time, in enqueue order (e.g. user:42)")
     e.add_argument(
         "--serial-skip-on-retry",
