@@ -183,7 +183,7 @@ class WaitTarget(Backlog):
     def observe(self, t: int, view: View) -> Observation:
         self.flow.observe(float(t), view.arrived, view.done, view.processing)
         horizon = t + self.spec.pod_startup_seconds
-        load = self.flow.load(float(t), due_soon=sum(1 for d in view.due if d <= horizon))
+        load = self.flow.load(due_soon=sum(1 for d in view.due if d <= horizon))
         return Observation(view.ready, view.processing, view.oldest, load)
 
 

@@ -188,7 +188,7 @@ class Autoscaler(Daemon):
         stats, paused = await pause.sync(rt, self.key, self.body, spec, dsn, stats, self.logger)
         rt.metrics.observe_queues(*self.key, stats)
         self.failures = 0
-        return Poll(stats, due, self.budget, paused, self.flow.load(time.monotonic(), due_soon))
+        return Poll(stats, due, self.budget, paused, self.flow.load(due_soon))
 
     async def hold(self, spec: JobQueueSpec, dsn: str, poll: Poll, deployment: Mapping[str, Any], current: int) -> None:
         """Autoscaling is off (paused, manual replicas, disabled): withdraw a drain, stop listening, say why."""

@@ -31,8 +31,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from skiplock import QueueStats
-from skiplock.errors import DatabaseUnavailableError
+from skiplock import DatabaseUnavailableError, QueueStats
 from skiplock.migrate import amigrate
 from skiplock.schedule import STALE_SECONDS, Fired
 from skiplock.settings import Settings

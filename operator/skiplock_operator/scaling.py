@@ -156,9 +156,8 @@ def demand(obs: Observation, current: int, spec: ScalingSpec, concurrency: int) 
     backlog near zero would scale down, build a backlog, scale up, and flap.
     """
     if spec.wait_mode:
-        wanted = waittarget.replicas(
-            obs.ready, obs.processing, obs.load, spec.target_wait_seconds, spec.pod_startup_seconds, concurrency
-        )
+        target, startup = spec.target_wait_seconds, spec.pod_startup_seconds
+        wanted = waittarget.replicas(obs.ready, obs.processing, obs.load, target, startup, concurrency, current)
     else:
         wanted = max(math.ceil(obs.ready / spec.target_backlog_per_replica), math.ceil(obs.processing / concurrency))
     due_soon = obs.load.due_soon if spec.wait_mode else 0

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from skiplock.errors import ConfigError
+from skiplock import ConfigError
 from skiplock.knobs import KNOBS, Knob, crd_bounds, crd_choices, crd_default, knob
 from skiplock.settings import Settings
 from skiplock_operator.config import Policy

@@ -44,3 +44,20 @@ def test_pre_scaling_models_the_pod_start_up(sim: ModuleType) -> None:
     today = sim.simulate("z", sim.delayed_from_zero, sim.Backlog, cluster, seed=1)
     assert ours.worst_due_to_start_seconds <= 1
     assert today.worst_due_to_start_seconds >= cluster.startup_seconds
+
+
+def test_the_wait_target_holds_steady_load_and_matches_backlog_mode_on_bursts(sim: ModuleType) -> None:
+    """Simulated seconds: no flapping on steady traffic (no more scale events than backlog mode), and the issue's
+    bar on the bursty trace (p99 wait no worse, no more replica-seconds)."""
+    cluster = sim.Cluster()
+
+    def both(trace: str) -> tuple[object, object]:
+        run = [sim.simulate(trace, sim.TRACES[trace], p, cluster, seed=7) for p in (sim.WaitTarget, sim.Backlog)]
+        return run[0], run[1]
+
+    ours, today = both("steady")
+    assert ours.scale_events <= today.scale_events
+    assert ours.p99_wait_seconds <= today.p99_wait_seconds
+    ours, today = both("bursty")
+    assert ours.p99_wait_seconds <= today.p99_wait_seconds
+    assert ours.replica_seconds <= today.replica_seconds
