@@ -360,20 +360,24 @@ def test_two_pending_holders_of_one_unique_key_do_not_stop_the_queue(pg_dsn, sch
 
 def test_a_heartbeat_survives_any_timeout(pg_dsn, schema, settings, queue: Queue):
     """The heartbeat computed `updated_at + timeout`: past about 1e13 s that overflowed ("timestamp out of range")
-    and every lease of the worker expired. Whatever a timeout holds, the leases are renewed."""
-    ids = [queue.enqueue("q", {"n": n}).id for n in range(4)]
-    jobs = queue.claim("q", limit=4, worker="w")
+    and every lease of the worker expired. Whatever a timeout holds, the leases are renewed (100 s after the claim,
+    by the heartbeat's clock: past none of these timeouts)."""
+    timeouts = [1e300, math.inf, math.nan, 1e13, None, float(YEAR)]
+    ids = [queue.enqueue("q", {"n": n}).id for n in range(len(timeouts))]
+    jobs = queue.claim("q", limit=len(ids), worker="w")
     assert sorted(j.id for j in jobs) == sorted(ids)
-    s = Statements(settings)
+    later = datetime.now(UTC) + timedelta(seconds=100)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        held = execute(conn, s.heartbeat(jobs, "w", [30.0] * 4, None, [1e300, math.inf, math.nan, 1e13]))
+        held = execute(conn, Statements(settings).heartbeat(jobs, "w", [30.0] * len(jobs), later, timeouts))
         assert held == set(ids)
         deadlines = conn.execute(
-            sql.SQL("SELECT lease_expires_at - now() FROM {} WHERE status = 'processing'").format(
+            sql.SQL("SELECT lease_expires_at - %s FROM {} WHERE status = 'processing'").format(
                 sql.Identifier(schema, "jobs")
-            )
+            ),
+            (later,),
         ).fetchall()
-    assert len(deadlines) == 4 and all(timedelta(seconds=25) < d[0] <= timedelta(seconds=31) for d in deadlines)
+    assert len(deadlines) == len(ids)
+    assert all(d[0] == timedelta(seconds=30) for d in deadlines), deadlines
 
 
 def test_stats_and_the_operators_backlog_queries_answer_with_infinite_visible_at(pg_dsn, schema, settings, queue):
@@ -457,3 +461,22 @@ def test_the_migration_repairs_rows_written_before_the_bounds(pg_dsn):
     assert rows[duplicate][0] == "failed" and rows[duplicate][3] is None and "unique" in rows[duplicate][5]
     assert rows[done][4] == ["pending", "processing", "done"]
     assert rows[fine][5] is None and rows[fine][1] == 60
+
+
+def test_a_claim_takes_rows_whose_times_python_cannot_read(pg_dsn, schema, queue: Queue):
+    """'-infinity' and BC dates cannot be read by Python: the claim that returned one failed, its jobs leased and
+    stranded until the orphan hand-back, and claimed again. The claim returns them within the bounds."""
+    with _unbound(pg_dsn, schema) as conn:
+        conn.execute(
+            sql.SQL("ALTER TABLE {} DROP CONSTRAINT IF EXISTS jobs_created_at_check").format(
+                sql.Identifier(schema, "jobs")
+            )
+        )
+        odd = [_insert(conn, schema, {"visible_at": v}) for v in ("'-infinity'", "'0044-03-15 BC'")]
+        odd.append(_insert(conn, schema, {"created_at": "'infinity'"}))
+    fine = queue.enqueue("q", {}).id
+    jobs = queue.claim("q", limit=10, worker="w")
+    assert sorted(j.id for j in jobs) == sorted([*odd, fine])
+    floor = datetime(1970, 1, 1, tzinfo=UTC)
+    assert all(j.visible_at is not None and j.visible_at >= floor for j in jobs)
+    assert all(j.created_at is not None and j.created_at <= datetime(3000, 1, 1, tzinfo=UTC) for j in jobs)

@@ -233,13 +233,14 @@ FROM blocked WHERE j.id = blocked.id AND j.status = 'pending'
 RETURNING j.id;
 
 -- name: job_heartbeat
--- Extend the leases of in-flight jobs (each by its own lease, never past its timeout counted from the claim, which set updated_at, a timeout taken within 0..31536000 s, the bound of jobs_timeout_bound_check, so no value overflows; locking in id order and skipping rows being completed, so it never waits or deadlocks); returns the ids whose lease is lost.
+-- Extend the leases of in-flight jobs (each by its own lease, never past its timeout counted from the claim, which set updated_at, a timeout over 31536000 s, the bound of jobs_timeout_bound_check, taken as that bound, so no value overflows; locking in id order and skipping rows being completed, so it never waits or deadlocks); returns the ids whose lease is lost.
 WITH h AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(leases)s::float8[], %(timeouts)s::float8[])
         AS h(id, attempts, lease, timeout)
 ), mine AS (
     SELECT j.id, h.lease,
-           j.updated_at + make_interval(secs => least(greatest(h.timeout, 0), 31536000)) AS timeout_at
+           j.updated_at + make_interval(secs => CASE WHEN h.timeout > 0 THEN least(h.timeout, 31536000) END)
+               AS timeout_at
     FROM {schema}.jobs AS j JOIN h ON j.id = h.id AND j.attempts = h.attempts
     WHERE j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
     ORDER BY j.id
