@@ -75,7 +75,8 @@ def _bounded(kind: type[int] | type[float], low: float, high: float) -> Callable
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
         if not low <= value <= high:  # NaN compares false
-            raise argparse.ArgumentTypeError(f"{text!r} must be within {low:g}..{high:g}")
+            what = "" if kind is int else "a finite number "
+            raise argparse.ArgumentTypeError(f"{text!r} must be {what}>= {low:g} and <= {high:g}")
         return value
 
     return parse

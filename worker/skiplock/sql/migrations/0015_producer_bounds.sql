@@ -76,8 +76,13 @@ WHERE unique_states IS NOT NULL
                    AND unique_states <@ '{{pending,processing,done,failed,cancelled}}'::text[]
                    AND unique_states @> '{{pending,processing}}'::text[], false);
 
--- One ALTER TABLE: the new checks are verified in one scan.
+-- One ALTER TABLE: the new checks are verified in one scan. Dropped first if present, so that running this again
+-- (a schema_migrations row removed by hand) replaces them rather than fails.
 ALTER TABLE {schema}.jobs
+    DROP CONSTRAINT IF EXISTS jobs_timeout_bound_check,
+    DROP CONSTRAINT IF EXISTS jobs_visible_at_check,
+    DROP CONSTRAINT IF EXISTS jobs_created_at_check,
+    DROP CONSTRAINT IF EXISTS jobs_unique_states_check,
     ADD CONSTRAINT jobs_timeout_bound_check
         CHECK (timeout_seconds IS NULL OR (timeout_seconds > 0 AND timeout_seconds <= 31536000)),
     ADD CONSTRAINT jobs_visible_at_check
