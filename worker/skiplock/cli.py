@@ -25,7 +25,14 @@ from skiplock.knobs import KNOBS, Knob
 from skiplock.logs import configure_logging
 from skiplock.settings import Settings, redact
 from skiplock.store.tasks import suggest
-from skiplock.store.validation import check_queue_name, task_name_problem
+from skiplock.store.validation import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_DELAY_SECONDS,
+    PRIORITY_RANGE,
+    check_queue_name,
+    task_name_problem,
+    timeout_problem,
+)
 
 log = logging.getLogger(__name__)
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_DATABASE = 0, 1, 2, 3
@@ -89,6 +96,38 @@ class Parser(argparse.ArgumentParser):
                 if close:
                     return f" (did you mean {close[0]}?)"
         return ""
+
+
+def _bounded(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` within ``low..high`` (the enqueue bounds the database checks too)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not low <= value <= high:  # NaN compares false
+            what = "" if kind is int else "a finite number "
+            raise argparse.ArgumentTypeError(f"{text!r} must be {what}>= {low:g} and <= {high:g}")
+        return value
+
+    return parse
+
+
+def _delay(text: str) -> float:
+    """A duration (units allowed) of at most the enqueue bound."""
+    value = parse_duration(text)
+    if not 0 <= value <= MAX_DELAY_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a duration >= 0 and <= {MAX_DELAY_SECONDS:g} s")
+    return value
+
+
+def _timeout(text: str) -> float:
+    """A duration (units allowed) within the timeout bound the database checks too."""
+    value = _positive_duration(text)
+    if problem := timeout_problem(value, "the timeout"):
+        raise argparse.ArgumentTypeError(problem)
+    return value
 
 
 def _add_common(parser: argparse.ArgumentParser, *, after: bool) -> None:
@@ -185,24 +224,28 @@ def build_parser() -> argparse.ArgumentParser:
     body.add_argument("--payload-file", metavar="PATH", help="read the JSON payload from this file ('-': stdin)")
     e.add_argument(
         "--delay",
-        type=parse_duration,
+        type=_delay,
         default=0.0,
         metavar="DURATION",
         help="wait this long before the job is visible (e.g. 1h)",
     )
-    e.add_argument("--priority", type=int, help="higher runs first (-32768..32767; default: the task's, else 0)")
+    e.add_argument(
+        "--priority",
+        type=_bounded(int, *PRIORITY_RANGE),
+        help="higher runs first (-32768..32767; default: the task's, else 0)",
+    )
     e.add_argument(
         "--max-attempts",
-        type=_positive_int,
-        help="attempts before the job is failed (default: the task's, else SKIPLOCK_MAX_ATTEMPTS or 5)",
+        type=_bounded(int, 1, MAX_ATTEMPTS_LIMIT),
+        help="attempts before the job is failed (1..1000) (default: the task's, else SKIPLOCK_MAX_ATTEMPTS or 5)",
     )
     e.add_argument("--idempotency-key", help="a second enqueue with the same key returns the first job")
     e.add_argument(
         "--timeout",
-        type=_positive_duration,
+        type=_timeout,
         dest="timeout_seconds",
         metavar="DURATION",
-        help="longest run of one attempt (default none)",
+        help="longest run of one attempt (up to a year; default none)",
     )
     e.add_argument("--serial-key", help="jobs sharing this key run one at a time, in enqueue order (e.g. user:42)")
     e.add_argument(
@@ -418,7 +461,10 @@ def check_dsn(dsn: str) -> None:
     try:
         conninfo_to_dict(dsn)
     except ProgrammingError as exc:
-        raise ConfigError(f"the DSN is malformed: {redact(str(exc), dsn)}") from None
+        # libpq's parse error quotes parts of the DSN (a password among them): never echo it
+        raise ConfigError(
+            "the DSN is malformed (expected a URI such as postgresql://user@host:5432/db, or key=value pairs)"
+        ) from None
 
 
 def warn(message: str) -> None:

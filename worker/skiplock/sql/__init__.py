@@ -100,6 +100,7 @@ class Queries:
     job_snooze: LiteralString
     job_release: LiteralString
     job_release_orphans: LiteralString
+    job_fail_unique_blocked: LiteralString
     job_heartbeat: LiteralString
     job_recover_expired: LiteralString
     job_get: LiteralString

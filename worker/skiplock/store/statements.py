@@ -468,6 +468,11 @@ class Statements:
         params = {"worker": worker, "queues": list(queues), "known": list(known), "now": now}
         return Call(self.q.job_release_orphans, params, _ids)
 
+    def fail_unique_blocked(self, queues: Sequence[str]) -> Call[list[int]]:
+        """Fail the pending jobs of ``queues`` that break ``jobs_unique_idx`` when claimed (rows stored outside
+        ``jobs_unique_states_check``): a claim that hit it stops no queue."""
+        return Call(self.q.job_fail_unique_blocked, {"queues": list(queues)}, _ids)
+
     def stats(self, queue: str | None, lease_seconds: float | None, now: datetime | None) -> Call[list[QueueStats]]:
         lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
         params = {"queue": queue, "lease_seconds": lease, "now": now}

@@ -323,7 +323,30 @@ class PgWorkerStore:
         call = self.statements.complete_and_claim(
             done, queues, limit, worker, None, lease_seconds, leases, rotate, limited, after, shares
         )
-        return await self.call("claim", lambda: self._claim(call))
+
+        async def claim() -> tuple[set[int], list[Job]]:
+            try:
+                return await self._claim(call)
+            except psycopg.errors.UniqueViolation as exc:  # retried by call(): first fail the jobs that caused it
+                if exc.diag.constraint_name == "jobs_unique_idx":
+                    await self._fail_unique_blocked(queues)
+                raise
+
+        return await self.call("claim", claim)
+
+    async def _fail_unique_blocked(self, queues: Sequence[str]) -> None:
+        """A claim broke the unique-key index: only a row stored outside ``jobs_unique_states_check`` can make it do
+        that, and it would again on every claim. Those jobs fail, each saying why; the claim is then tried again."""
+        try:
+            failed = await self._raw(self.statements.fail_unique_blocked(queues))
+        except psycopg.Error:
+            return  # the claim's own error is counted; its next try cleans up again
+        if failed:
+            log.warning(
+                "failed %d job(s) whose unique key another job holds (their unique_states lack pending)",
+                len(failed),
+                extra={"action": "unique_blocked", "job_ids": failed},
+            )
 
     async def _claim(self, call: Call[tuple[set[int], list[Job]]]) -> tuple[set[int], list[Job]]:
         """A connection that fails goes back to the pool (which drops it if broken)."""

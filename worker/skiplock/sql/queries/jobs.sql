@@ -212,13 +212,35 @@ WHERE j.status = 'processing' AND j.locked_by = %(worker)s AND j.queue = ANY(%(q
   AND NOT (j.id = ANY(%(known)s::bigint[]))
 RETURNING j.id, j.queue;
 
+-- name: job_fail_unique_blocked
+-- Fail the pending jobs of these queues that no claim can start: their unique_states hold processing but not pending, and another job holds their unique key (or an earlier such job will), so the claim that took one broke jobs_unique_idx and every claim after it too. Only rows stored outside jobs_unique_states_check (a dropped constraint, a restored dump) can be such; a job whose unique_states also hold failed is cancelled instead, so that it stays outside the index.
+WITH entering AS (
+    SELECT id, unique_key FROM {schema}.jobs
+    WHERE status = 'pending' AND queue = ANY(%(queues)s::text[]) AND unique_key IS NOT NULL
+      AND NOT coalesce('pending' = ANY (unique_states), false) AND coalesce('processing' = ANY (unique_states), false)
+), blocked AS (
+    SELECT e.id FROM entering AS e
+    WHERE EXISTS (SELECT 1 FROM {schema}.jobs AS k
+                  WHERE k.unique_key = e.unique_key AND k.id <> e.id AND coalesce(k.status = ANY (k.unique_states), false))
+       OR EXISTS (SELECT 1 FROM entering AS k WHERE k.unique_key = e.unique_key AND k.id < e.id)
+)
+UPDATE {schema}.jobs AS j
+SET status = CASE WHEN 'failed' = ANY (j.unique_states) THEN 'cancelled' ELSE 'failed' END, updated_at = now(),
+    last_error = 'UniqueViolation: another job holds this job''s unique key, and its unique_states ('
+                 || j.unique_states::text || ') lack pending: it could never run'
+FROM blocked WHERE j.id = blocked.id AND j.status = 'pending'
+  AND NOT ('failed' = ANY (j.unique_states) AND 'cancelled' = ANY (j.unique_states))
+RETURNING j.id;
+
 -- name: job_heartbeat
--- Extend the leases of in-flight jobs (each by its own lease, never past its timeout counted from the claim, which set updated_at; locking in id order and skipping rows being completed, so it never waits or deadlocks); returns the ids whose lease is lost.
+-- Extend the leases of in-flight jobs (each by its own lease, never past its timeout counted from the claim, which set updated_at, a timeout over 31536000 s, the bound of jobs_timeout_bound_check, taken as that bound, so no value overflows; locking in id order and skipping rows being completed, so it never waits or deadlocks); returns the ids whose lease is lost.
 WITH h AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(leases)s::float8[], %(timeouts)s::float8[])
         AS h(id, attempts, lease, timeout)
 ), mine AS (
-    SELECT j.id, h.lease, j.updated_at + make_interval(secs => h.timeout) AS timeout_at
+    SELECT j.id, h.lease,
+           j.updated_at + make_interval(secs => CASE WHEN h.timeout > 0 THEN least(h.timeout, 31536000) END)
+               AS timeout_at
     FROM {schema}.jobs AS j JOIN h ON j.id = h.id AND j.attempts = h.attempts
     WHERE j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
     ORDER BY j.id
