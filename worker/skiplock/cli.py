@@ -460,7 +460,7 @@ def check_dsn(dsn: str) -> None:
 
     try:
         conninfo_to_dict(dsn)
-    except ProgrammingError as exc:
+    except ProgrammingError:
         # libpq's parse error quotes parts of the DSN (a password among them): never echo it
         raise ConfigError(
             "the DSN is malformed (expected a URI such as postgresql://user@host:5432/db, or key=value pairs)"
