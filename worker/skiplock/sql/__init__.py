@@ -131,6 +131,11 @@ class Queries:
     task_register: LiteralString
     task_find: LiteralString
     task_names: LiteralString
+    job_enqueue_by_name: LiteralString
+    job_enqueue_unique_by_name: LiteralString
+    job_enqueue_many_by_name: LiteralString
+    job_enqueue_many_unique_by_name: LiteralString
+    job_replace_unique_by_name: LiteralString
     server_connection_limits: LiteralString
     session_statement_timeout: LiteralString
     schema_lock: LiteralString

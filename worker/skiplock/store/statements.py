@@ -363,11 +363,12 @@ class Statements:
         """The insert, and the look-up to run when it returns nothing (a concurrent insert with the same key
         committed after this statement's snapshot)."""
         params = enqueue_params(self.settings, queue, payload, options)
+        by_name = params.get("by_name", False)
         if params.get("unique_key") is not None:
-            return Call(self.q.job_enqueue_unique, params, _enqueued), Call(
-                self.q.job_find_by_unique_key, params, _found
-            )
-        return Call(self.q.job_enqueue, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
+            insert = self.q.job_enqueue_unique_by_name if by_name else self.q.job_enqueue_unique
+            return Call(insert, params, _enqueued), Call(self.q.job_find_by_unique_key, params, _found)
+        insert = self.q.job_enqueue_by_name if by_name else self.q.job_enqueue
+        return Call(insert, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
 
     def enqueue_many(self, queue: str, payloads: Iterable[Any], options: Mapping[str, Any]) -> ManyEnqueue | CopyJobs:
         """Without keys (idempotency or unique), a COPY of the jobs; with keys, one INSERT that skips the taken."""
@@ -377,17 +378,23 @@ class Statements:
             if copies_defaults(params):
                 return CopyJobs(reserve, self.q.job_copy_many_plain, params, plain=True)
             return CopyJobs(reserve, self.q.job_copy_many, params)
-        unique = "unique_states" in params
-        insert = Call(self.q.job_enqueue_many_unique if unique else self.q.job_enqueue_many, params, _rows)
-        find = self.q.job_find_by_unique_keys if unique else self.q.job_find_by_keys
-        return ManyEnqueue(insert, params["payload_keys"], find, params, self.q.job_replace_unique)
+        unique, q = "unique_states" in params, self.q
+        if params.get("by_name"):
+            query = q.job_enqueue_many_unique_by_name if unique else q.job_enqueue_many_by_name
+        else:
+            query = q.job_enqueue_many_unique if unique else q.job_enqueue_many
+        find = q.job_find_by_unique_keys if unique else q.job_find_by_keys
+        return ManyEnqueue(Call(query, params, _rows), params["payload_keys"], find, params, self._replace(params))
 
     def replace_unique(self, params: dict[str, Any]) -> Call[list[int]] | None:
         """After a unique enqueue found its key taken: with ``unique_conflict="replace"``, the update of the
         pending holder (else None)."""
         if not params.get("replace"):
             return None
-        return replace_call(self.q.job_replace_unique, params, [params["unique_key"]], [params["payload"]])
+        return replace_call(self._replace(params), params, [params["unique_key"]], [params["payload"]])
+
+    def _replace(self, params: Mapping[str, Any]) -> Any:
+        return self.q.job_replace_unique_by_name if params.get("by_name") else self.q.job_replace_unique
 
     def complete_and_claim(
         self,
