@@ -160,15 +160,42 @@ def test_schedules_command_syncs_lists_prunes_and_removes(
 
 def test_enqueue_command_unique_flags(pg_dsn: str, schema: str, queue: Any, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--dsn", pg_dsn, "--schema", schema]
-    args = ["enqueue", "--task", "mail", "--payload", '{"to": "a", "n": 1}', "--unique-by", "to", *base]
-    assert main(args) == 0
+    args = [
+        "enqueue",
+        "--task",
+        "mail",
+        "--payload",
+        '{"to": "a", "n": 1}',
+        "--unique-by",
+        "to",
+        "--queue",
+        "mail",
+        *base,
+    ]
+    assert main(args) == 0  # an unregistered task needs its queue (--queue)
     first = capsys.readouterr().out.strip()
     args[4] = '{"to": "a", "n": 2}'
     assert main(args) == 0
     assert capsys.readouterr().out.strip() == f"{first} (duplicate: a job with this key exists)"
     assert main(["enqueue", "--payload", "{}", "--unique-for", "1h", *base]) == 2  # needs --task
     assert (
-        main(["enqueue", "--task", "t", "--payload", "{}", "--unique-key", "k", "--unique-states", "done", *base]) == 2
+        main(
+            [
+                "enqueue",
+                "--task",
+                "t",
+                "--payload",
+                "{}",
+                "--unique-key",
+                "k",
+                "--unique-states",
+                "done",
+                "--queue",
+                "q",
+                *base,
+            ]
+        )
+        == 2
     )
     [stats] = queue.stats()
     assert stats.ready == 1

@@ -102,7 +102,10 @@ def test_drains_finish_every_job_once_with_sane_counters(bench_lines: list[dict[
         assert m["commits_per_job"] > 0 and m["write_tx_per_job"] > 0, name  # not negative noise
     for name in ("drain noop", "drain noop async", "drain noop W=4", "drain write", "drain write async"):
         assert _positive(drains[name]["vs_ceiling"]), name
-    assert drains["drain noop [ceiling]"]["write_tx_per_job"] < drains["drain noop"]["write_tx_per_job"]
+    # counted per transaction, not per statement or per job (how the two compare depends on the batch sizes the
+    # machine's load makes, so each is only held within what one batch of claims and completions can write)
+    for name in ("drain noop [ceiling]", "drain noop"):
+        assert drains[name]["write_tx_per_job"] < 1, name
 
 
 def test_latency_percentiles_are_ordered(bench_lines: list[dict[str, Any]]) -> None:
