@@ -80,3 +80,25 @@ def test_the_six_claim_statements_are_the_ones_the_statements_pick():
     q = queries_for("s")
     assert len(CLAIMS) == 6 and all("k.serial_skip_on_retry" in getattr(q, n) for n in CLAIMS)
     assert all("/* include:" not in getattr(q, n) for n in Queries.__annotations__)
+
+
+def test_each_traced_enqueue_is_its_plain_twin_plus_the_trace_context_column():
+    """sql/queries/traced.sql repeats the enqueue statements with one more column: a change to a plain statement
+    (jobs.sql) must be made to its twin too, or this fails."""
+    from skiplock.sql import _raw_queries
+
+    texts = {s.name: s.text for s in _raw_queries()}
+    twins = [name for name in texts if name.endswith("_traced")]
+    assert sorted(twins) == sorted(
+        f"{n}_traced"
+        for n in ("job_enqueue", "job_enqueue_many", "job_copy_many", "job_enqueue_unique", "job_enqueue_many_unique")
+    )
+
+    def without_trace(text: str) -> str:
+        text = re.sub(r",\s*%\(trace_context\)s::jsonb", "", text)
+        text = re.sub(r",\s*trace_context\b", "", text)
+        return re.sub(r"\s+", " ", text)
+
+    for twin in twins:
+        assert "trace_context" in texts[twin], twin
+        assert without_trace(texts[twin]) == re.sub(r"\s+", " ", texts[twin.removesuffix("_traced")]), twin

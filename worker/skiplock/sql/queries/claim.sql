@@ -114,7 +114,7 @@ WITH done AS (
     -- hash-joined it with a scan of the whole table; with the array the rows are found by primary key.
     WHERE j.id = go.id AND j.id = ANY(ARRAY(SELECT id FROM go)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key
+                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 ), taken AS MATERIALIZED (
     -- flow limits: the slots taken by the runs just claimed (written by primary key below). Every job of `go` is
     -- claimed (its row is locked), with its attempts plus one.
@@ -134,7 +134,7 @@ WITH done AS (
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: job_complete_and_claim_one
 -- The claim of job_complete_and_claim for a worker of one queue: the same completion, lease and columns, with a plain index scan instead of the per-queue round-robin (no window function, sort or rotation).
@@ -236,7 +236,7 @@ WITH done AS (
     -- hash-joined it with a scan of the whole table; with the array the rows are found by primary key.
     WHERE j.id = go.id AND j.id = ANY(ARRAY(SELECT id FROM go)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key
+                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 ), taken AS MATERIALIZED (
     -- flow limits: the slots taken by the runs just claimed (written by primary key below). Every job of `go` is
     -- claimed (its row is locked), with its attempts plus one.
@@ -256,7 +256,7 @@ WITH done AS (
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: job_complete_and_claim_unlimited
 -- job_complete_and_claim for a worker none of whose tasks has a global concurrency or rate limit: the same completion, round-robin, serial keys and lease, without the slot bookkeeping (a third of the planning); jobs of limited tasks are left pending for the workers that know their limits.
@@ -311,11 +311,11 @@ WITH done AS (
             + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)), slot = NULL
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key
+                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: job_complete_and_claim_unlimited_one
 -- job_complete_and_claim_one for a worker none of whose tasks has a global concurrency or rate limit (see job_complete_and_claim_unlimited).
@@ -361,11 +361,11 @@ WITH done AS (
             + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)), slot = NULL
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key
+                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: job_complete_and_claim_one_after
 -- job_complete_and_claim_one from a position in claim order (claim_pick_one_after): the claimer's claim while a backlog drains.
@@ -469,7 +469,7 @@ WITH done AS (
     -- hash-joined it with a scan of the whole table; with the array the rows are found by primary key.
     WHERE j.id = go.id AND j.id = ANY(ARRAY(SELECT id FROM go)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key
+                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 ), taken AS MATERIALIZED (
     -- flow limits: the slots taken by the runs just claimed (written by primary key below). Every job of `go` is
     -- claimed (its row is locked), with its attempts plus one.
@@ -489,7 +489,7 @@ WITH done AS (
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: job_complete_and_claim_unlimited_one_after
 -- job_complete_and_claim_unlimited_one from a position in claim order (claim_pick_one_after).
@@ -537,9 +537,9 @@ WITH done AS (
             + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)), slot = NULL
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key
+                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
