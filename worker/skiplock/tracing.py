@@ -18,6 +18,7 @@ read of one attribute and a countdown (``bench/tracing_cost.py``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -40,46 +41,68 @@ try:
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     _W3C = TraceContextTextMapPropagator()  # traceparent and tracestate only (no baggage in the row)
+    _NO_SDK = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
 except ImportError:  # the extra is not installed: tracing stays off
     trace = None  # type: ignore[assignment]
 
 SYSTEM = "skiplock"
+RECHECK_SECONDS = 1.0
+"""Seconds between two looks for a tracer provider by producers while none is set."""
 RECHECK_JOBS = 256
 """Jobs a worker runs between two looks for a tracer provider while none is set (a provider set after the worker
 started is found within that many jobs)."""
 
 
 class _State:
-    tracer: Tracer | None = None
-    provider: TracerProvider | None = None  # set_tracer_provider's, else the global one
-    countdown = 1  # the first job looks
+    """One instance (attributes of an instance: writing a class attribute would invalidate the type's caches on
+    every job)."""
+
+    __slots__ = ("countdown", "next_look", "provider", "tracer")
+
+    def __init__(self) -> None:
+        self.tracer: Tracer | None = None
+        self.provider: TracerProvider | None = None  # set_tracer_provider's, else the global one
+        self.countdown = 1  # the worker's first job looks
+        self.next_look = 0.0  # the producer's next look (time.monotonic())
+
+
+_state = _State()
 
 
 def set_tracer_provider(provider: TracerProvider | None) -> None:
     """Trace with ``provider`` rather than the global tracer provider (``None``: the global one again), as
     OpenTelemetry's instrumentations take ``tracer_provider=``."""
-    _State.provider = provider
-    _State.tracer = None
-    _State.countdown = 1
+    _state.provider = provider
+    _state.tracer = None
+    _state.countdown = 1
+    _state.next_look = 0.0
 
 
 def _resolve() -> Tracer | None:
     if trace is None:
         return None
-    provider = _State.provider if _State.provider is not None else trace.get_tracer_provider()
-    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+    provider = _state.provider if _state.provider is not None else trace.get_tracer_provider()
+    if isinstance(provider, _NO_SDK):
         return None  # no SDK configured (yet)
     try:
         version: str | None = metadata.version("skiplock")
     except metadata.PackageNotFoundError:
         version = None
-    _State.tracer = provider.get_tracer("skiplock", version)
-    return _State.tracer
+    _state.tracer = provider.get_tracer("skiplock", version)
+    return _state.tracer
 
 
 def tracer() -> Tracer | None:
-    """The tracer, or None while no tracer provider is configured."""
-    return _State.tracer or _resolve()
+    """The tracer, or None while no tracer provider is configured: looked for at most every
+    :data:`RECHECK_SECONDS` (asking OpenTelemetry costs about 2 µs, most of it reading the environment)."""
+    t = _state.tracer
+    if t is not None:
+        return t
+    now = time.monotonic()
+    if now < _state.next_look:
+        return None
+    _state.next_look = now + RECHECK_SECONDS
+    return _resolve()
 
 
 # ---------------------------------------------------------------------------------------------- enqueue
@@ -138,12 +161,12 @@ class Running:
 def start(job: Job) -> Running | None:
     """Before a job's handler runs, on the thread (or task) that runs it: its span, made current. None when no
     tracer provider is configured: a countdown, then a look for one every :data:`RECHECK_JOBS` jobs."""
-    t = _State.tracer
+    t = _state.tracer
     if t is None:
-        _State.countdown -= 1
-        if _State.countdown > 0:
+        _state.countdown -= 1
+        if _state.countdown > 0:
             return None
-        _State.countdown = RECHECK_JOBS
+        _state.countdown = RECHECK_JOBS
         t = _resolve()
         if t is None:
             return None
