@@ -2,7 +2,8 @@
 # Two images from one file, both running the `skiplock` CLI as a numeric non-root user. Build with BuildKit
 # (Docker 23+ default):
 #   docker build -t skiplock:0.1.0 .                                 # the full image (the last stage, `operator`):
-#                                                                    # `skiplock operator` and `skiplock worker`
+#                                                                    # `skiplock operator`, `skiplock worker` and
+#                                                                    # `skiplock ui` (the `ui` extra)
 #   docker build --target worker -t skiplock-worker:0.1.0 .          # workers only: no kopf, no Kubernetes client
 # Handler images extend either: FROM skiplock-worker:0.1.0, COPY your package to /app (on PYTHONPATH).
 #
@@ -71,13 +72,14 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
 # Numeric, so Kubernetes can verify runAsNonRoot without reading /etc/passwd.
 USER 10001:10001
 
-# ---------------------------------------------------------------- operator (default): both entry points
+# ---------------------------------------------------------------- operator (default): every entry point, the UI too
 FROM runtime AS operator
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     python -m pip install --no-cache-dir --no-index --find-links=/wheels --require-hashes --no-deps \
         -r /wheels/operator.lock \
-    && python -m pip install --no-cache-dir --no-index --find-links=/wheels --no-deps "skiplock[operator]" \
+    && python -m pip install --no-cache-dir --no-index --find-links=/wheels --no-deps "skiplock[operator,ui]" \
     && python -m pip check \
     && skiplock --help >/dev/null \
-    && python -c "import kopf, kubernetes, skiplock_operator"
+    && skiplock ui --help >/dev/null \
+    && python -c "import kopf, kubernetes, skiplock_operator, skiplock.ui"
 USER 10001:10001

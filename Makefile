@@ -85,7 +85,7 @@ LOCK = $(BIN)/uv pip compile pyproject.toml --quiet --generate-hashes --universa
 	--custom-compile-command 'make lock' $(LOCK_ARGS)
 lock: $(STAMP)
 	$(BIN)/pip install -q 'uv>=0.5'
-	$(LOCK) --extra operator -o requirements/operator.lock
+	$(LOCK) --extra operator --extra ui -o requirements/operator.lock
 	$(LOCK) --constraint requirements/operator.lock -o requirements/worker.lock
 
 clean:

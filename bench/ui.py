@@ -13,13 +13,15 @@ By default a private PostgreSQL (pgserver's binaries, stock settings) is started
 (``--reuse`` then skips the seeding). JSON lines (one per call, then a summary) go to stdout after the table and
 to ``bench/results/ui-<time>.jsonl``.
 
-Last run (``make bench-ui``, a private PostgreSQL 16 of pgserver, stock settings, on the shared 2-core machine,
-seeded in 89 s): every read's median 1.7-27 ms, slowest `GET /api/jobs?status=failed&q=no-such-text` at 27 ms
-(a 10,000-row window of failed jobs, none matching); `/api/queues` 14 ms, `/api/failures` 19 ms (20 groups over
-100,000 failed jobs), a job page 4 ms; retry of one job 6 ms, a canary of 10 7 ms, pause 3 ms; a group's bulk
-retry 109 ms for the 2,000 jobs of its first request (202, four batches). Before the failure groups were read
-index-only, a plain GROUP BY over the failed jobs took 880 ms (one heap page per failed job) and the existing
-`queue_stats` statement 630 ms (the same); both are why the UI has statements of its own.
+Last run (``make bench-ui``, a private PostgreSQL 16 of pgserver, stock settings, on the shared 2-core machine under
+other agents' load, seeded in 108 s): every read's median 1.5-37 ms, slowest `GET
+/api/jobs?status=failed&q=no-such-text` at 37 ms (a 10,000-row window of failed jobs, none matching); `/api/queues`
+34 ms (14 ms in the run before its keyset: whether the keyset or the machine's load moved it was not measured apart;
+its second page of 2 queues 18 ms), `/api/failures` 19 ms (20 groups over 100,000 failed jobs), `/api/limits` 10 ms,
+`/api/workers` 5 ms (its second page 5 ms), a job page 2 ms; retry of one job 14 ms, a canary of 10 9 ms, pause
+6 ms; a group's bulk retry 143 ms for the 1,500 jobs of its first request (202, three batches). Before the failure
+groups were read index-only, a plain GROUP BY over the failed jobs took 880 ms (one heap page per failed job) and
+the existing `queue_stats` statement 630 ms (the same); both are why the UI has statements of its own.
 """
 
 from __future__ import annotations
@@ -141,6 +143,7 @@ def run(dsn: str, repeat: int) -> list[dict[str, Any]]:
         reads = [
             "/api/queues",
             "/queues",
+            "/api/queues?after=q1&limit=2",
             "/api/jobs",
             "/jobs",
             "/api/jobs?status=failed",
@@ -165,6 +168,7 @@ def run(dsn: str, repeat: int) -> list[dict[str, Any]]:
             "/limits",
             "/api/workers",
             "/workers",
+            "/api/workers?after=0:w1&limit=2",
             "/api/audit",
             "/audit",
         ]

@@ -3,7 +3,8 @@
 #
 # The chart renders them from templates/crds.yaml (behind crds.enabled, with the keep policy behind
 # crds.keep), so they cannot live in the chart's crds/ folder, which Helm never templates.
-# tests/chart/test_crds.py fails when the copies drift; run this script after every CRD change.
+# tests/chart/test_crds.py fails when the copies drift; run this script after every CRD change
+# (tools/gen-crd-knobs.py, which writes the worker-setting properties from the knob table, runs it).
 #   tools/sync-crds.sh          copy (and remove copies whose source is gone)
 #   tools/sync-crds.sh --check  report drift and exit 1, change nothing
 set -euo pipefail

@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import Any
 
-from skiplock.errors import ConfigError
+from skiplock import ConfigError
 
 __all__ = ["run", "serve"]
 
@@ -60,7 +60,7 @@ def _process_metrics(port: int | None) -> Any:
     """One metrics object per process (a registry refuses the same names twice); the exporter starts once."""
     from prometheus_client import REGISTRY
 
-    from skiplock.metrics import serve as serve_metrics
+    from skiplock.exporter import serve as serve_metrics
     from skiplock_operator.metrics import OperatorMetrics
 
     if id(REGISTRY) not in _METRICS:

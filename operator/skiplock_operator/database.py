@@ -31,15 +31,14 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from skiplock import QueueStats
-from skiplock.errors import DatabaseUnavailableError
+from skiplock import DatabaseUnavailableError, QueueStats
 from skiplock.migrate import amigrate
-from skiplock.schedule import Fired
+from skiplock.schedule import STALE_SECONDS, Fired
 from skiplock.settings import Settings
 from skiplock.store.purge import apurge_batch
 from skiplock.store.run import aexecute
 from skiplock.store.schedules import fire_due
-from skiplock.store.statements import PurgePolicy, Statements
+from skiplock.store.statements import FlowCursor, PurgePolicy, Statements
 from skiplock_operator.scaling import connection_budget
 
 log = logging.getLogger(__name__)
@@ -416,6 +415,32 @@ class Databases:
         async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> dict[str, tuple[int, float]]:
             async with conn.transaction():
                 return await aexecute(conn, s.drain_holdings(queues))
+
+        return await self._call(user, (dsn, schema), read)
+
+    async def flow(
+        self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], cursor: FlowCursor | None
+    ) -> tuple[int, int, FlowCursor]:
+        """Jobs of ``queues`` enqueued ready and jobs done since ``cursor`` (the previous call's; None: count
+        nothing, only start), and the cursor for the next call."""
+        call = _statements(schema).queue_flow(queues, cursor)
+
+        async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> tuple[int, int, FlowCursor]:
+            async with conn.transaction():
+                return await aexecute(conn, call)
+
+        return await self._call(user, (dsn, schema), read)
+
+    async def due_soon(
+        self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], horizon: float
+    ) -> tuple[int, float | None]:
+        """Delayed jobs and live schedules of ``queues`` due within ``horizon`` seconds, and the seconds until the
+        first of either (None when none waits)."""
+        call = _statements(schema).queue_due_soon(queues, horizon, STALE_SECONDS)
+
+        async def read(conn: psycopg.AsyncConnection[Any], _: _Entry) -> tuple[int, float | None]:
+            async with conn.transaction():
+                return await aexecute(conn, call)
 
         return await self._call(user, (dsn, schema), read)
 

@@ -1,4 +1,4 @@
-"""kopf decorators only: each body delegates to :mod:`skiplock_operator.reconcile`.
+"""kopf decorators only: each body delegates to its concern's module (reconcile, autoscaler, schedules, retention).
 
 Handlers are registered on an explicit registry (``register``), so tests and ``run()`` build the same
 operator. Handlers return None: kopf would store return values under ``status.<handler>``.
@@ -11,7 +11,7 @@ from typing import Any
 
 import kopf
 
-from skiplock_operator import reconcile, retention, schedules
+from skiplock_operator import autoscaler, reconcile, retention, runtime, schedules
 from skiplock_operator.config import GROUP, KIND, PLURAL, VERSION, OperatorConfig
 from skiplock_operator.k8s import DSN_LABEL, Kube
 from skiplock_operator.metrics import OperatorMetrics
@@ -80,14 +80,14 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
     @kopf.on.startup(registry=registry, id="startup")
     async def startup(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         kube = await Kube.connect(config.server, insecure=config.insecure)
-        memo.runtime = reconcile.Runtime(config, kube, metrics)
+        memo.runtime = runtime.Runtime(config, kube, metrics)
         logger.info("skiplock operator started")
 
     @kopf.on.cleanup(registry=registry, id="cleanup")
     async def cleanup(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-        runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
-        if runtime is not None:
-            await runtime.close()
+        rt: runtime.Runtime | None = getattr(memo, "runtime", None)
+        if rt is not None:
+            await rt.close()
         logger.info("skiplock operator stopped")
 
     @kopf.on.resume(*resource, registry=registry, id="reconcile")
@@ -105,19 +105,19 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
         @kopf.on.event("apps", "v1", "deployments", registry=registry, id="owned", labels={MANAGED_BY: MANAGER})
         def owned_deployment(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             """Drift correction: a change to a Deployment we own wakes its JobQueue, whose poll undoes it."""
-            runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
+            rt: runtime.Runtime | None = getattr(memo, "runtime", None)
             for ref in body.get("metadata", {}).get("ownerReferences") or []:
-                if runtime is not None and ref.get("controller") and ref.get("kind") == KIND:
-                    runtime.owned_deployment_changed(body["metadata"]["namespace"], ref["name"])
+                if rt is not None and ref.get("controller") and ref.get("kind") == KIND:
+                    rt.owned_deployment_changed(body["metadata"]["namespace"], ref["name"])
 
     if config.watch_secrets:
 
         @kopf.on.event("", "v1", "secrets", registry=registry, id="dsn-secret", labels={DSN_LABEL: "true"})
         def dsn_secret(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
             """A rotated DSN is used at once: the cached value goes and the JobQueues that read it wake."""
-            runtime: reconcile.Runtime | None = getattr(memo, "runtime", None)
-            if runtime is not None:
-                runtime.secret_changed(body["metadata"]["namespace"], body["metadata"]["name"])
+            rt: runtime.Runtime | None = getattr(memo, "runtime", None)
+            if rt is not None:
+                rt.secret_changed(body["metadata"]["namespace"], body["metadata"]["name"])
 
     @kopf.daemon(*resource, registry=registry, id="schedules", cancellation_backoff=1.0, cancellation_timeout=5.0)
     async def fire_schedules(
@@ -130,7 +130,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: O
     async def autoscale(
         body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any
     ) -> None:
-        await reconcile.Autoscaler(memo.runtime, body, logger).run(stopped)
+        await autoscaler.Autoscaler(memo.runtime, body, logger).run(stopped)
 
     @kopf.daemon(*resource, registry=registry, id="retention", cancellation_backoff=1.0, cancellation_timeout=5.0)
     async def purge(

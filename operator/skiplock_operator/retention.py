@@ -22,21 +22,18 @@ import kopf
 
 from skiplock.store.statements import PurgePolicy
 from skiplock_operator.database import DatabaseProblem
-from skiplock_operator.reconcile import Runtime, SecretProblem, key_of, read_dsn, wait
-from skiplock_operator.spec import InvalidSpecError, JobQueueSpec, parse_spec, policy_violations
+from skiplock_operator.runtime import Daemon, Runtime, SecretProblem, wait
+from skiplock_operator.spec import JobQueueSpec
 
 BATCH = 1000
 """Rows per status per batch: one batch stays well within the operator's statement timeout."""
-IDLE_SECONDS = 5.0
-"""How soon an invalid spec or a turned-off purge is looked at again."""
 RETRY_SECONDS = 300.0
 """A failed round is tried again after this long at most (sooner when the interval is shorter)."""
 
 
-class Retention:
+class Retention(Daemon):
     def __init__(self, rt: Runtime, body: kopf.Body, logger: logging.Logger | Any) -> None:
-        self.rt, self.body, self.logger = rt, body, logger
-        self.key = key_of(body)
+        super().__init__(rt, body, logger)
         self.user = (*self.key, "retention")  # shares the JobQueue's connection, released on its own
         self.failing = False
 
@@ -52,12 +49,9 @@ class Retention:
 
     async def step(self, stopped: Any) -> float:
         """One round if one is due; returns the seconds until the next look."""
-        try:
-            spec = parse_spec(self.body.get("spec"))
-        except InvalidSpecError:
-            return IDLE_SECONDS  # the reconcile handler reports it
-        if policy_violations(spec, self.rt.config.policy) or not spec.purge_interval_seconds:
-            return IDLE_SECONDS
+        spec = self.allowed()
+        if spec is None or not spec.purge_interval_seconds:
+            return self.IDLE_SECONDS
         try:
             await self.purge(spec, stopped)
         except (SecretProblem, DatabaseProblem) as exc:
@@ -70,7 +64,7 @@ class Retention:
 
     async def purge(self, spec: JobQueueSpec, stopped: Any) -> Counter[str]:
         """Batches until one comes back short, another purger holds the lock, or the daemon stops."""
-        dsn = await read_dsn(self.rt, self.key, spec)
+        dsn = await self.dsn(spec)
         policy = PurgePolicy.retention(spec.worker_settings())
         total: Counter[str] = Counter()
         while not stopped:

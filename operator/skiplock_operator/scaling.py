@@ -1,11 +1,12 @@
 """Pure replica math: backlog in, desired replicas out (no I/O, no clocks; ``now`` is passed in).
 
-The policy, in order: ``ceil(ready / targetBacklogPerReplica)``, but never fewer replicas than the jobs
-in flight keep busy (``ceil(processing / concurrency)``); stay at zero until the ready backlog reaches the
-activation threshold; one more replica than now when the oldest ready job waited longer than
-``maxOldestReadyAgeSeconds``; clamp to [min, max]; cap by the connection budget. Scale-ups apply at once;
-a scale-down applies only when every recommendation of the stabilization window agrees (the highest one
-wins, as the HPA does).
+The policy, in order: ``ceil(ready / targetBacklogPerReplica)`` (or, with ``targetWaitSeconds``, the replicas
+:mod:`skiplock_operator.waittarget` derives from the arrival rate, service time, backlog and due-soon work),
+but never fewer replicas than the jobs in flight keep busy (``ceil(processing / concurrency)``); stay at zero
+until the ready backlog reaches the activation threshold; one more replica than now when the oldest ready job
+waited longer than ``maxOldestReadyAgeSeconds``; clamp to [min, max]; cap by the connection budget. Scale-ups
+apply at once; a scale-down applies only when every recommendation of the stabilization window agrees (the
+highest one wins, as the HPA does).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from skiplock.settings import WORKER_EXTRA_CONNECTIONS
+from skiplock_operator import waittarget
 
 DEFAULT_BUDGET_PERCENT = 80
 """``connectionBudget: 0`` means this share of the server's max_connections, minus its reserved connections."""
@@ -32,7 +34,11 @@ STABILIZING = "Stabilizing"
 BELOW_ACTIVATION = "BelowActivation"
 STEADY = "Steady"
 PAUSED = "Paused"
+WAIT_TARGET = "WaitTarget"
+DUE_SOON = "DueSoon"
 REASONS = (
+    WAIT_TARGET,
+    DUE_SOON,
     ACTIVATED,
     BACKLOG_GREW,
     OLDEST_READY_AGE,
@@ -62,6 +68,14 @@ class ScalingSpec:
     connection_budget: int = 0
     scale_in_drain_seconds: float = 300.0
     """Longest wait for the pods chosen to go to finish their jobs before replicas drop (0: no wait, no drain)."""
+    target_wait_seconds: float = 0.0
+    """Wait-time target (0: backlog mode, ``targetBacklogPerReplica``); see :mod:`skiplock_operator.waittarget`."""
+    pod_startup_seconds: float = 15.0
+    """How long a new worker pod takes to claim; the wait target budgets for it and pre-scales this far ahead."""
+
+    @property
+    def wait_mode(self) -> bool:
+        return self.target_wait_seconds > 0
 
 
 @dataclass(frozen=True)
@@ -99,6 +113,8 @@ class Observation:
     ready: int
     processing: int = 0
     oldest_ready_age_seconds: float = 0.0
+    load: waittarget.Load = field(default_factory=waittarget.Load)
+    """Arrival rate, service time and due-soon work (read in wait-target mode only)."""
 
 
 @dataclass(frozen=True)
@@ -139,8 +155,13 @@ def demand(obs: Observation, current: int, spec: ScalingSpec, concurrency: int) 
     them, ``ceil(processing / concurrency)``. Without that floor a steady load that keeps the ready
     backlog near zero would scale down, build a backlog, scale up, and flap.
     """
-    wanted = max(math.ceil(obs.ready / spec.target_backlog_per_replica), math.ceil(obs.processing / concurrency))
-    if current == 0 and obs.processing == 0 and obs.ready < spec.activation_backlog:
+    if spec.wait_mode:
+        target, startup = spec.target_wait_seconds, spec.pod_startup_seconds
+        wanted = waittarget.replicas(obs.ready, obs.processing, obs.load, target, startup, concurrency, current)
+    else:
+        wanted = max(math.ceil(obs.ready / spec.target_backlog_per_replica), math.ceil(obs.processing / concurrency))
+    due_soon = obs.load.due_soon if spec.wait_mode else 0
+    if current == 0 and obs.processing == 0 and obs.ready < spec.activation_backlog and not due_soon:
         wanted = 0
     age_limit = spec.max_oldest_ready_age_seconds
     if age_limit > 0 and obs.ready > 0 and obs.oldest_ready_age_seconds > age_limit and current + 1 > wanted:
@@ -177,16 +198,24 @@ def decide(
         else ""
     )
     seen = f"ready={obs.ready} processing={obs.processing} oldestReadyAge={obs.oldest_ready_age_seconds:.0f}s"
+    if spec.wait_mode:
+        load = obs.load
+        seen += (
+            f" arrivals={load.arrival_rate:.2f}/s service={load.service_seconds:.2f}s dueSoon={load.due_soon}"
+            f" targetWait={spec.target_wait_seconds:g}s"
+        )
 
     if desired > current:
-        if current == 0 and desired > 0 and wanted > 0 and obs.ready >= spec.activation_backlog:
+        if spec.wait_mode and obs.load.due_soon and obs.ready < spec.activation_backlog:
+            reason = DUE_SOON
+        elif current == 0 and desired > 0 and wanted > 0 and obs.ready >= spec.activation_backlog:
             reason = ACTIVATED
         elif aged:
             reason = OLDEST_READY_AGE
         elif wanted < spec.min_replicas:
             reason = MIN_REPLICAS
         else:
-            reason = BACKLOG_GREW
+            reason = WAIT_TARGET if spec.wait_mode else BACKLOG_GREW
         return Decision(current, desired, reason, f"scale {current} -> {desired}: {seen}{budget_note}", limited, kept)
 
     if desired < current:

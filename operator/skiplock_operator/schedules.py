@@ -9,25 +9,18 @@ replicas and the workers fire the same rows safely (a compare-and-set per tick, 
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
-
-import kopf
 
 from skiplock import schedule
 from skiplock_operator.database import DatabaseProblem
-from skiplock_operator.reconcile import Runtime, SecretProblem, key_of, read_dsn, wait
-from skiplock_operator.spec import InvalidSpecError, parse_spec
+from skiplock_operator.runtime import Daemon, SecretProblem, wait
 
 ERROR_WAIT_SECONDS = 5.0
 
 
-class ScheduleFirer:
-    """One JobQueue's tick loop: fire what is due on its queues, sleep until the next tick (at most 30 s)."""
-
-    def __init__(self, rt: Runtime, body: kopf.Body, logger: logging.Logger | Any) -> None:
-        self.rt, self.body, self.logger = rt, body, logger
-        self.key = key_of(body)
+class ScheduleFirer(Daemon):
+    """One JobQueue's tick loop: fire what is due on its queues, sleep until the next tick (at most 30 s).
+    Nothing fires for a JobQueue whose spec is invalid or not allowed by the policy."""
 
     async def run(self, stopped: Any) -> None:
         idle = asyncio.Event()  # never set: only the timeout or the stop ends a wait
@@ -37,13 +30,15 @@ class ScheduleFirer:
 
     async def step(self) -> float:
         """One round; returns the seconds to wait."""
+        spec = self.allowed()
+        if spec is None:
+            return self.IDLE_SECONDS  # the reconcile handler reports why
         try:
-            spec = parse_spec(self.body.get("spec"))
-            dsn = await read_dsn(self.rt, self.key, spec)
+            dsn = await self.dsn(spec)
             fired, next_due = await self.rt.databases.fire_schedules(
                 self.key, dsn, spec.schema, spec.served_queues, spec.worker_settings().channel
             )
-        except (InvalidSpecError, SecretProblem, DatabaseProblem):
+        except (SecretProblem, DatabaseProblem):
             return ERROR_WAIT_SECONDS  # the reconcile handler and the autoscaler report these
         except Exception as exc:  # never end the loop (CancelledError still passes)
             self.rt.metrics.errors.labels("unexpected").inc()

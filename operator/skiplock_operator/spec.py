@@ -6,13 +6,14 @@ correct against a server that skipped them (an old CRD, an emulator) and a unit 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from skiplock.errors import ConfigError
-from skiplock.knobs import KNOBS, Knob, knob
+from skiplock import ConfigError
+from skiplock.knobs import KNOBS, Knob, crd_bounds, crd_choices, crd_default, knob
 from skiplock.settings import Settings
 from skiplock_operator.config import Policy
 from skiplock_operator.scaling import WORKER_CONNECTION_OVERHEAD, ScalingSpec
@@ -20,11 +21,7 @@ from skiplock_operator.scaling import WORKER_CONNECTION_OVERHEAD, ScalingSpec
 METRICS_PORT = 9464
 RESERVED_ENV = re.compile(r"^(SKIPLOCK_|POD_(NAME|NAMESPACE|UID)$)")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
-LOG_FORMATS = ("plain", "json")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 SELECTOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
-MAX_RETENTION_SECONDS = 10 * 365 * 86400
-MAX_PURGE_INTERVAL_SECONDS = 7 * 86400
 
 
 class InvalidSpecError(ValueError):
@@ -45,23 +42,23 @@ class JobQueueSpec:
     operator_dsn_secret_key: str = "dsn"
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
-    schema: str = "skiplock"
-    concurrency: int = 10
-    batch: int = 200
-    prefetch: int = 400
-    lease_seconds: float = 60.0
+    schema: str = crd_default(knob("schema"))
+    concurrency: int = knob("concurrency").default
+    batch: int = knob("batch").default
+    prefetch: int = knob("prefetch").default
+    lease_seconds: float = knob("lease_seconds").default
     heartbeat_seconds: float | None = None
-    poll_seconds: float = 2.0
+    poll_seconds: float = knob("poll_seconds").default
     recover_seconds: float | None = None
-    max_attempts: int = 5
-    backoff_base_seconds: float = 5.0
-    backoff_cap_seconds: float = 3600.0
-    backoff_jitter: float = 1.0
-    shutdown_grace_seconds: float = 30.0
-    listen: bool = True
-    event_loop: str = "auto"
-    log_format: str = "json"
-    log_level: str = "INFO"
+    max_attempts: int = knob("max_attempts").default
+    backoff_base_seconds: float = knob("backoff_base_seconds").default
+    backoff_cap_seconds: float = knob("backoff_cap_seconds").default
+    backoff_jitter: float = knob("backoff_jitter").default
+    shutdown_grace_seconds: float = knob("shutdown_grace_seconds").default
+    listen: bool = crd_default(knob("listen"))
+    event_loop: str = crd_default(knob("event_loop"))
+    log_format: str = crd_default(knob("log_format"))
+    log_level: str = crd_default(knob("log_level"))
     replicas: int | None = None
     paused: bool = False
     retain_done_seconds: float = knob("retain_done_seconds").default
@@ -223,40 +220,30 @@ class _Reader:
         return _Reader(self.data.get(key), f"{self.path}.{key}")
 
 
-# The CRD's bounds where they are narrower than the worker's (the knob table holds the worker's).
-CRD_BOUNDS: dict[str, tuple[float, float]] = {
-    "concurrency": (1, 1000),
-    "batch": (1, 1000),
-    "prefetch": (0, 10000),
-    "lease_seconds": (1, 86400),
-    "heartbeat_seconds": (0.01, 43200),
-    "poll_seconds": (0.01, 3600),
-    "recover_seconds": (0.01, 86400),
-    "max_attempts": (1, 1000),
-    "backoff_base_seconds": (0.01, 86400),
-    "backoff_cap_seconds": (0.01, 604800),
-    "backoff_jitter": (0, 1),
-    "shutdown_grace_seconds": (0, 86400),
-    "retain_done_seconds": (60, MAX_RETENTION_SECONDS),
-    "retain_failed_seconds": (60, MAX_RETENTION_SECONDS),
-    "retain_cancelled_seconds": (60, MAX_RETENTION_SECONDS),
-    "purge_interval_seconds": (0, MAX_PURGE_INTERVAL_SECONDS),
-}
-"""Read by :func:`knob_value` and checked against the CRD by a unit test."""
-NUMERIC_KNOBS = tuple(k for k in KNOBS if k.crd and k.type in (int, float))
+SPEC_KNOBS = tuple(k for k in KNOBS if k.crd and k.name not in ("queue", "queues", "app", "handler"))
+"""The worker settings read generically (``queue``, ``queues``, ``app`` and ``handler`` relate: read by hand)."""
 
 
-def knob_value(r: _Reader, k: Knob) -> Any:
-    """One numeric worker setting at ``spec.<k.crd>``: the knob's type and default, the CRD's bounds."""
+def knob_value(r: _Reader, k: Knob, *, required: bool = False) -> Any:
+    """One worker setting at ``spec.<k.crd>``: the knob's type, the CRD's bounds, choices and default."""
     *parents, leaf = (k.crd or "").split(".")
     for parent in parents:
         r = r.child(parent)
-    low, high = CRD_BOUNDS[k.name]
+    default = crd_default(k)
+    if k.type is bool:
+        return r.flag(leaf, default)
+    if k.type is str:
+        return r.text(leaf, default, required=required, choices=crd_choices(k))
+    if k.type is tuple:
+        return r.names(leaf)
+    low, high = crd_bounds(k)
     if k.type is int:
-        return r.integer(leaf, k.default, int(low), int(high))
-    if k.default is None:
-        return r.optional_number(leaf, low, high)
-    return r.number(leaf, k.default, low, high)
+        return r.integer(leaf, default, int(low if low is not None else -(2**63)), int(high or 2**63))
+    lower = -math.inf if low is None else low
+    upper = math.inf if high is None else high
+    if default is None:
+        return r.optional_number(leaf, lower, upper)
+    return r.number(leaf, default, lower, upper)
 
 
 def settings_error(message: str) -> str:
@@ -284,6 +271,8 @@ def parse_scaling(r: _Reader) -> ScalingSpec:
         polling_interval_seconds=r.number("pollingIntervalSeconds", d.polling_interval_seconds, 0.1, 300),
         connection_budget=r.integer("connectionBudget", d.connection_budget, 0, 100_000),
         scale_in_drain_seconds=r.number("scaleInDrainSeconds", d.scale_in_drain_seconds, 0, 86400),
+        target_wait_seconds=r.number("targetWaitSeconds", d.target_wait_seconds, 0, 86400),
+        pod_startup_seconds=r.number("podStartupSeconds", d.pod_startup_seconds, 0, 3600),
     )
     if s.min_replicas > s.max_replicas:
         raise InvalidSpecError(
@@ -298,12 +287,12 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
     d = JobQueueSpec(queue="", handler="", image="", dsn_secret_name="")
     secret = r.child("dsnSecretRef")
     operator_secret = r.child("operatorDsnSecretRef")
-    queues = r.names("queues")
-    handler, app = r.text("handler"), r.text("app")
+    queues = knob_value(r, knob("queues"))
+    handler, app = knob_value(r, knob("handler")), knob_value(r, knob("app"))
     if not handler and not app:
         raise InvalidSpecError("spec.handler or spec.app is required")
     parsed = JobQueueSpec(
-        queue=r.text("queue", required=not queues) or queues[0],
+        queue=knob_value(r, knob("queue"), required=not queues) or queues[0],
         handler=handler,
         app=app,
         queues=queues,
@@ -316,14 +305,9 @@ def parse_spec(spec: Mapping[str, Any] | None) -> JobQueueSpec:
         image_pull_secrets=tuple(
             _Reader(s, "spec.imagePullSecrets[]").text("name", required=True) for s in r.objects("imagePullSecrets")
         ),
-        schema=r.text("schema", d.schema),
-        listen=r.flag("listen", d.listen),
-        event_loop=r.text("eventLoop", d.event_loop, choices=knob("event_loop").choices),
-        log_format=r.text("logFormat", d.log_format, choices=LOG_FORMATS),
-        log_level=r.text("logLevel", d.log_level, choices=LOG_LEVELS),
         replicas=r.integer("replicas", None, 0, 1000),
         paused=r.flag("paused", d.paused),
-        **{k.name: knob_value(r, k) for k in NUMERIC_KNOBS},
+        **{k.name: knob_value(r, k) for k in SPEC_KNOBS},
         scaling=parse_scaling(r.child("scaling")),
         resources=r.mapping("resources"),
         env=r.objects("env"),

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
 from typing import Any
 
 import pytest
 
-from chart.chartlib import Render, Template, of_kind, only
+from chart.chartlib import ROOT, Render, Template, of_kind, only
+from skiplock.cli import build_parser
 
 ON = ("--set", "ui.enabled=true", "--set", "ui.dsnSecretRef.name=queue-db")
 
@@ -102,3 +105,23 @@ def test_the_ui_image_can_be_its_own(render: Render) -> None:
     docs = render(*ON, "--set", "ui.image.repository=registry.example/skiplock-ui", "--set", "ui.image.tag=1.2.3")
     assert container(docs)["image"] == "registry.example/skiplock-ui:1.2.3"
     assert only([d for d in ui_objects(docs) if d["kind"] == "Deployment"], "Deployment")["spec"]["replicas"] == 1
+
+
+def test_the_default_image_provides_the_command_the_ui_deployment_runs(render: Render) -> None:
+    """The UI pod runs with the chart's default image: the Dockerfile's default (last) stage installs the `ui`
+    extra, the command is that image's `skiplock` entry point, and its `ui` subcommand takes every argument the
+    chart passes (all of them switched on)."""
+    docs = render(*ON, "--set", "ui.tokenSecretRef.name=ui-token", "--set", "ui.hidePayloads=true")
+    c = container(docs)
+    operator = next(d for d in of_kind(docs, "Deployment") if not d["metadata"]["name"].endswith("-ui"))
+    assert c["image"] == operator["spec"]["template"]["spec"]["containers"][0]["image"], "the chart's one image"
+    stages = re.split(r"^FROM ", (ROOT / "Dockerfile").read_text(), flags=re.MULTILINE)
+    default_stage = stages[-1]
+    installed = re.findall(r'--no-deps "skiplock\[([\w,]+)\]"', default_stage)
+    assert installed and "ui" in installed[0].split(","), "the default image installs skiplock[ui]"
+    assert "skiplock ui --help" in default_stage, "the build runs the UI's command once"
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert c["command"][0] in scripts, "the command is the wheel's console script"
+    args = build_parser().parse_args([*c["command"][1:], *c["args"]])
+    assert args.command == "ui" and args.hide_payloads is True
+    assert args.token_file == "/var/run/skiplock/token/token" and args.port == 8080

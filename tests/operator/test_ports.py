@@ -9,7 +9,7 @@ import sys
 
 from prometheus_client import CollectorRegistry
 
-from skiplock.metrics import serve
+from skiplock.exporter import serve
 from skiplock_operator.metrics import OperatorMetrics
 from support.http import status_of
 

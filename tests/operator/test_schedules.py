@@ -63,3 +63,33 @@ async def test_a_queue_without_workers_gets_its_ticks_from_the_operator(
         await await_for(lambda: len(tick_times(pg_dsn, schema)) >= 1, timeout=20, what="a tick from the operator")
         await await_for(lambda: cluster.replicas("ticks") == 1, timeout=10, what="a worker woken by the tick")
         assert (metric(metrics, "skiplock_operator_schedule_ticks_total", **TICKS, result="enqueued") or 0) >= 1
+
+
+async def test_a_jobqueue_the_policy_refuses_fires_no_ticks(
+    pg_dsn: str, schema: str, fresh_schema: str, queue: object, cluster: Cluster
+) -> None:
+    """Every daemon checks the admin's policy: the schedules of a refused JobQueue stay unfired, while an allowed
+    JobQueue with the same schedule (in another schema) gets its ticks in the same time."""
+    from skiplock_operator.config import Policy
+
+    for s in (schema, fresh_schema):
+        assert main(["migrate", "--dsn", pg_dsn, "--schema", s]) == 0
+        assert main(["schedules", "sync", "--app", APP, "--dsn", pg_dsn, "--schema", s]) == 0
+    await cluster.apply_secret("db", pg_dsn)
+    policy = Policy(allowed_images=("registry.example.com/",))
+    async with running_operator(cluster, config={"policy": policy}) as metrics:
+        await cluster.create_jobqueue("refused", jobqueue_spec("ticks", schema))  # example.com/...: not allowed
+        allowed = {**jobqueue_spec("ticks", fresh_schema), "image": "registry.example.com/worker:1"}
+        await cluster.create_jobqueue("allowed", allowed)
+        await await_for(lambda: len(tick_times(pg_dsn, fresh_schema)) >= 2, timeout=20, what="ticks of the allowed")
+        refused = metric(
+            metrics,
+            "skiplock_operator_schedule_ticks_total",
+            namespace=NAMESPACE,
+            jobqueue="refused",
+            result="enqueued",
+        )
+    condition = cluster.condition("refused", "Ready") or {}
+    assert condition.get("reason") == "PolicyViolation"
+    assert tick_times(pg_dsn, schema) == [], "the schedules daemon fired ticks for a JobQueue the policy refuses"
+    assert not refused

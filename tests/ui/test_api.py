@@ -58,8 +58,9 @@ def test_every_read_endpoint_answers_with_the_rows(client: TestClient, queue: Qu
     group = client.get(f"/api/failures/{groups[0]['fingerprint']}").json()
     assert group["group"]["sample_id"] == failed and [j["id"] for j in group["jobs"]] == [failed]
     assert client.get("/api/schedules").json() == {"schedules": [], "next_after": None}
-    assert client.get("/api/limits").json() == {"limits": [], "waiting": []}
-    assert client.get("/api/workers").json() == {"workers": []}
+    empty_limits = {"limits": [], "next_after": None, "waiting": [], "next_waiting_after": None}
+    assert client.get("/api/limits").json() == empty_limits
+    assert client.get("/api/workers").json() == {"workers": [], "next_after": None}
     assert client.get("/api/audit").json() == {"entries": [], "next_before": None}
     for page in (
         "/queues",
@@ -95,6 +96,10 @@ def test_every_read_endpoint_answers_with_the_rows(client: TestClient, queue: Qu
         ("/api/failures/0123456789abcdef", 404, "no failed job has the fingerprint"),
         ("/api/failures?after=garbage", 400, "after must be an integer"),
         ("/api/audit?limit=501", 400, "limit must be between"),
+        ("/api/queues?limit=501", 400, "limit must be between"),
+        ("/api/queues?colour=red", 400, "unknown parameter 'colour'"),
+        ("/api/workers?after=busy", 400, "a workers page's cursor"),
+        ("/api/limits?limit=0", 400, "limit must be between"),
         ("/jobs/abc", 400, "job id must be an integer"),
     ],
 )
@@ -400,3 +405,43 @@ def test_a_bulk_form_out_of_time_sends_itself_again(
     assert client.post(resume[1], data=fields).status_code == 303
     assert set(queue.statuses(ids).values()) == {"pending"}
     assert [r["job_count"] for r in audit_rows(pg_dsn, schema)] == [3]
+
+
+def test_queues_workers_and_limits_are_keyset_paginated(
+    client: TestClient, queue: Queue, pg_dsn: str, schema: str
+) -> None:
+    """Pages of 2 walk every queue, worker and limit once, in order; the pages link to the next one."""
+    names = [f"q{n}" for n in range(5)]
+    for name in names:  # in each queue a job runs and the next of its serial key waits behind it
+        queue.enqueue(name, {}, serial_key=f"k-{name}")
+        queue.enqueue(name, {}, serial_key=f"k-{name}")
+        assert len(queue.claim(name, limit=1, worker=f"w-{name}")) == 1
+    s = sql.Identifier(schema)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.task_limits (task, global_concurrency) "
+                "SELECT 't' || n, n FROM generate_series(1, 5) AS n"
+            ).format(s)
+        )
+
+    def walk(path: str, key: str, field: str, cursor: str) -> list[str]:
+        seen, url = [], f"{path}?limit=2"
+        while url:
+            page = client.get(url).json()
+            assert len(page[key]) <= 2
+            seen += [row[field] for row in page[key]]
+            url = f"{path}?limit=2&{cursor}={page['next_' + cursor]}" if page["next_" + cursor] else ""
+        return seen
+
+    assert walk("/api/queues", "queues", "queue", "after") == names
+    assert walk("/api/workers", "workers", "worker", "after") == [f"w-{n}" for n in names]
+    assert walk("/api/limits", "limits", "task", "after") == [f"t{n}" for n in range(1, 6)]
+    assert walk("/api/limits", "waiting", "queue", "waiting_after") == names
+    first = client.get("/api/queues?limit=2").json()
+    assert [q["processing"] for q in first["queues"]] == [1, 1] and first["next_after"] == "q1"
+    assert 'href="/queues?after=q1&amp;limit=2"' in client.get("/queues?limit=2").text
+    assert 'href="/workers?after=0%3Aw-q1&amp;limit=2"' in client.get("/workers?limit=2").text
+    limits_page = client.get("/limits?limit=2").text
+    assert 'href="/limits?after=t2&amp;limit=2"' in limits_page
+    assert 'href="/limits?waiting_after=q1&amp;limit=2"' in limits_page

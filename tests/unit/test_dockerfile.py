@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 LOCKS = ROOT / "requirements"
-TARGETS = {"worker": "skiplock", "operator": "skiplock[operator]"}
+TARGETS = {"worker": "skiplock", "operator": "skiplock[operator,ui]"}
 """Each image target and the one unhashed thing it installs: our own wheel, built in the builder stage."""
 
 
@@ -362,7 +362,7 @@ def test_the_lock_covers_what_pyproject_requires_and_their_requirements(
     allowed version, and so is every requirement of each pinned package whose metadata is at hand (the test
     environment's, when it has the locked version): what `pip install --no-deps` leaves out must be in the lock."""
     pins = locks[target]
-    extras = {"operator"} if target == "operator" else set()
+    extras = {"operator", "ui"} if target == "operator" else set()
     roots = [r for r in declared(tuple(extras)) if applies(r, extras)]
     queue = [(req, "skiplock (pyproject.toml)") for req in roots]
     seen: set[str] = set()

@@ -8,7 +8,7 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from skiplock.metrics import MAX_CONNECTIONS, REQUEST_TIMEOUT_SECONDS, serve
+from skiplock.exporter import MAX_CONNECTIONS, REQUEST_TIMEOUT_SECONDS, serve
 from support.http import status_of
 from support.pg import wait_for
 

@@ -243,3 +243,38 @@ def test_configuration_reference_is_generated_from_the_table():
     assert committed == module.render(), "docs/configuration.md is stale: run python tools/gen-knob-docs.py"
     for k in KNOBS:
         assert f"`{k.env}`" in committed
+
+
+def gen_crd_knobs() -> Any:
+    spec = importlib.util.spec_from_file_location("gen_crd_knobs", ROOT / "tools" / "gen-crd-knobs.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_crd_knob_has_its_crd_field_entry() -> None:
+    from skiplock.knobs import CRD_FIELDS
+
+    assert set(CRD_FIELDS) == {k.name for k in KNOBS if k.crd}
+
+
+def test_the_checked_in_crd_is_what_the_knob_table_generates() -> None:
+    """tools/gen-crd-knobs.py writes the worker-setting properties; the committed CRD (and the chart's copy) must be
+    current: run `python tools/gen-crd-knobs.py` after changing a knob."""
+    tool = gen_crd_knobs()
+    text = (ROOT / "crds" / "jobqueues.skiplock.io.yaml").read_text()
+    assert tool.generate(text) == text, "crds/ is out of date: run python tools/gen-crd-knobs.py"
+    chart = (ROOT / "charts" / "skiplock" / "crds-src" / "jobqueues.skiplock.io.yaml").read_text()
+    assert chart == text, "the chart's copy is out of date: run tools/sync-crds.sh"
+
+
+def test_the_generator_rewrites_a_hand_edited_knob_field_and_nothing_else() -> None:
+    tool = gen_crd_knobs()
+    text = (ROOT / "crds" / "jobqueues.skiplock.io.yaml").read_text()
+    edited = text.replace("                  maximum: 10000\n", "                  maximum: 99999\n", 1)  # prefetch
+    edited = edited.replace("Pull policy of the worker image.", "(edited)", 1)  # not a knob
+    assert edited.count("99999") == 1 and "(edited)" in edited
+    regenerated = tool.generate(edited)
+    assert "99999" not in regenerated
+    assert "(edited)" in regenerated

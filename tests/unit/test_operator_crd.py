@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from skiplock_operator.scaling import ScalingSpec
-from skiplock_operator.spec import JobQueueSpec, parse_spec
+from skiplock_operator.spec import InvalidSpecError, JobQueueSpec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "jobqueues.skiplock.io.yaml").read_text())
@@ -316,19 +316,28 @@ def test_the_budget_rule_counts_the_connections_a_worker_holds() -> None:
     assert f"budget / (concurrency + {WORKER_CONNECTION_OVERHEAD})" in text
 
 
-def test_the_operator_reads_each_worker_setting_with_the_crds_bounds_and_the_knobs_default() -> None:
-    """spec.py's worker settings come from the knob table; its CRD bounds are the CRD's (a narrowed copy)."""
-    from skiplock_operator.spec import CRD_BOUNDS, NUMERIC_KNOBS
+def test_the_operator_reads_each_worker_setting_with_the_crds_bounds_and_default() -> None:
+    """spec.py reads every worker setting through the knob table (CRD_FIELDS), as the CRD is generated from it."""
+    from skiplock.knobs import crd_bounds, crd_default
+    from skiplock_operator.spec import SPEC_KNOBS
 
-    assert {k.name for k in NUMERIC_KNOBS} == set(CRD_BOUNDS)
-    for k in NUMERIC_KNOBS:
+    parsed = parse_spec({"queue": "q", "handler": "m:f", "image": "i", "dsnSecretRef": {"name": "db"}})
+    for k in SPEC_KNOBS:
         node = SPEC_SCHEMA
         for part in (k.crd or "").split("."):
             node = node["properties"][part]
-        assert (node.get("minimum"), node.get("maximum")) == CRD_BOUNDS[k.name], k.crd
-        assert node.get("description"), k.crd
-        parsed = parse_spec({"queue": "q", "handler": "m:f", "image": "i", "dsnSecretRef": {"name": "db"}})
-        assert getattr(parsed, k.name) == k.default, k.name
+        assert (node.get("minimum"), node.get("maximum")) == crd_bounds(k), k.crd
+        assert node.get("default") == crd_default(k), k.crd
+        expected = crd_default(k) if crd_default(k) is not None else k.default
+        assert getattr(parsed, k.name) == expected, k.name
+    _, high = crd_bounds(next(k for k in SPEC_KNOBS if k.name == "prefetch"))
+    assert high is not None
+    with pytest.raises(InvalidSpecError, match=r"spec\.prefetch must be within 0\.\.10000"):
+        parse_spec({"queue": "q", "handler": "m:f", "image": "i", "dsnSecretRef": {"name": "db"}, "prefetch": high + 1})
+    with pytest.raises(InvalidSpecError, match=r"spec\.logLevel must be one of DEBUG, INFO, WARNING, ERROR"):
+        parse_spec(
+            {"queue": "q", "handler": "m:f", "image": "i", "dsnSecretRef": {"name": "db"}, "logLevel": "CRITICAL"}
+        )
 
 
 def test_cross_field_errors_come_from_settings_in_the_spec_s_words() -> None:

@@ -54,7 +54,7 @@ def test_observed_generation_is_kept_when_not_given() -> None:
 
 
 def test_status_changes_sends_only_what_differs() -> None:
-    from skiplock_operator.reconcile import status_changes
+    from skiplock_operator.runtime import status_changes
 
     ready = (status.READY, True, status.RECONCILED, "ok")
     old = {"desiredReplicas": 2, "conditions": status.set_condition([], *ready)}
@@ -64,7 +64,7 @@ def test_status_changes_sends_only_what_differs() -> None:
 
 
 def test_only_changed_conditions_post_events() -> None:
-    from skiplock_operator.reconcile import transitions
+    from skiplock_operator.runtime import transitions
 
     old = [
         {"type": "Ready", "status": "True", "reason": "Reconciled", "message": "a"},
@@ -79,7 +79,7 @@ def test_only_changed_conditions_post_events() -> None:
 
 
 def test_ownership_is_the_controller_reference() -> None:
-    from skiplock_operator.reconcile import controller_uid
+    from skiplock_operator.workload import controller_uid
 
     assert controller_uid({"metadata": {}}) is None
     refs = [{"uid": "a", "controller": False}, {"uid": "b", "controller": True}]

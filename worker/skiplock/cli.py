@@ -216,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--producer", help="role that enqueues (INSERT, SELECT on jobs)")
     gr.add_argument("--worker", help="role that claims and finishes jobs (UPDATE of the lease columns only)")
     gr.add_argument("--operator", help="role that migrates, reads stats and purges (becomes the schema's owner)")
+    gr.add_argument("--ui", help="role of `skiplock ui`: reads everything, retries, cancels, pauses, writes ui_audit")
     gr.add_argument("--dry-run", action="store_true", help="print the statements, change nothing")
 
     sc = sub.add_parser("schedules", parents=[common], help="periodic tasks: list them with their next run, or sync")
@@ -701,7 +702,7 @@ def cmd_grant(args: argparse.Namespace, settings: Settings) -> int:
     from skiplock import grant
     from skiplock.store.run import check_connect
 
-    roles = {"producer": args.producer, "worker": args.worker, "operator": args.operator}
+    roles = {"producer": args.producer, "worker": args.worker, "operator": args.operator, "ui": args.ui}
     if args.dry_run:
         for statement in grant.grant_sql(settings.schema, **roles):
             print(statement.as_string(None) + ";")

@@ -1,4 +1,5 @@
-"""Least-privilege roles for one schema: producer (enqueue), worker (claim and finish), operator (stats, migrate).
+"""Least-privilege roles for one schema: producer (enqueue), worker (claim and finish), operator (stats, migrate),
+ui (the web UI: read everything, retry, cancel, pause, and write its audit table).
 
 The roles must exist (create them with ``CREATE ROLE ... LOGIN PASSWORD ...``; passwords never pass through
 skiplock). :func:`grant_sql` builds the statements (every name quoted with ``psycopg.sql.Identifier``) and
@@ -28,6 +29,12 @@ also how a role loses a right.
   resume queues (the ``queues`` table, from ``JobQueue.spec.paused``). It needs no ``CREATE`` on the database: migrate
   creates the schema only when it is missing. Changing an owner needs a superuser, or a role that is a member
   of both the current owner and the operator role.
+- ui (``skiplock ui``): ``USAGE`` on the schema, ``SELECT`` on ``schema_migrations``, ``jobs`` (every column: the
+  job page shows payloads and errors), ``schedules``, ``task_limits`` and ``task_slots``; ``UPDATE`` of the
+  columns its actions set (:data:`UI_JOB_COLUMNS`: retry and cancel a job, cancel a failed one); ``SELECT,
+  INSERT, UPDATE`` on ``queues`` (pause and resume); ``SELECT, INSERT`` on ``ui_audit`` and ``UPDATE`` of its
+  count and detail only (an action's progress: an audit row's actor, action and time cannot be rewritten). No
+  ``INSERT`` or ``DELETE`` of jobs, no change of a payload, task, queue or key, no DDL.
 """
 
 from __future__ import annotations
@@ -76,21 +83,30 @@ ENQUEUE_COLUMNS = (
 PRODUCER_READ_COLUMNS = ("id", "queue", "status", "visible_at", "idempotency_key", "unique_key", "unique_states")
 """The columns the producer role may read: what enqueue returns and what finds the live job of a key."""
 
+UI_JOB_COLUMNS = ("status", "attempts", "visible_at", "lease_expires_at", "last_error", "updated_at")
+"""The columns the ui role may update: what retrying and cancelling a job set."""
+
+UI_AUDIT_COLUMNS = ("job_count", "detail")
+"""The audit columns the ui role may update: an action's progress (its count, its keyset cursor)."""
+
 
 def grant_sql(
     schema: str,
     producer: str | None = None,
     worker: str | None = None,
     operator: str | None = None,
+    ui: str | None = None,
 ) -> list[sql.Composed]:
     """The statements that give each named role exactly its privileges on ``schema`` (None: leave it alone)."""
-    if producer is None and worker is None and operator is None:
-        raise ConfigError("grant: name at least one role (producer, worker or operator)")
-    for label, role in (("producer", producer), ("worker", worker), ("operator", operator)):
+    if producer is None and worker is None and operator is None and ui is None:
+        raise ConfigError("grant: name at least one role (producer, worker, operator or ui)")
+    for label, role in (("producer", producer), ("worker", worker), ("operator", operator), ("ui", ui)):
         if role is not None and (not isinstance(role, str) or not role or "\x00" in role or len(role) > 63):
             raise ConfigError(f"grant: {label} role {role!r} is not a valid role name (1..63 characters)")
-    if operator is not None and operator in (producer, worker):
-        raise ConfigError("grant: the operator owns the schema, so it cannot also be the producer or the worker role")
+    if operator is not None and operator in (producer, worker, ui):
+        raise ConfigError(
+            "grant: the operator owns the schema, so it cannot also be the producer, the worker or the ui role"
+        )
     if operator is not None and schema == "public":
         raise ConfigError("grant: will not hand the shared 'public' schema to the operator; keep skiplock in its own")
 
@@ -101,6 +117,7 @@ def grant_sql(
     schedules = sql.Identifier(schema, "schedules")  # periodic tasks: registered by workers, fired by the operator
     # Flow control: workers register their tasks' limits (and the slot rows) at start and take slots when claiming.
     flow = sql.SQL(", ").join(sql.Identifier(schema, t) for t in ("task_limits", "task_slots"))
+    audit = sql.Identifier(schema, "ui_audit")  # the web UI's actions: written by the ui role
     out: list[sql.Composed] = []
     if operator is not None:
         op = sql.Identifier(operator)
@@ -114,14 +131,15 @@ def grant_sql(
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.Identifier(schema, "task_limits"), op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.Identifier(schema, "task_slots"), op),
             sql.SQL("ALTER FUNCTION {}() OWNER TO {}").format(sql.Identifier(schema, "jobs_free_slot"), op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(audit, op),
         ]
     out.append(sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM PUBLIC").format(jobs, versions, queues, schedules))
-    out.append(sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(flow))
-    members = [sql.Identifier(r) for r in dict.fromkeys(r for r in (producer, worker) if r is not None)]
+    out.append(sql.SQL("REVOKE ALL ON {}, {} FROM PUBLIC").format(flow, audit))
+    members = [sql.Identifier(r) for r in dict.fromkeys(r for r in (producer, worker, ui) if r is not None)]
     for member in members:  # converge: start from nothing, then grant exactly
         out += [
             sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM {}").format(jobs, versions, queues, schedules, member),
-            sql.SQL("REVOKE ALL ON {} FROM {}").format(flow, member),
+            sql.SQL("REVOKE ALL ON {}, {} FROM {}").format(flow, audit, member),
             sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(s, member),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, member),
             sql.SQL("GRANT SELECT ON {} TO {}").format(versions, member),
@@ -141,6 +159,16 @@ def grant_sql(
             sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(schedules, w),  # registers its schedules
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(flow, w),
         ]
+    if ui is not None:
+        u = sql.Identifier(ui)
+        out += [
+            sql.SQL("GRANT SELECT ON {}, {} TO {}").format(jobs, schedules, u),
+            sql.SQL("GRANT SELECT ON {} TO {}").format(flow, u),
+            sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(UI_JOB_COLUMNS), jobs, u),
+            sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(queues, u),  # pause, resume
+            sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(audit, u),
+            sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(UI_AUDIT_COLUMNS), audit, u),
+        ]
     return out
 
 
@@ -155,15 +183,16 @@ def apply_grants(
     producer: str | None = None,
     worker: str | None = None,
     operator: str | None = None,
+    ui: str | None = None,
 ) -> list[str]:
     """Run :func:`grant_sql` in one transaction; returns the statements as text (for ``--dry-run`` style output).
 
     Raises :class:`ConfigError` when a role does not exist or the connected role may not grant, and
     :class:`SchemaNotReadyError` when the schema is not migrated. ``conn`` must not be inside a transaction.
     """
-    names = [r for r in (producer, worker, operator) if r is not None]
+    names = [r for r in (producer, worker, operator, ui) if r is not None]
     with conn.transaction():
-        statements = grant_sql(schema, producer, worker, operator)
+        statements = grant_sql(schema, producer, worker, operator, ui)
         s = Statements(Settings(schema=schema))
         found = execute(conn, s.roles_existing(names))
         missing = [r for r in names if r not in found]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 ENV_PREFIX = "SKIPLOCK_"
@@ -209,6 +209,214 @@ def crd_field_problems(k: Knob, field: Mapping[str, Any]) -> list[str]:
         if node.get("pattern") != k.pattern.pattern:
             problems.append(f"{where} pattern {node.get('pattern')!r} is not the worker's {k.pattern.pattern!r}")
     return problems
+
+
+@dataclass(frozen=True)
+class CrdField:
+    """What the JobQueue CRD says about a knob besides its type and pattern (those are the knob's): the field's
+    description, its bounds (narrower than the worker's, never wider), the default where it differs from the
+    worker's (``NO_DEFAULT``: none), the enum where narrower, and extra OpenAPI keys. ``tools/gen-crd-knobs.py``
+    writes the CRD's worker-setting properties from this; the operator parses ``spec`` with it."""
+
+    help: str
+    min: float | None = None
+    max: float | None = None
+    default: Any = None
+    """``None``: the knob's default (if it has one)."""
+    choices: tuple[str, ...] = ()
+    """Narrower than the knob's choices; empty: the knob's."""
+    max_length: int | None = None
+    items_help: str = ""
+    """Array knobs: the description of one item."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+NO_DEFAULT = object()
+"""A CRD field without a default although the worker has one (``queue``: a JobQueue sets queue or queues)."""
+
+CRD_FIELDS: Mapping[str, CrdField] = {
+    "schema": CrdField(
+        "PostgreSQL schema of the jobs table; the operator migrates it before any worker starts.",
+    ),
+    "queue": CrdField(
+        "Queue name the workers claim from (the `queue` column of the jobs table). Set queue or queues (or "
+        "both: queue is then the default queue of the worker's enqueue).",
+        max_length=128,
+        default=NO_DEFAULT,
+    ),
+    "queues": CrdField(
+        "Queues one worker serves from one claim statement; the operator scales on their summed backlog. Each"
+        " name follows the rules of queue; no name twice.",
+        items_help="A queue name (the `queue` column of the jobs table).",
+        max_length=128,
+        extra={"minItems": 1, "maxItems": 64, "x-kubernetes-list-type": "set"},
+    ),
+    "app": CrdField(
+        "Python `module:attr` of a skiplock App whose tasks the workers run (jobs carry the task name); it "
+        "must be importable in the image. Set app, handler, or both.",
+        max_length=256,
+    ),
+    "handler": CrdField(
+        "Python `module:function` the worker calls for each job without a task (the catch-all); it must be "
+        "importable in the image. Set app, handler, or both: with both, task jobs go to the app's tasks and "
+        "the rest to the handler.",
+        max_length=256,
+    ),
+    "concurrency": CrdField(
+        "Jobs in flight at once in one worker pod (its pool holds a few more connections).",
+        min=1,
+        max=1000,
+    ),
+    "batch": CrdField(
+        "Most jobs one claim statement takes (never more than the free slots plus the prefetch buffer's room).",
+        min=1,
+        max=1000,
+    ),
+    "prefetch": CrdField(
+        "Most claimed jobs one worker pod holds waiting for a slot (0 claims only for free slots); never more"
+        " than it starts in 1/20 of a lease.",
+        min=0,
+        max=10000,
+    ),
+    "lease_seconds": CrdField(
+        "How long a claim stays valid without a heartbeat; expired jobs are recovered.",
+        min=1,
+        max=86400,
+    ),
+    "heartbeat_seconds": CrdField(
+        "How often in-flight jobs renew their lease; at most leaseSeconds / 2. Unset: leaseSeconds / 4, so it"
+        " follows the lease.",
+        min=0.01,
+        max=43200,
+    ),
+    "poll_seconds": CrdField(
+        "Worker polling fallback when no NOTIFY arrives; below leaseSeconds.",
+        min=0.01,
+        max=3600,
+    ),
+    "recover_seconds": CrdField(
+        "How often each worker recovers expired leases of its queues. Unset: min(30, leaseSeconds / 2), so it"
+        " follows the lease.",
+        min=0.01,
+        max=86400,
+    ),
+    "backoff_base_seconds": CrdField(
+        "Delay before the first retry.",
+        min=0.01,
+        max=86400,
+    ),
+    "backoff_cap_seconds": CrdField(
+        "Upper bound of one retry delay.",
+        min=0.01,
+        max=604800,
+    ),
+    "backoff_jitter": CrdField(
+        "Fraction of the delay that is random (1 = full jitter, 0 = none).",
+        min=0,
+        max=1,
+    ),
+    "max_attempts": CrdField(
+        "Default attempts of a job enqueued without its own limit, after which it is failed.",
+        min=1,
+        max=1000,
+    ),
+    "shutdown_grace_seconds": CrdField(
+        "On SIGTERM (scale-down, rollout), how long in-flight jobs may finish before they are handed back; "
+        "the pod's terminationGracePeriodSeconds is this plus 10.",
+        min=0,
+        max=86400,
+    ),
+    "retain_done_seconds": CrdField(
+        "How long done jobs are kept (default 7 days).",
+        min=60,
+        max=315360000,
+    ),
+    "retain_failed_seconds": CrdField(
+        "How long failed jobs are kept, to inspect and retry them (default 30 days).",
+        min=60,
+        max=315360000,
+    ),
+    "retain_cancelled_seconds": CrdField(
+        "How long cancelled jobs are kept (default 7 days).",
+        min=60,
+        max=315360000,
+    ),
+    "purge_interval_seconds": CrdField(
+        "How often the operator purges (0 turns the scheduled purge off; `skiplock purge` still works).",
+        min=0,
+        max=604800,
+    ),
+    "listen": CrdField(
+        "Use LISTEN/NOTIFY (workers wake at once; the operator scales from zero at once). Turn off behind "
+        "PgBouncer in transaction mode.",
+    ),
+    "event_loop": CrdField(
+        "The workers' event loop. auto is uvloop where the image has it (skiplock's image does), else "
+        "asyncio's; asyncio is the standard library's, for a handler library that needs it.",
+    ),
+    "log_format": CrdField(
+        "Worker log lines, plain or json.",
+        default="json",
+    ),
+    "log_level": CrdField(
+        "Worker log level.",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+    ),
+}
+"""Knob name -> its JobQueue CRD field; exactly the knobs with a ``crd`` path (a unit test checks it)."""
+
+
+def crd_default(k: Knob) -> Any:
+    """The CRD's default of knob ``k`` (``None``: the field has none)."""
+    spec = CRD_FIELDS[k.name]
+    if spec.default is NO_DEFAULT:
+        return None
+    if spec.default is not None:
+        return spec.default
+    return None if k.default in (None, ()) else k.default
+
+
+def crd_choices(k: Knob) -> tuple[str, ...]:
+    return CRD_FIELDS[k.name].choices or k.choices
+
+
+def crd_bounds(k: Knob) -> tuple[float | None, float | None]:
+    spec = CRD_FIELDS[k.name]
+    return spec.min, spec.max
+
+
+def _plain(x: Any) -> Any:
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
+def crd_node(k: Knob) -> dict[str, Any]:
+    """The OpenAPI v3 schema of knob ``k``'s CRD field, as the CRD holds it (key order included)."""
+    spec = CRD_FIELDS[k.name]
+    node: dict[str, Any] = {"type": OPENAPI_TYPES[k.type], "description": spec.help}
+    if k.type is tuple:
+        item: dict[str, Any] = {"type": "string", "description": spec.items_help}
+        if k.pattern is not None:
+            item["pattern"] = k.pattern.pattern
+        if spec.max_length is not None:
+            item["maxLength"] = spec.max_length
+        node.update(spec.extra)
+        node["items"] = item
+        return node
+    if k.pattern is not None:
+        node["pattern"] = k.pattern.pattern
+    if spec.max_length is not None:
+        node["maxLength"] = spec.max_length
+    if spec.min is not None:
+        node["minimum"] = _plain(spec.min)
+    if spec.max is not None:
+        node["maximum"] = _plain(spec.max)
+    if crd_choices(k):
+        node["enum"] = list(crd_choices(k))
+    node.update(spec.extra)
+    default = crd_default(k)
+    if default is not None:
+        node["default"] = _plain(default)
+    return node
 
 
 def knob_flags() -> dict[str, Knob]:

@@ -27,6 +27,7 @@ QUERY_FILES = (
     "drain.sql",
     "ui.sql",
     "traced.sql",
+    "autoscale.sql",
 )
 
 
@@ -165,6 +166,9 @@ class Queries:
     drain_cancel: LiteralString
     drain_list: LiteralString
     drain_holdings: LiteralString
+    # the operator's wait-time target (queries/autoscale.sql)
+    queue_flow: LiteralString
+    queue_due_soon: LiteralString
     # the web UI's statements (queries/ui.sql)
     ui_queue_stats: LiteralString
     ui_done_last_minute: LiteralString

@@ -7,7 +7,7 @@ transaction, or on a pool connection switched to autocommit for the time of the 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
@@ -66,15 +66,18 @@ def unavailable(exc: BaseException, dsn: str | None) -> DatabaseUnavailableError
     return DatabaseUnavailableError(redact(f"database unavailable: {exc}".strip(), dsn))
 
 
-def pool_options(name: str, max_size: int, connect_timeout: float) -> dict[str, Any]:
-    """Keyword arguments of an owned pool: one statement per call, so autocommit (no BEGIN/COMMIT round trips)."""
+def pool_options(
+    name: str, max_size: int, connect_timeout: float, connection: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Keyword arguments of an owned pool: one statement per call, so autocommit (no BEGIN/COMMIT round trips);
+    ``connection``: more keyword arguments of each connection (``prepare_threshold``, ``application_name``)."""
     return {
         "min_size": 1,
         "max_size": max_size,
         "open": False,
         "name": name,
         "timeout": connect_timeout,
-        "kwargs": {"autocommit": True},
+        "kwargs": {"autocommit": True} | (connection or {}),
     }
 
 
@@ -161,10 +164,21 @@ class AsyncRunner:
         self.settings, self.pool, self.owned = settings, pool, owned
 
     @classmethod
-    async def connect(cls, settings: Settings, *, name: str, max_size: int, connect_timeout: float) -> AsyncRunner:
+    async def connect(
+        cls,
+        settings: Settings,
+        *,
+        name: str,
+        max_size: int,
+        connect_timeout: float,
+        connection: dict[str, Any] | None = None,
+        configure: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+    ) -> AsyncRunner:
+        """See :meth:`Runner.connect`; ``configure`` runs on each new connection (session settings)."""
         dsn = settings.require_dsn()
         await acheck_connect(dsn, connect_timeout)
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, **pool_options(name, max_size, connect_timeout))
+        options = pool_options(name, max_size, connect_timeout, connection)
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, configure=configure, **options)
         await pool.open()
         try:
             await pool.wait(timeout=connect_timeout)

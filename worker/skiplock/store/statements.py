@@ -26,6 +26,8 @@ from skiplock.store.copy import CopyJobs, copies_defaults, reserved
 from skiplock.store.validation import _shown, check_queue_name, enqueue_many_params, enqueue_params
 
 T = TypeVar("T")
+FlowCursor = tuple[int, datetime]
+"""Where the operator's previous flow read stopped: the highest job id, the database's clock."""
 HISTORY_ERROR_CHARS = 1000
 """Longest error text of one entry of a job's error history (``errors``: the last 20 failed attempts)."""
 PURGE_BATCH = 5000
@@ -551,15 +553,20 @@ class Statements:
     def register_limits(self, limits: Iterable[TaskLimits], worker: str) -> Call[list[dict[str, Any]]]:
         return Call(self.q.task_limits_register, register_params(limits, worker), lambda r: r.rows)
 
-    def limits(self, now: datetime | None) -> Call[list[dict[str, Any]]]:
-        return Call(self.q.task_limits_list, {"now": now}, lambda r: r.rows)
+    def limits(self, now: datetime | None, *, after: str = "", limit: int | None = None) -> Call[list[dict[str, Any]]]:
+        """Task limits by name after ``after``, at most ``limit`` of them (None: all)."""
+        return Call(self.q.task_limits_list, {"now": now, "after": after, "limit": limit}, lambda r: r.rows)
 
     def next_start(self, tasks: Sequence[str], queues: Sequence[str], now: datetime | None) -> Call[float | None]:
         params = {"tasks": list(tasks), "queues": list(queues), "now": now}
         return Call(self.q.task_limits_next_start, params, lambda r: r.rows[0]["due_in_seconds"] if r.rows else None)
 
-    def waiting(self, queue: str | None, now: datetime | None) -> Call[list[dict[str, Any]]]:
-        return Call(self.q.queue_waiting, {"queue": queue, "now": now}, lambda r: r.rows)
+    def waiting(
+        self, queue: str | None, now: datetime | None, *, after: str = "", limit: int | None = None
+    ) -> Call[list[dict[str, Any]]]:
+        """Held-back jobs per queue (by name after ``after``, at most ``limit`` queues; None: all) and reason."""
+        params = {"queue": queue, "now": now, "after": after, "limit": limit}
+        return Call(self.q.queue_waiting, params, lambda r: r.rows)
 
     def purge_lock(self, *, wait: bool) -> Call[bool]:
         """The schema's purge lock for the current transaction: waited for (``wait``), or taken only if free."""
@@ -583,6 +590,34 @@ class Statements:
             return None if value is None else max(0.0, float(value))
 
         return Call(self.q.queue_next_due, {"queues": list(queues), "now": None}, read)
+
+    def queue_flow(self, queues: Sequence[str], cursor: FlowCursor | None) -> Call[tuple[int, int, FlowCursor]]:
+        """The operator's wait-time target: jobs of ``queues`` enqueued ready and jobs done since ``cursor`` (None:
+        count nothing, only start), and the next cursor (the highest job id, the database's clock)."""
+        params = {
+            "queues": list(queues),
+            "after_id": cursor[0] if cursor else None,
+            "since": cursor[1] if cursor else None,
+        }
+
+        def read(r: Result) -> tuple[int, int, FlowCursor]:
+            row = r.rows[0]  # an aggregate: always one row
+            return int(row["arrived"]), int(row["done"]), (int(row["last_id"]), row["now"])
+
+        return Call(self.q.queue_flow, params, read)
+
+    def queue_due_soon(
+        self, queues: Sequence[str], horizon: float, stale_seconds: float
+    ) -> Call[tuple[int, float | None]]:
+        """Delayed jobs of ``queues`` and live schedules on them (seen within ``stale_seconds``) due within
+        ``horizon`` seconds, and the seconds until the first of either (None: none waits)."""
+        params = {"queues": list(queues), "horizon": horizon, "stale_seconds": stale_seconds}
+
+        def read(r: Result) -> tuple[int, float | None]:
+            row = r.rows[0]
+            return int(row["due_soon"]), None if row["next_due_in"] is None else float(row["next_due_in"])
+
+        return Call(self.q.queue_due_soon, params, read)
 
     def server_connection_limits(self) -> Call[tuple[int, int] | None]:
         """The server's max_connections and reserved connections."""

@@ -1,5 +1,7 @@
-"""What the web UI reads and does, over one psycopg ``AsyncConnectionPool``: the named statements of
-``sql/queries/ui.sql``, and the queue's own statements (retry, cancel, pause) for its actions.
+"""What the web UI reads and does: :class:`UiStatements` (the named queries of ``sql/queries/ui.sql`` as
+``Call`` objects, pure like :class:`~skiplock.store.statements.Statements`) and
+:class:`UiStore`, which runs them and the queue's own statements (retry, cancel, pause) with the store's
+:class:`~skiplock.store.run.AsyncRunner`.
 
 Every read is bounded (a keyset page, a window of the primary key, a capped count). Every action writes an audit
 row under an idempotency key in the same transaction as its change: a second submission with the same key
@@ -15,16 +17,15 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, LiteralString
+from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 
 from skiplock.schedule import STALE_SECONDS
 from skiplock.settings import Settings
 from skiplock.sql import Queries, queries_for
 from skiplock.store.call import Call, Result
+from skiplock.store.run import AsyncRunner, aexecute
 from skiplock.store.statements import Statements
 
 BATCH = 500
@@ -41,6 +42,8 @@ STATEMENT_TIMEOUT_MS = 5_000
 MAX_GROUPS = 10_000
 """Distinct failure fingerprints the groups page walks at most (past them a group is not listed)."""
 MAX_CANARY = 1_000
+RECENT_DONE = 1_000
+"""The workers page also lists the workers that finished one of this many newest done or failed jobs."""
 MAX_ID = 2**63 - 1
 CANARY_ACTION = "retry_group_canary"
 
@@ -98,68 +101,157 @@ def _json(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
-async def _fetch(
-    conn: psycopg.AsyncConnection[Any], query: LiteralString, params: dict[str, Any]
-) -> list[dict[str, Any]]:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query, params)
-        return await cur.fetchall() if cur.description else []
+def _rows(r: Result) -> list[dict[str, Any]]:
+    return r.rows
 
 
-async def _run(conn: psycopg.AsyncConnection[Any], call: Call[Any]) -> Any:
-    """Run one of the queue's statements (``Statements``) on this connection, inside the caller's transaction."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(call.query, call.params)
-        rows = await cur.fetchall() if cur.description else []
-        return call.read(Result(rows, cur.rowcount))
+def _row(r: Result) -> dict[str, Any] | None:
+    return r.rows[0] if r.rows else None
 
 
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Each UI connection: a statement timeout, and no JIT or parallel workers (every UI statement reads a bounded
-    part of an index: compiling or forking for it costs more than it runs, as on a 5 M-row table it did)."""
-    await _fetch(conn, queries_for("skiplock").ui_session, {"ms": str(STATEMENT_TIMEOUT_MS)})
+def _ids(r: Result) -> list[int]:
+    return [x["id"] for x in r.rows]
+
+
+class UiStatements:
+    """The UI's statements: each method turns one read or one step of an action into a :class:`Call`. Pure."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.q: Queries = queries_for(settings.schema)
+
+    def session(self, statement_timeout_ms: int) -> Call[None]:
+        return Call(self.q.ui_session, {"ms": str(statement_timeout_ms)}, lambda r: None)
+
+    def queue_stats(self, *, after: str, limit: int) -> Call[list[dict[str, Any]]]:
+        params = {"lease_seconds": self.settings.lease_seconds, "after": after, "limit": limit}
+        return Call(self.q.ui_queue_stats, params, _rows)
+
+    def done_last_minute(self, queues: Sequence[str], cap: int) -> Call[dict[str, int]]:
+        params = {"queues": list(queues), "cap": cap}
+        return Call(self.q.ui_done_last_minute, params, lambda r: {x["queue"]: x["done_last_minute"] for x in r.rows})
+
+    def jobs_window(
+        self, f: JobFilter, *, failed: bool, before: int, scan: int, limit: int
+    ) -> Call[list[dict[str, Any]]]:
+        query = self.q.ui_jobs_failed_window if failed else self.q.ui_jobs_window
+        return Call(query, f.params() | {"before": before, "scan": scan, "limit": limit}, _rows)
+
+    def window_end(self, f: JobFilter, *, failed: bool, before: int, scan: int) -> Call[tuple[int | None, int]]:
+        """The lowest id of the window of ``scan`` rows below ``before``, and how many rows it has."""
+        query = self.q.ui_failed_window_end if failed else self.q.ui_window_end
+        params = f.params() | {"before": before, "scan": scan}
+        return Call(query, params, lambda r: (r.rows[0]["id"], r.rows[0]["rows"]) if r.rows else (None, 0))
+
+    def job(self, job_id: int) -> Call[dict[str, Any] | None]:
+        return Call(self.q.ui_job, {"id": job_id}, _row)
+
+    def table_estimate(self) -> Call[int]:
+        table = f'"{self.settings.schema}".jobs'
+        return Call(self.q.ui_table_estimate, {"table": table}, lambda r: int(r.rows[0]["rows"]) if r.rows else 0)
+
+    def failure_groups(
+        self, *, queue: str | None, task: str | None, after: tuple[int, str] | None, limit: int, max_groups: int
+    ) -> Call[list[dict[str, Any]]]:
+        params = {
+            "queue": queue,
+            "task": task,
+            "after_jobs": after[0] if after else None,
+            "after_fingerprint": after[1] if after else None,
+            "limit": limit,
+            "max_groups": max_groups,
+        }
+        return Call(self.q.ui_failure_groups, params, _rows)
+
+    def failure_group(self, fingerprint: str) -> Call[dict[str, Any] | None]:
+        return Call(self.q.ui_failure_group, {"fingerprint": fingerprint}, _row)
+
+    def group_ids(self, fingerprint: str, *, after: int, upto: int, limit: int) -> Call[list[int]]:
+        params = {"fingerprint": fingerprint, "after": after, "upto": upto, "limit": limit}
+        return Call(self.q.ui_group_ids, params, _ids)
+
+    def filter_ids(
+        self, f: JobFilter, statuses: Sequence[str], *, after: int, upto: int, limit: int
+    ) -> Call[list[int]]:
+        params = f.params() | {"statuses": list(statuses), "after": after, "upto": upto, "limit": limit}
+        return Call(self.q.ui_filter_ids, params, _ids)
+
+    def newest_id(self) -> Call[int]:
+        return Call(self.q.ui_newest_id, None, lambda r: int(r.rows[0]["id"]))
+
+    def discard_failed(self, ids: Sequence[int], reason: str) -> Call[list[int]]:
+        return Call(self.q.ui_discard_failed, {"ids": list(ids), "reason": reason}, _ids)
+
+    def workers(self, *, recent: int, after: tuple[int, str] | None, limit: int) -> Call[list[dict[str, Any]]]:
+        params = {
+            "recent": recent,
+            "after_idle": after[0] if after else None,
+            "after_worker": after[1] if after else None,
+            "limit": limit,
+        }
+        return Call(self.q.ui_workers, params, _rows)
+
+    def schedules(self, *, after: str, limit: int) -> Call[list[dict[str, Any]]]:
+        params = {"after": after, "limit": limit, "stale_seconds": STALE_SECONDS}
+        return Call(self.q.ui_schedules, params, _rows)
+
+    def audit_page(self, *, before: int, limit: int) -> Call[list[dict[str, Any]]]:
+        return Call(self.q.ui_audit_page, {"before": before, "limit": limit}, _rows)
+
+    def audit_begin(self, entry: dict[str, Any]) -> Call[dict[str, Any] | None]:
+        """Record an action under its key; None when the key was used already."""
+        return Call(self.q.ui_audit_begin, entry | {"detail": _json(entry["detail"])}, _row)
+
+    def audit_lock(self, key: str) -> Call[dict[str, Any]]:
+        return Call(self.q.ui_audit_lock, {"action_key": key}, lambda r: r.rows[0])
+
+    def audit_get(self, entry_id: int) -> Call[dict[str, Any] | None]:
+        return Call(self.q.ui_audit_get, {"id": entry_id}, _row)
+
+    def audit_progress(self, entry_id: int, changed: int, detail: dict[str, Any]) -> Call[dict[str, Any]]:
+        params = {"id": entry_id, "changed": changed, "detail": _json(detail)}
+        return Call(self.q.ui_audit_progress, params, lambda r: r.rows[0])
 
 
 class UiStore:
     """The UI's data access. ``await UiStore.open(settings)`` makes and owns a small pool; ``close()`` ends it."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], settings: Settings, *, owned: bool = False) -> None:
-        self.pool, self.settings, self._owned = pool, settings, owned
-        self.q: Queries = queries_for(settings.schema)
-        self.s = Statements(settings)
+    def __init__(self, run: AsyncRunner) -> None:
+        self.run, self.settings = run, run.settings
+        self.s = Statements(self.settings)
+        self.u = UiStatements(self.settings)
 
     @classmethod
     async def open(cls, settings: Settings, *, max_size: int = 4, timeout: float = 10.0) -> UiStore:
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            settings.require_dsn(),
-            min_size=1,
-            max_size=max_size,
-            open=False,
+        session = UiStatements(settings).session(STATEMENT_TIMEOUT_MS)
+
+        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            """Each UI connection: a statement timeout, and no JIT or parallel workers (every UI statement reads a
+            bounded part of an index: compiling or forking for it costs more than it runs)."""
+            await aexecute(conn, session)
+
+        run = await AsyncRunner.connect(
+            settings,
             name="skiplock-ui",
-            timeout=timeout,
+            max_size=max_size,
+            connect_timeout=timeout,
             # no server-side prepared statements: every filter combination gets a plan for its own values
-            kwargs={"autocommit": True, "prepare_threshold": None, "application_name": "skiplock-ui"},
-            configure=_configure,
+            connection={"prepare_threshold": None, "application_name": "skiplock-ui"},
+            configure=configure,
         )
-        await pool.open(wait=True, timeout=timeout)
-        return cls(pool, settings, owned=True)
+        return cls(run)
 
     async def close(self) -> None:
-        if self._owned:
-            await self.pool.close()
-
-    async def _read(self, query: LiteralString, params: dict[str, Any]) -> list[dict[str, Any]]:
-        async with self.pool.connection() as conn:
-            return await _fetch(conn, query, params)
+        await self.run.close()
 
     # ------------------------------------------------------------------------------------------ reads
-    async def queues(self) -> list[dict[str, Any]]:
-        async with self.pool.connection() as conn:
-            stats = await _fetch(conn, self.q.ui_queue_stats, {"lease_seconds": self.settings.lease_seconds})
-            names = [s["queue"] for s in stats]
-            done = await _fetch(conn, self.q.ui_done_last_minute, {"queues": names, "cap": DONE_CAP})
-        per_minute = {r["queue"]: r["done_last_minute"] for r in done}
-        return [s | {"done_last_minute": per_minute.get(s["queue"], 0)} for s in stats]
+    async def queues(self, *, after: str | None = None, limit: int = 500) -> Page:
+        """A page of queues by name after ``after``; ``next`` is the last one's name when the page is full."""
+        async with self.run.connection() as conn:
+            stats = await aexecute(conn, self.u.queue_stats(after=after or "", limit=limit))
+            per_minute = await aexecute(conn, self.u.done_last_minute([s["queue"] for s in stats], DONE_CAP))
+        rows = [s | {"done_last_minute": per_minute.get(s["queue"], 0)} for s in stats]
+        return Page(rows, rows[-1]["queue"] if len(rows) >= limit else None)
 
     async def jobs(self, f: JobFilter, *, before: int | None, limit: int) -> Page:
         """A page of jobs newest first; ``next`` is the id the next page starts below. A page reads at most
@@ -167,84 +259,83 @@ class UiStore:
         failed = f.status == "failed" or f.fingerprint is not None
         if f.fingerprint is not None and f.status not in (None, "failed"):
             return Page([], None)  # a group is of failed jobs only
-        params = f.params() | {"before": before or MAX_ID, "scan": SCAN, "limit": limit}
-        async with self.pool.connection() as conn:
-            rows = await _fetch(conn, self.q.ui_jobs_failed_window if failed else self.q.ui_jobs_window, params)
+        below = before or MAX_ID
+        async with self.run.connection() as conn:
+            rows = await aexecute(conn, self.u.jobs_window(f, failed=failed, before=below, scan=SCAN, limit=limit))
             if len(rows) >= limit:
                 return Page(rows, rows[-1]["id"])
-            end = await _fetch(conn, self.q.ui_failed_window_end if failed else self.q.ui_window_end, params)
+            lowest, seen = await aexecute(conn, self.u.window_end(f, failed=failed, before=below, scan=SCAN))
         # the window ended before the page filled: the next page starts below it, unless it reached the first row
-        full = bool(end) and end[0]["rows"] >= SCAN
-        return Page(rows, end[0]["id"] if full else None)
+        return Page(rows, lowest if seen >= SCAN else None)
 
     async def job(self, job_id: int) -> dict[str, Any]:
-        rows = await self._read(self.q.ui_job, {"id": job_id})
-        if not rows:
+        row = await self.run(self.u.job(job_id))
+        if row is None:
             raise NotFoundError(f"no job {job_id}")
-        return rows[0]
+        return row
 
     async def estimate(self) -> int:
-        table = f'"{self.settings.schema}".jobs'
-        rows = await self._read(self.q.ui_table_estimate, {"table": table})
-        return int(rows[0]["rows"]) if rows else 0
+        return await self.run(self.u.table_estimate())
 
     async def failure_groups(
         self, *, queue: str | None, task: str | None, after: tuple[int, str] | None, limit: int
     ) -> Page:
-        params = {
-            "queue": queue,
-            "task": task,
-            "after_jobs": after[0] if after else None,
-            "after_fingerprint": after[1] if after else None,
-            "limit": limit,
-            "max_groups": MAX_GROUPS,
-        }
-        rows = await self._read(self.q.ui_failure_groups, params)
+        call = self.u.failure_groups(queue=queue, task=task, after=after, limit=limit, max_groups=MAX_GROUPS)
+        rows = await self.run(call)
         last = rows[-1] if len(rows) >= limit else None
         return Page(rows, (last["jobs"], last["fingerprint"]) if last else None)
 
     async def failure_group(self, fingerprint: str, *, missing_ok: bool = False) -> dict[str, Any] | None:
-        rows = await self._read(self.q.ui_failure_group, {"fingerprint": fingerprint})
-        if not rows and not missing_ok:
+        row = await self.run(self.u.failure_group(fingerprint))
+        if row is None and not missing_ok:
             raise NotFoundError(f"no failed job has the fingerprint {fingerprint}")
-        return rows[0] if rows else None
+        return row
 
     async def canary(self, canary_id: int, fingerprint: str) -> dict[str, Any]:
         """A canary of this group (its audit entry) with the status of each of its jobs now."""
-        async with self.pool.connection() as conn:
-            rows = await _fetch(conn, self.q.ui_audit_get, {"id": canary_id})
-            if not rows or rows[0]["action"] != CANARY_ACTION or rows[0]["detail"].get("fingerprint") != fingerprint:
+        async with self.run.connection() as conn:
+            row = await aexecute(conn, self.u.audit_get(canary_id))
+            if row is None or row["action"] != CANARY_ACTION or row["detail"].get("fingerprint") != fingerprint:
                 raise NotFoundError(f"no canary {canary_id} of group {fingerprint}")
-            ids = rows[0]["detail"].get("canary", [])
-            statuses: dict[int, str] = await _run(conn, self.s.statuses(ids))
+            ids = row["detail"].get("canary", [])
+            statuses = await aexecute(conn, self.s.statuses(ids))
         counts = {s: sum(1 for i in ids if statuses.get(i, "gone") == s) for s in ("done", "failed", "cancelled")}
         counts["gone"] = sum(1 for i in ids if i not in statuses)
         counts["running"] = len(ids) - sum(counts.values())
-        return rows[0] | {"statuses": statuses, "counts": counts}
+        return row | {"statuses": statuses, "counts": counts}
 
     async def schedules(self, *, after: str | None, limit: int) -> Page:
-        params = {"after": after or "", "limit": limit, "stale_seconds": STALE_SECONDS}
-        rows = await self._read(self.q.ui_schedules, params)
+        rows = await self.run(self.u.schedules(after=after or "", limit=limit))
         return Page(rows, rows[-1]["name"] if len(rows) >= limit else None)
 
-    async def limits(self) -> dict[str, list[dict[str, Any]]]:
-        async with self.pool.connection() as conn:
-            limits = await _run(conn, self.s.limits(None))
-            waiting = await _run(conn, self.s.waiting(None, None))
-        return {"limits": limits, "waiting": waiting}
+    async def limits(self, *, after: str | None = None, limit: int = 500) -> Page:
+        """A page of task limits by task name after ``after`` (``next``: the last one's name when full)."""
+        rows = await self.run(self.s.limits(None, after=after or "", limit=limit))
+        return Page(rows, rows[-1]["task"] if len(rows) >= limit else None)
 
-    async def workers(self, *, limit: int) -> list[dict[str, Any]]:
-        return await self._read(self.q.ui_workers, {"recent": 1000, "limit": limit})
+    async def waiting(self, *, after: str | None = None, limit: int = 500) -> Page:
+        """A page of the queues with jobs held back by flow control, by name after ``after``."""
+        rows = await self.run(self.s.waiting(None, None, after=after or "", limit=limit))
+        return Page(rows, rows[-1]["queue"] if len(rows) >= limit else None)
+
+    async def workers(self, *, after: tuple[int, str] | None = None, limit: int = 500) -> Page:
+        """A page of workers: those holding jobs first, by name; ``next`` is ``(idle, name)`` of the last one."""
+        rows = await self.run(self.u.workers(recent=RECENT_DONE, after=after, limit=limit))
+        last = rows[-1] if len(rows) >= limit else None
+        return Page(
+            [{k: v for k, v in r.items() if k != "idle"} for r in rows],
+            (last["idle"], last["worker"]) if last else None,
+        )
 
     async def audit(self, *, before: int | None, limit: int) -> Page:
-        rows = await self._read(self.q.ui_audit_page, {"before": before or MAX_ID, "limit": limit})
+        rows = await self.run(self.u.audit_page(before=before or MAX_ID, limit=limit))
         return Page(rows, rows[-1]["id"] if len(rows) >= limit else None)
 
     async def audit_entry(self, entry_id: int) -> dict[str, Any]:
-        rows = await self._read(self.q.ui_audit_get, {"id": entry_id})
-        if not rows:
+        row = await self.run(self.u.audit_get(entry_id))
+        if row is None:
             raise NotFoundError(f"no audit entry {entry_id}")
-        return rows[0]
+        return row
 
     # ------------------------------------------------------------------------------------------ actions
     async def _single(
@@ -255,21 +346,18 @@ class UiStore:
     ) -> dict[str, Any]:
         """One action in one transaction with its audit row; a repeated key returns the first one's row."""
         async with conn.transaction():
-            begun = await _fetch(conn, self.q.ui_audit_begin, audit | {"detail": _json(audit["detail"])})
-            if not begun:
+            begun = await aexecute(conn, self.u.audit_begin(audit))
+            if begun is None:
                 return await self._repeat(conn, audit["action_key"])
             changed = await act(conn)
-            rows = await _fetch(
-                conn, self.q.ui_audit_progress, {"id": begun[0]["id"], "changed": changed, "detail": "{}"}
-            )
-        return rows[0] | {"repeated": False}
+            row = await aexecute(conn, self.u.audit_progress(begun["id"], changed, {}))
+        return row | {"repeated": False}
 
     async def _repeat(self, conn: psycopg.AsyncConnection[Any], key: str) -> dict[str, Any]:
-        rows = await _fetch(conn, self.q.ui_audit_lock, {"action_key": key})
-        return rows[0] | {"repeated": True}
+        return await aexecute(conn, self.u.audit_lock(key)) | {"repeated": True}
 
     async def _job_status(self, conn: psycopg.AsyncConnection[Any], job_id: int) -> str:
-        statuses: dict[int, str] = await _run(conn, self.s.statuses([job_id]))
+        statuses = await aexecute(conn, self.s.statuses([job_id]))
         if job_id not in statuses:
             raise NotFoundError(f"no job {job_id}")
         return statuses[job_id]
@@ -279,13 +367,13 @@ class UiStore:
             status = await self._job_status(conn, job_id)
             if status not in ("failed", "cancelled"):
                 raise ActionError(f"job {job_id} is {status}: only failed or cancelled jobs can be retried")
-            ids = await _run(conn, self.s.retry_failed([job_id], None, None, include_cancelled=True))
+            ids = await aexecute(conn, self.s.retry_failed([job_id], None, None, include_cancelled=True))
             if not ids:
                 raise ActionError(f"job {job_id} was not retried: another live job holds its idempotency or unique key")
             return len(ids)
 
         audit = _audit(actor, "retry", f"job {job_id}", key, {"ids": [job_id]})
-        async with self.pool.connection() as conn:
+        async with self.run.connection() as conn:
             return await self._single(conn, audit, act)
 
     async def cancel_job(self, job_id: int, *, actor: str, key: str) -> dict[str, Any]:
@@ -293,19 +381,20 @@ class UiStore:
             status = await self._job_status(conn, job_id)
             if status not in ("pending", "processing"):
                 raise ActionError(f"job {job_id} is {status}: only pending or running jobs can be cancelled")
-            return len(await _run(conn, self.s.cancel([job_id], None, f"from the UI by {actor}", None)))
+            cancelled = await aexecute(conn, self.s.cancel([job_id], None, f"from the UI by {actor}", None))
+            return len(cancelled)
 
         audit = _audit(actor, "cancel", f"job {job_id}", key, {"ids": [job_id]})
-        async with self.pool.connection() as conn:
+        async with self.run.connection() as conn:
             return await self._single(conn, audit, act)
 
     async def set_paused(self, queue: str, paused: bool, *, actor: str, key: str) -> dict[str, Any]:
         async def act(conn: psycopg.AsyncConnection[Any]) -> int:
-            await _run(conn, self.s.set_paused(queue, paused, None))
+            await aexecute(conn, self.s.set_paused(queue, paused, None))
             return 0
 
         audit = _audit(actor, "pause" if paused else "resume", f"queue {queue}", key, {"queue": queue})
-        async with self.pool.connection() as conn:
+        async with self.run.connection() as conn:
             return await self._single(conn, audit, act)
 
     async def retry_canary(self, fingerprint: str, n: int, *, actor: str, key: str) -> dict[str, Any]:
@@ -316,30 +405,29 @@ class UiStore:
 
         detail: dict[str, Any] = {"fingerprint": fingerprint, "n": n}
         audit = _audit(actor, CANARY_ACTION, f"group {fingerprint}", key, detail)
-        async with self.pool.connection() as conn, conn.transaction():
-            begun = await _fetch(conn, self.q.ui_audit_begin, audit | {"detail": _json(detail)})
-            if not begun:
+        async with self.run.connection() as conn, conn.transaction():
+            begun = await aexecute(conn, self.u.audit_begin(audit))
+            if begun is None:
                 return await self._repeat(conn, key)
-            params = {"fingerprint": fingerprint, "after": 0, "upto": MAX_ID, "limit": n}
-            ids = [r["id"] for r in await _fetch(conn, self.q.ui_group_ids, params)]
+            ids = await aexecute(conn, self.u.group_ids(fingerprint, after=0, upto=MAX_ID, limit=n))
             if not ids:
                 raise NotFoundError(f"no failed job has the fingerprint {fingerprint}")
-            retried: list[int] = await _run(conn, self.s.retry_failed(ids, None, None))
+            retried = await aexecute(conn, self.s.retry_failed(ids, None, None))
             if not retried:
                 raise ActionError("no job of the canary could be retried (their keys are held by live jobs)")
-            newest = (await _fetch(conn, self.q.ui_newest_id, {}))[0]["id"]
-            patch = {"canary": retried, "upto": newest}
-            progress = {"id": begun[0]["id"], "changed": len(retried), "detail": _json(patch)}
-            rows = await _fetch(conn, self.q.ui_audit_progress, progress)
-        return rows[0] | {"repeated": False}
+            newest = await aexecute(conn, self.u.newest_id())
+            row = await aexecute(
+                conn, self.u.audit_progress(begun["id"], len(retried), {"canary": retried, "upto": newest})
+            )
+        return row | {"repeated": False}
 
     async def retry_rest(self, fingerprint: str, canary_id: int, *, actor: str, key: str) -> dict[str, Any]:
         """Retry the rest of a group whose canary (the audit entry ``canary_id``) fully succeeded."""
-        async with self.pool.connection() as conn, conn.transaction():
-            canary = await _fetch(conn, self.q.ui_audit_get, {"id": canary_id})
-            if not canary or canary[0]["action"] != CANARY_ACTION:
+        async with self.run.connection() as conn, conn.transaction():
+            canary = await aexecute(conn, self.u.audit_get(canary_id))
+            if canary is None or canary["action"] != CANARY_ACTION:
                 raise NotFoundError(f"no canary {canary_id}")
-            detail = canary[0]["detail"]
+            detail = canary["detail"]
             if detail.get("fingerprint") != fingerprint:
                 raise ActionError(f"canary {canary_id} is of group {detail.get('fingerprint')}, not {fingerprint}")
             used = detail.get("rest_key")
@@ -347,8 +435,7 @@ class UiStore:
                 raise StaleError(f"canary {canary_id} was used already: the rest of its group was retried")
             if used is None:
                 await self._check_canary(conn, canary_id, detail["canary"])
-                mark = {"rest_key": key}
-                await _fetch(conn, self.q.ui_audit_progress, {"id": canary_id, "changed": 0, "detail": _json(mark)})
+                await aexecute(conn, self.u.audit_progress(canary_id, 0, {"rest_key": key}))
         return await self.bulk(
             "retry_group",
             fingerprint,
@@ -360,7 +447,7 @@ class UiStore:
         )
 
     async def _check_canary(self, conn: psycopg.AsyncConnection[Any], canary_id: int, ids: list[int]) -> None:
-        statuses: dict[int, str] = await _run(conn, self.s.statuses(ids))
+        statuses = await aexecute(conn, self.s.statuses(ids))
         gone = [i for i in ids if i not in statuses]
         if gone:
             raise StaleError(f"canary {canary_id} is stale: its jobs {gone} no longer exist; start a new canary")
@@ -390,59 +477,46 @@ class UiStore:
         failure group or of a filter, :data:`BATCH` jobs a transaction, the cursor in the audit row. Batches run
         for :data:`BULK_SECONDS` at most: then the row's detail has ``finished`` false, and a repeat of the call
         with the same ``key`` goes on."""
-        async with self.pool.connection() as conn:
+        async with self.run.connection() as conn:
             if upto is None:
-                upto = (await _fetch(conn, self.q.ui_newest_id, {}))[0]["id"]
+                upto = await aexecute(conn, self.u.newest_id())
             detail: dict[str, Any] = {"after": 0, "upto": upto, "finished": False} | (extra or {})
             if group is not None:
                 detail["fingerprint"] = group
             if jobs is not None:
                 detail["filter"] = {k: v for k, v in dataclasses.asdict(jobs).items() if v is not None}
-            audit = _audit(actor, verb, target, key, detail)
             async with conn.transaction():
-                begun = await _fetch(conn, self.q.ui_audit_begin, audit | {"detail": _json(detail)})
+                begun = await aexecute(conn, self.u.audit_begin(_audit(actor, verb, target, key, detail)))
             started, first = time.monotonic(), True
             while True:
                 async with conn.transaction():
-                    row = (await _fetch(conn, self.q.ui_audit_lock, {"action_key": key}))[0]
+                    row = await aexecute(conn, self.u.audit_lock(key))
                     d = row["detail"]
                     if d.get("finished"):  # finished before this request looked: a repeat
-                        return row | {"repeated": first and not begun}
+                        return row | {"repeated": first and begun is None}
                     first = False
-                    ids = await self._batch(conn, verb, d, group, jobs)
+                    ids = await aexecute(conn, self._batch(verb, d, group, jobs))
                     changed = await self._apply(conn, verb, ids, actor) if ids else []
                     patch = {"after": max(ids) if ids else d["after"], "finished": len(ids) < BATCH}
-                    progress = {"id": row["id"], "changed": len(changed), "detail": _json(patch)}
-                    row = (await _fetch(conn, self.q.ui_audit_progress, progress))[0]
+                    row = await aexecute(conn, self.u.audit_progress(row["id"], len(changed), patch))
                 if patch["finished"] or time.monotonic() - started > BULK_SECONDS:
                     return row | {"repeated": False}
 
-    async def _batch(
-        self,
-        conn: psycopg.AsyncConnection[Any],
-        verb: str,
-        d: dict[str, Any],
-        group: str | None,
-        f: JobFilter | None,
-    ) -> list[int]:
-        cursor = {"after": d["after"], "upto": d["upto"], "limit": BATCH}
+    def _batch(self, verb: str, d: dict[str, Any], group: str | None, f: JobFilter | None) -> Call[list[int]]:
+        """The next batch of a bulk action's jobs after its cursor."""
         if group is not None:
-            rows = await _fetch(conn, self.q.ui_group_ids, cursor | {"fingerprint": group})
-        else:
-            assert f is not None
-            statuses = ["failed", "cancelled"] if verb.startswith("retry") else ["pending", "processing"]
-            rows = await _fetch(conn, self.q.ui_filter_ids, cursor | f.params() | {"statuses": statuses})
-        return [r["id"] for r in rows]
+            return self.u.group_ids(group, after=d["after"], upto=d["upto"], limit=BATCH)
+        assert f is not None
+        statuses = ["failed", "cancelled"] if verb.startswith("retry") else ["pending", "processing"]
+        return self.u.filter_ids(f, statuses, after=d["after"], upto=d["upto"], limit=BATCH)
 
     async def _apply(self, conn: psycopg.AsyncConnection[Any], verb: str, ids: Sequence[int], actor: str) -> list[int]:
         reason = f"from the UI by {actor}"
         if verb.startswith("retry"):
-            changed: list[int] = await _run(conn, self.s.retry_failed(ids, None, None, include_cancelled=True))
-            return changed
+            return await aexecute(conn, self.s.retry_failed(ids, None, None, include_cancelled=True))
         if verb == "cancel_group":
-            return [r["id"] for r in await _fetch(conn, self.q.ui_discard_failed, {"ids": list(ids), "reason": reason})]
-        cancelled: list[int] = await _run(conn, self.s.cancel(ids, None, reason, None))
-        return cancelled
+            return await aexecute(conn, self.u.discard_failed(ids, reason))
+        return await aexecute(conn, self.s.cancel(ids, None, reason, None))
 
 
 def _audit(actor: str, action: str, target: str, key: str, detail: dict[str, Any]) -> dict[str, Any]:

@@ -56,9 +56,18 @@ def config_of(request: Request) -> UiConfig:
     return config
 
 
+def _only(params: Mapping[str, Any], known: set[str]) -> None:
+    unknown = set(params) - known
+    if unknown:
+        raise p.BadRequest(f"unknown parameter {sorted(unknown)[0]!r}")
+
+
 async def read_queues(request: Request) -> dict[str, Any]:
+    q = request.query_params
+    _only(q, {"after", "limit"})
     store = await store_of(request)
-    return {"queues": await store.queues()}
+    page = await store.queues(after=p.name(q.get("after"), "after"), limit=p.limit(q))
+    return {"queues": page.rows, "next_after": page.next}
 
 
 async def read_jobs(request: Request) -> dict[str, Any]:
@@ -129,12 +138,27 @@ async def read_schedules(request: Request) -> dict[str, Any]:
 
 
 async def read_limits(request: Request) -> dict[str, Any]:
-    return await (await store_of(request)).limits()
+    """Two keyset-paginated lists: task limits by task (``after``), held-back jobs by queue (``waiting_after``)."""
+    q = request.query_params
+    _only(q, {"after", "waiting_after", "limit"})
+    store = await store_of(request)
+    limits = await store.limits(after=p.name(q.get("after"), "after"), limit=p.limit(q))
+    waiting = await store.waiting(after=p.name(q.get("waiting_after"), "waiting_after"), limit=p.limit(q))
+    return {
+        "limits": limits.rows,
+        "next_after": limits.next,
+        "waiting": waiting.rows,
+        "next_waiting_after": waiting.next,
+    }
 
 
 async def read_workers(request: Request) -> dict[str, Any]:
+    q = request.query_params
+    _only(q, {"after", "limit"})
     store = await store_of(request)
-    return {"workers": await store.workers(limit=p.limit(request.query_params))}
+    page = await store.workers(after=p.worker_cursor(q.get("after")), limit=p.limit(q))
+    nxt = f"{page.next[0]}:{page.next[1]}" if page.next else None
+    return {"workers": page.rows, "next_after": nxt}
 
 
 async def read_audit(request: Request) -> dict[str, Any]:

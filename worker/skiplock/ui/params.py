@@ -112,3 +112,14 @@ def group_cursor(value: str | None) -> tuple[int, str] | None:
     assert value is not None
     jobs, _, fp = value.partition("-")
     return integer(jobs, "after", low=0), fingerprint(fp)
+
+
+def worker_cursor(value: str | None) -> tuple[int, str] | None:
+    """The workers' keyset cursor, ``<0|1>:<worker>`` (0: holding jobs, 1: finished one recently)."""
+    if value in (None, ""):
+        return None
+    assert value is not None
+    idle, sep, worker = value.partition(":")
+    if idle not in ("0", "1") or not sep or not worker:
+        raise BadRequest(f"after must be a workers page's cursor like 0:worker-name, not {value[:40]!r}")
+    return int(idle), worker

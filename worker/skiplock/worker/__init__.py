@@ -32,10 +32,11 @@ from prometheus_client import CollectorRegistry
 from skiplock import __version__
 from skiplock.app import App, is_async_callable
 from skiplock.errors import ConfigError
+from skiplock.exporter import Exporter, serve
 from skiplock.handlers import Handler
 from skiplock.job import Job, Outcome
 from skiplock.listener import Listener
-from skiplock.metrics import Exporter, TableCollector, TableFetcher, WorkerMetrics, serve
+from skiplock.metrics import TableCollector, TableFetcher, WorkerMetrics
 from skiplock.settings import Settings
 from skiplock.store.run import check_connect
 from skiplock.store.statements import Failure

@@ -462,14 +462,16 @@ FROM given AS g LEFT JOIN {schema}.task_limits AS l USING (task)
 ORDER BY g.task;
 
 -- name: task_limits_list
--- Every registered task limit with its slots in use now: running (concurrency slots held) and recent starts (rate slots resting).
+-- Every registered task limit (by task name after the keyset cursor `after`, at most `limit` of them; NULL: all) with its slots in use now: running (concurrency slots held) and recent starts (rate slots resting).
 SELECT l.task, l.global_concurrency, l.rate_limit, l.rate_period_seconds, l.registered_by, l.updated_at,
        count(*) FILTER (WHERE s.kind = 'concurrency' AND s.job_id IS NOT NULL) AS running,
        count(*) FILTER (WHERE s.kind = 'rate' AND s.free_at > coalesce(%(now)s::timestamptz, now())) AS recent_starts
 FROM {schema}.task_limits AS l
 LEFT JOIN {schema}.task_slots AS s ON s.task = l.task
+WHERE l.task > %(after)s
 GROUP BY l.task
-ORDER BY l.task;
+ORDER BY l.task
+LIMIT %(limit)s;
 
 -- name: task_limits_next_start
 -- Seconds until the next start a rate limit allows, over the given tasks that have due pending jobs in the given queues (NULL when none waits: the claimer then waits as usual). A slot that came free within the last second counts (zero or less: claim again now; it may have come free between the claim and this query); a task with a slot free for longer is held back by something else (a concurrency limit, a serial key), so it gives no hint and is not spun on.

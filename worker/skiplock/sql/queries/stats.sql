@@ -58,7 +58,7 @@ SELECT current_setting('max_connections')::int AS max_connections,
 SELECT set_config('statement_timeout', %(ms)s, false);
 
 -- name: queue_waiting
--- Due pending jobs held back by flow control, per queue and reason: serial_key (an earlier job of the key is live, or one runs), concurrency (every slot of the task's global concurrency is taken), rate (the task's rate limit allows no start now).
+-- Due pending jobs held back by flow control, per queue (by name after the keyset cursor `after`, at most `limit` queues; NULL: all) and reason: serial_key (an earlier job of the key is live, or one runs), concurrency (every slot of the task's global concurrency is taken), rate (the task's rate limit allows no start now).
 WITH full_tasks AS (
     SELECT l.task,
            l.global_concurrency IS NOT NULL AND NOT EXISTS (
@@ -71,7 +71,7 @@ WITH full_tasks AS (
 ), due AS (
     SELECT j.queue, j.task, j.serial_key, j.id FROM {schema}.jobs AS j
     WHERE j.status = 'pending' AND j.visible_at <= coalesce(%(now)s::timestamptz, now())
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s) AND j.queue > %(after)s
       AND (j.serial_key IS NOT NULL OR j.task IN (SELECT task FROM full_tasks WHERE concurrency OR rate))
 ), reasons AS (
     SELECT d.queue,
@@ -86,4 +86,5 @@ SELECT queue, count(*) FILTER (WHERE serial_key) AS serial_key, count(*) FILTER 
        count(*) FILTER (WHERE rate) AS rate
 FROM reasons
 GROUP BY queue
-ORDER BY queue;
+ORDER BY queue
+LIMIT %(limit)s;

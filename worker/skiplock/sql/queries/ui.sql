@@ -1,21 +1,23 @@
 -- name: ui_queue_stats
--- Each queue's ready, delayed, processing, stalled and failed jobs, oldest ready job and next due, and whether it is paused: from index-only scans of the partial indexes of pending and failed jobs and the few processing rows (queue_stats reads every failed row's heap page).
+-- Each queue's (by name after the keyset cursor `after`, at most `limit` of them) ready, delayed, processing, stalled and failed jobs, oldest ready job and next due, and whether it is paused: from index-only scans of the partial indexes of pending and failed jobs and the few processing rows (queue_stats reads every failed row's heap page).
 WITH pending AS (
     SELECT j.queue,
            count(*) FILTER (WHERE j.visible_at <= now()) AS ready,
            count(*) FILTER (WHERE j.visible_at > now()) AS delayed,
            min(j.visible_at) FILTER (WHERE j.visible_at <= now()) AS oldest_ready,
            min(j.visible_at) FILTER (WHERE j.visible_at > now()) AS next_due
-    FROM {schema}.jobs AS j WHERE j.status = 'pending'
+    FROM {schema}.jobs AS j WHERE j.status = 'pending' AND j.queue > %(after)s
     GROUP BY j.queue
 ), processing AS (
     SELECT j.queue, count(*) AS processing,
            count(*) FILTER (WHERE coalesce(j.lease_expires_at, j.locked_at + make_interval(secs => %(lease_seconds)s))
                                   < now()) AS stalled
-    FROM {schema}.jobs AS j WHERE j.status = 'processing'
+    FROM {schema}.jobs AS j WHERE j.status = 'processing' AND j.queue > %(after)s
     GROUP BY j.queue
 ), failed AS (
-    SELECT j.queue, count(*) AS failed FROM {schema}.jobs AS j WHERE j.status = 'failed' GROUP BY j.queue
+    SELECT j.queue, count(*) AS failed FROM {schema}.jobs AS j
+    WHERE j.status = 'failed' AND j.queue > %(after)s
+    GROUP BY j.queue
 )
 SELECT queue, coalesce(p.ready, 0) AS ready, coalesce(p.delayed, 0) AS delayed,
        coalesce(r.processing, 0) AS processing, coalesce(r.stalled, 0) AS stalled, coalesce(f.failed, 0) AS failed,
@@ -24,8 +26,9 @@ SELECT queue, coalesce(p.ready, 0) AS ready, coalesce(p.delayed, 0) AS delayed,
 FROM pending AS p
 FULL JOIN processing AS r USING (queue)
 FULL JOIN failed AS f USING (queue)
-FULL JOIN {schema}.queues AS q USING (queue)
-ORDER BY queue;
+FULL JOIN (SELECT c.queue, c.paused FROM {schema}.queues AS c WHERE c.queue > %(after)s) AS q USING (queue)
+ORDER BY queue
+LIMIT %(limit)s;
 
 -- name: ui_done_last_minute
 -- Jobs of each given queue finished as done in the last minute, from the done index alone, counted up to `cap` per queue (the UI shows "cap+" past it).
@@ -170,12 +173,12 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.status = 'failed'
 RETURNING j.id;
 
 -- name: ui_workers
--- Workers seen in the rows: those holding jobs now (identity, queues, jobs in flight, last heartbeat), then those that finished one of the last `recent` done jobs.
+-- Workers seen in the rows: those holding jobs now (identity, queues, jobs in flight, last heartbeat), then those that finished one of the last `recent` done jobs; a page of `limit` after the keyset cursor (`after_idle`: 0 holding jobs, 1 not; `after_worker`; NULL: from the first).
 WITH running AS (
     SELECT j.locked_by AS worker, array_agg(DISTINCT j.queue ORDER BY j.queue) AS queues, count(*) AS in_flight,
            max(j.locked_at) AS last_heartbeat, min(j.lease_expires_at) AS next_lease_end
     FROM {schema}.jobs AS j
-    WHERE j.status = 'processing'
+    WHERE j.status = 'processing' AND j.locked_by IS NOT NULL
     GROUP BY j.locked_by
 ), finished AS (
     SELECT d.locked_by AS worker, array_agg(DISTINCT d.queue ORDER BY d.queue) AS queues, max(d.updated_at) AS last_done
@@ -187,10 +190,14 @@ WITH running AS (
     WHERE d.locked_by IS NOT NULL
     GROUP BY d.locked_by
 )
-SELECT coalesce(r.worker, f.worker) AS worker, coalesce(r.queues, f.queues) AS queues,
-       coalesce(r.in_flight, 0) AS in_flight, r.last_heartbeat, r.next_lease_end, f.last_done
-FROM running AS r FULL JOIN finished AS f USING (worker)
-ORDER BY (r.worker IS NULL), coalesce(r.worker, f.worker)
+SELECT w.* FROM (
+    SELECT coalesce(r.worker, f.worker) AS worker, coalesce(r.queues, f.queues) AS queues,
+           coalesce(r.in_flight, 0) AS in_flight, r.last_heartbeat, r.next_lease_end, f.last_done,
+           (r.worker IS NULL)::int AS idle
+    FROM running AS r FULL JOIN finished AS f USING (worker)
+) AS w
+WHERE %(after_worker)s::text IS NULL OR (w.idle, w.worker) > (%(after_idle)s::int, %(after_worker)s::text)
+ORDER BY w.idle, w.worker
 LIMIT %(limit)s;
 
 -- name: ui_schedules
