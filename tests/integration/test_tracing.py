@@ -182,3 +182,27 @@ async def test_the_async_queue_traces_its_enqueues_and_an_error_is_recorded_on_t
     assert stored[many[0]] == {"traceparent": traceparent(sends[1])}
     assert sends[2].status.status_code == trace.StatusCode.ERROR
     assert [e.name for e in sends[2].events] == ["exception"]
+
+
+def test_without_the_otel_extra_tracing_is_off_and_costs_nothing() -> None:
+    """With ``opentelemetry`` not importable (the extra not installed), the entry points are the no-ops."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+sys.modules["opentelemetry"] = None  # as if not installed: its import raises ImportError
+from skiplock import Job, tracing
+job = Job(id=1, queue="q", payload={}, attempts=1, max_attempts=5)
+assert tracing.trace is None and tracing.tracer() is None
+with tracing.sending("q", {}) as sent:
+    assert sent.carrier is None
+    sent.jobs(1)
+for _ in range(2 * tracing.RECHECK_JOBS):  # past a look for a provider
+    span = tracing.start(job)
+    assert span is None
+    tracing.end(span, job, "done", None)
+print("off")
+"""
+    out = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, "off"), out.stderr
