@@ -53,7 +53,9 @@ def only(spans: list[ReadableSpan], name: str) -> ReadableSpan:
     return found[0]
 
 
+@pytest.mark.parametrize("handler", ["support.tracing_worker:flaky", "support.tracing_worker:aflaky"])
 def test_a_request_that_enqueues_continues_into_both_attempts_of_its_job_in_a_worker_process(
+    handler: str,
     provider: tuple[TracerProvider, InMemorySpanExporter],
     settings: Settings,
     pg_dsn: str,
@@ -85,9 +87,7 @@ def test_a_request_that_enqueues_continues_into_both_attempts_of_its_job_in_a_wo
 
         spans_file = tmp_path / "worker-spans.jsonl"
         monkeypatch.setenv("TRACE_SPANS_FILE", str(spans_file))
-        worker = WorkerProcess(
-            pg_dsn, schema, QUEUE, "support.tracing_worker:flaky", backoff_base_seconds=0.2, backoff_jitter=0
-        )
+        worker = WorkerProcess(pg_dsn, schema, QUEUE, handler, backoff_base_seconds=0.2, backoff_jitter=0)
         try:
             wait_for(lambda: (q.get(job_id) or {}).get("status") == "done", timeout=60, what="the job done")
         finally:

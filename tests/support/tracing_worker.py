@@ -26,3 +26,10 @@ def flaky(job: Job) -> None:
     with _handler_tracer.start_as_current_span("handler work"):
         if job.attempts < 2:
             raise RuntimeError(f"first attempt of job {job.id} fails")
+
+
+async def aflaky(job: Job) -> None:
+    """The async twin of :func:`flaky` (runs on the worker's runner tasks)."""
+    with _handler_tracer.start_as_current_span("handler work"):
+        if job.attempts < 2:
+            raise RuntimeError(f"first attempt of job {job.id} fails")
