@@ -199,7 +199,7 @@ def start_skiplock(
 def stopped_count(proc: Proc, name: str) -> int | None:
     """A count the worker logged as it stopped (``name=N`` on its "worker stopped" line); None from a worker that
     does not log it (an older commit under ``--compare``)."""
-    found = re.findall(rf"worker stopped.*\b{name}=(\d+)", proc.output())
+    found = re.findall(rf"(?:worker stopped|claim statistics).*\b{name}=(\d+)", proc.output())
     return int(found[-1]) if found else None
 
 

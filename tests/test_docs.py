@@ -78,10 +78,12 @@ def test_crd_reference_is_generated_from_the_current_crd() -> None:
 def test_docs_site_builds_strictly(tmp_path: Path) -> None:
     out = build(ROOT, tmp_path / "site")
     assert out.returncode == 0, out.stdout + out.stderr
-    crd = (tmp_path / "site/reference/crd/index.html").read_text(encoding="utf-8")
+    crd = (tmp_path / "site/reference/crd.html").read_text(encoding="utf-8")
     assert "spec.dsnSecretRef.name" in crd
-    changelog = (tmp_path / "site/changelog/index.html").read_text(encoding="utf-8")
+    changelog = (tmp_path / "site/changelog.html").read_text(encoding="utf-8")
     assert "Keep a Changelog" in changelog, "the changelog page includes CHANGELOG.md"
+    index = (tmp_path / "site/index.html").read_text(encoding="utf-8")
+    assert 'href="getting-started.html"' in index, "links open from disk (file://): page.html, not page/"
 
 
 def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:

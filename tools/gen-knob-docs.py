@@ -42,6 +42,9 @@ A heartbeat or recovery interval left unset is derived from the lease (heartbeat
 min(30 s, lease / 2)), so `skiplock worker --lease 4` needs nothing else; explicit values are still checked
 (heartbeat at most lease / 2, poll below the lease, backoff cap at least the base).
 
+Every `*_seconds` setting is a duration and takes units, as flag and as variable: `--lease 2m`, `--poll 500ms`,
+`SKIPLOCK_RETAIN_DONE_SECONDS=7d` (`ms`, `s`, `m`, `h`, `d`, `w`; a plain number is seconds).
+
 """
 
 

@@ -131,18 +131,18 @@ NESTED = "[" * 3000 + "]" * 3000
         (["enqueue", "--queue", "", "--payload", "{}"], {}, "queue name"),
         (["enqueue", "--queue", "x" * 129, "--payload", "{}"], {}, "queue name"),
         (["enqueue", "--queue", "q;drop", "--payload", "{}"], {}, "queue name"),
-        (["enqueue", "--queue", "q", "--payload", "{}", "--delay", "-0.5"], {}, "finite number >= 0"),
-        (["enqueue", "--queue", "q", "--payload", "{}", "--delay", "nan"], {}, "finite number >= 0"),
+        (["enqueue", "--queue", "q", "--payload", "{}", "--delay", "-0.5"], {}, "not a duration"),
+        (["enqueue", "--queue", "q", "--payload", "{}", "--delay", "nan"], {}, "not a duration"),
         (["enqueue", "--queue", "q", "--payload", "{}", "--max-attempts", "-1"], {}, "must be >= 1"),
         (["enqueue", "--queue", "q", "--payload", "{}", "--priority", "40000"], {}, "priority"),
         (["enqueue", "--queue", "q", "--payload", "{}", "--idempotency-key", ""], {}, "idempotency_key"),
         (["stats", "--schema", 'x"; DROP SCHEMA public; --'], {}, "schema"),
         (["stats"], {"SKIPLOCK_SCHEMA": "Robert"}, "schema"),
         (["stats"], {"SKIPLOCK_SCHEMA": "s" * 41}, "schema"),
-        (["stats", "--lease", "-1"], {}, "finite number >= 0"),
+        (["stats", "--lease", "-1"], {}, "not a duration"),
         (["worker", "--handler", "support.handlers:noop", "--lease", "0"], {}, "lease_seconds must be > 0"),
         (["worker", "--handler", "support.handlers:noop", "--concurrency", "0"], {}, "must be >= 1"),
-        (["worker", "--handler", "support.handlers:noop", "--poll", "-1"], {}, "poll_seconds must be > 0"),
+        (["worker", "--handler", "support.handlers:noop", "--poll", "-1"], {}, "not a duration"),
         (["worker", "--handler", "support.handlers:noop"], {"SKIPLOCK_LEASE_SECONDS": "nan"}, "finite number"),
         (["worker", "--handler", "support.handlers:noop"], {"SKIPLOCK_CONCURRENCY": "ten"}, "SKIPLOCK_CONCURRENCY"),
         (["worker", "--handler", "support.handlers:noop"], {"SKIPLOCK_LISTEN": "maybe"}, "SKIPLOCK_LISTEN"),
@@ -188,7 +188,7 @@ def test_cli_deeply_nested_payload_is_a_clear_error(pg_dsn, schema, seeded):
 def test_cli_unknown_queue_names_change_nothing_and_say_so(pg_dsn, schema, seeded, run_main):
     env = {"SKIPLOCK_DSN": pg_dsn, "SKIPLOCK_SCHEMA": schema}
     stats = run_main("stats", "--queue", "nosuch", env=env)
-    assert stats.returncode == 0 and "'nosuch' has no pending, processing or failed jobs" in stats.stderr
+    assert stats.returncode == 0 and "'nosuch' has no pending, processing or failed jobs" in stats.stdout
     assert (stats.stdout + stats.stderr).count("no pending, processing or failed jobs") == 1  # said once
     assert "no failed jobs" in run_main("failed", "--queue", "nosuch", env=env).stdout
     for command, words in (("retry", "re-queued 0"), ("cancel", "cancelled 0"), ("purge", "purged 0")):
@@ -226,8 +226,8 @@ def test_cli_unimportable_handler_modules_stop_the_worker_before_it_claims(pg_ds
     ("dsn", "code", "fragment"),
     [
         ("postgresql://nobody@127.0.0.1:1/x", 3, "database unavailable"),
-        ("this is not a dsn", 3, "database unavailable"),
-        ("postgresql://[::1", 3, "database unavailable"),
+        ("this is not a dsn", 2, "DSN is malformed"),  # configuration, not an outage; the DSN never echoed
+        ("postgresql://[::1", 2, "DSN is malformed"),
         ("host=/nonexistent/socket/dir dbname=x", 3, "database unavailable"),
         ("", 2, "no database given"),
     ],
@@ -241,6 +241,8 @@ def test_cli_wrong_dsns_fail_fast_with_exit_3(schema, dsn, code, fragment):
         out = cli(*args, env={"SKIPLOCK_DSN": dsn, "SKIPLOCK_SCHEMA": schema})
         assert out.returncode == code, (args, out.stderr)
         assert fragment in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert not dsn or dsn not in out.stderr, out.stderr  # a DSN is never echoed, whole or in part
+        assert 'after "this"' not in out.stderr, out.stderr
 
 
 def test_cli_missing_database_and_unmigrated_schema(pg_dsn, run_main):

@@ -21,7 +21,7 @@ from support.pg import drop_schema
 
 
 def run(
-    *args: str, dsn: str | None = None, schema: str | None = None, timeout: float = 60
+    *args: str, dsn: str | None = None, schema: str | None = None, timeout: float = 60, stdin: str | None = None
 ) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_") and k != "DATABASE_URL"}
     if dsn:
@@ -29,7 +29,13 @@ def run(
     if schema:
         env["SKIPLOCK_SCHEMA"] = schema
     return subprocess.run(  # noqa: PLW1510 - exit codes are asserted
-        [sys.executable, "-m", "skiplock", *args], env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "skiplock", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
     )
 
 
@@ -66,7 +72,7 @@ def test_enqueue_stats_failed_retry_cancel_purge_round_trip(pg_dsn, schema):
     [
         (("enqueue", "--queue", "q", "--payload", "{not json"), "not valid JSON"),
         (("enqueue", "--queue", "q", "--payload", '{"x": NaN}'), "NaN"),
-        (("enqueue", "--queue", "q", "--payload", "{}", "--delay", "-5"), "must be a finite number >= 0"),
+        (("enqueue", "--queue", "q", "--payload", "{}", "--delay", "-5"), "is not a duration like 90, 90s, 15m"),
         (("enqueue", "--queue", "bad name", "--payload", "{}"), "queue name"),
         (("enqueue", "--queue", "q", "--payload", "{}", "--max-attempts", "0"), "must be >= 1"),
         (("purge", "--older-than", "soon"), "not a duration"),
@@ -238,17 +244,18 @@ def test_a_dsn_file_password_never_shows(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- enqueue --task
-def test_enqueue_by_task_name_writes_the_task_and_defaults_to_the_default_queue(pg_dsn, schema):
-    out = run("enqueue", "--task", "emails.send", "--payload", '{"to": "a@b.c"}', dsn=pg_dsn, schema=schema)
-    assert out.returncode == 0, out.stderr
+def test_enqueue_by_an_unregistered_task_name_needs_a_queue(pg_dsn, schema):
+    refused = run("enqueue", "--task", "emails.send", "--payload", '{"to": "a@b.c"}', dsn=pg_dsn, schema=schema)
+    assert refused.returncode == 2, refused
+    assert "task 'emails.send' is not registered" in refused.stderr and "--queue" in refused.stderr
     other = run(
         "enqueue", "--task", "reports.build", "--queue", "reports", "--payload", "{}", dsn=pg_dsn, schema=schema
     )
     plain = run("enqueue", "--payload", "{}", dsn=pg_dsn, schema=schema)
-    ids = [int(o.stdout.split()[0]) for o in (out, other, plain)]
+    ids = [int(o.stdout.split()[0]) for o in (other, plain)]
     with psycopg.connect(pg_dsn) as conn:
         rows = conn.execute(f'SELECT task, queue FROM "{schema}".jobs WHERE id = ANY(%s) ORDER BY id', (ids,))
-        assert rows.fetchall() == [("emails.send", "default"), ("reports.build", "reports"), (None, "default")]
+        assert rows.fetchall() == [("reports.build", "reports"), (None, "default")]
 
 
 @pytest.mark.parametrize(("task", "fragment"), [("", "task name"), ("x" * 201, "1..200 printable")])
@@ -313,5 +320,6 @@ def test_tables_left_align_text_and_right_align_numbers(pg_dsn, schema):
     for line in rows:
         assert line[queue_col:].startswith("emails") and line[error_col:].startswith("Boom")
         assert line[: header.index("id") + 2].strip().isdigit()  # ids end where the "id" heading ends
-    header, _, row = run("stats", dsn=pg_dsn, schema=schema).stdout.splitlines()
+    header, _, row, done = run("stats", dsn=pg_dsn, schema=schema).stdout.splitlines()
+    assert done.startswith("no job done in the last hour")
     assert row.startswith("emails ") and row[: header.index("failed") + len("failed")].endswith("2")

@@ -48,8 +48,8 @@ def blocking_handler(gate: threading.Event, fast_jobs: int, blocked: list[int]) 
 
 
 def buffered(worker: Worker) -> int:
-    assert worker._claimer is not None
-    return len(worker._claimer.buffered())
+    assert worker._executors is not None
+    return len(worker._executors.buffered())
 
 
 async def test_a_fast_worker_prefetches_and_hands_the_buffer_back_at_stop_without_burning_an_attempt(
@@ -132,12 +132,12 @@ async def test_a_prefetched_job_found_cancelled_never_starts(settings: Settings,
                 timeout=30,
                 what="jobs prefetched, slots blocked",
             )
-            assert worker._claimer is not None
-            victim = worker._claimer.buffered()[-1]
+            assert worker._executors is not None and worker._leases is not None
+            victim = worker._executors.buffered()[-1]
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
                 conn.execute(f'UPDATE "{schema}".jobs SET status = %s WHERE id = %s', ("cancelled", victim.id))
-            worker._on_cancelled({victim.id})  # what the control channel's recheck reports
-            assert victim.id not in {j.id for j in worker._claimer.buffered()}
+            worker._leases.cancelled({victim.id})  # what the control channel's recheck reports
+            assert victim.id not in {j.id for j in worker._executors.buffered()}
             gate.set()
     finally:
         gate.set()

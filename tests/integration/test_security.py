@@ -255,6 +255,14 @@ TOO_BIG = 6_400_000  # bytes of JSON: the size a producer once stored with plain
         ("an empty key", "INSERT INTO {} (queue, payload, idempotency_key) VALUES ('q', '{{}}', '')"),
         ("a 201-character task", "INSERT INTO {} (queue, payload, task) VALUES ('q', '{{}}', repeat('t', 201))"),
         ("a 129-character queue", "INSERT INTO {} (queue, payload) VALUES (repeat('q', 129), '{{}}')"),
+        # issue 37: every extreme of every insertable column is in test_producer_bounds.py; these three crashed,
+        # stalled or duplicate-ran workers and stopped the operator's autoscaling
+        ("a NaN timeout", "INSERT INTO {} (queue, payload, timeout_seconds) VALUES ('q', '{{}}', 'NaN')"),
+        ("an infinite visible_at", "INSERT INTO {} (queue, payload, visible_at) VALUES ('q', '{{}}', 'infinity')"),
+        (
+            "a unique key held only while processing",
+            "INSERT INTO {} (queue, payload, unique_key, unique_states) VALUES ('q', '{{}}', 'k', '{{processing}}')",
+        ),
     ],
 )
 def test_a_producer_writing_plain_sql_cannot_store_what_a_worker_cannot_handle(pg_dsn, schema, roles, what, statement):

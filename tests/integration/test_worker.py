@@ -303,8 +303,8 @@ async def test_a_sync_handler_gets_a_connection_only_when_it_uses_job_conn(setti
         await await_for(lambda: counts(pg_dsn, schema).get("done") == 40, timeout=30, what="40 jobs done")
         assert sorted(ran) == sorted(ids)
         assert sorted(job_id for job_id, _ in effects(pg_dsn, schema)) == ids[::5]
-        assert worker._threads.pool is not None
-        checkouts = worker._threads.pool.get_stats().get("requests_num", 0)
+        assert worker._executors._threads.pool is not None
+        checkouts = worker._executors._threads.pool.get_stats().get("requests_num", 0)
         assert checkouts == 8, f"{checkouts} job.conn checkouts for 8 writing jobs (32 jobs never touched it)"
     finally:
         worker.request_stop()
@@ -340,7 +340,7 @@ async def test_a_swallowed_job_conn_checkout_failure_fails_the_job_instead_of_co
     holder: list[Worker] = []
 
     def handler(job):
-        pool = holder[0]._threads.pool
+        pool = holder[0]._executors._threads.pool
         assert pool is not None
         pool.close()  # a real checkout failure: the pool is gone
         with contextlib.suppress(Exception):  # the handler hides it; its writes never happened
@@ -414,7 +414,7 @@ async def test_claims_are_planned_again_once_the_jobs_table_has_grown(settings: 
             await await_for(lambda: set(first) <= set(ran), timeout=10, what="trickle done")
         claimer = worker._claimer
         assert claimer is not None and claimer.replans == 0
-        control = claimer._store
+        control = worker._store
         more = await aqueue.enqueue_many("default", [{"pad": "x" * 200} for _ in range(3000)])
         await await_for(lambda: len(ran) == len(first) + len(more), timeout=60, what="backlog done")
         assert claimer.replans >= 1 and control.plans == claimer.replans
@@ -464,9 +464,9 @@ async def test_control_connections_prepare_the_claim_at_its_first_use(settings: 
         claimer = worker._claimer
         assert claimer is not None
         await await_for(
-            lambda: not claimer._store.claim_connection_kept, timeout=30, what="claim connection returned when idle"
+            lambda: not worker._store.claim_connection_kept, timeout=30, what="claim connection returned when idle"
         )
-        pool = claimer._store.pool
+        pool = worker._store.pool
         held = [await pool.getconn() for _ in range(pool.get_stats()["pool_size"])]
         try:
             prepared = []
@@ -616,7 +616,7 @@ async def test_a_job_completed_in_its_handlers_transaction_is_not_planned_afresh
             ran = len(readings)
             await aqueue.enqueue("default", {})
             await await_for(lambda ran=ran: len(readings) > ran, timeout=30, what="the job run")
-        await await_for(lambda: worker._completer is not None and not worker._slots, timeout=30, what="all done")
+        await await_for(lambda: worker._completer is not None and worker.in_flight == 0, timeout=30, what="all done")
     finally:
         worker.request_stop()
         assert await asyncio.wait_for(task, 30) == 0
@@ -635,7 +635,7 @@ async def test_the_claimers_connection_goes_back_to_the_pool_with_the_servers_pl
     try:
         ids = await aqueue.enqueue_many("default", [{} for _ in range(3000)])
         await await_for(
-            lambda: worker._claimer is not None and worker._claimer._store.streaming_claims,
+            lambda: worker._claimer is not None and worker._store.streaming_claims,
             timeout=30,
             what="claims filling their batch: generic plans",
         )
@@ -643,9 +643,9 @@ async def test_the_claimers_connection_goes_back_to_the_pool_with_the_servers_pl
         assert claimer is not None
         await await_for(lambda: len(ran) == len(ids), timeout=60, what="jobs done")
         await await_for(
-            lambda: not claimer._store.claim_connection_kept, timeout=30, what="claim connection returned when idle"
+            lambda: not worker._store.claim_connection_kept, timeout=30, what="claim connection returned when idle"
         )
-        pool = claimer._store.pool
+        pool = worker._store.pool
         held = [await pool.getconn() for _ in range(pool.get_stats()["pool_size"])]
         try:
             for conn in held:

@@ -360,7 +360,7 @@ async def test_jobs_leased_to_this_worker_but_unknown_to_it_are_handed_back_with
             )
         assert worker._claimer is not None
         worker._claimer._orphans_possible = True  # what a failed claim call sets
-        worker._claimer.wake()
+        worker._wakeup.wake()
         await await_for(lambda: job_id in ran, timeout=15, what="orphan handed back and run")
     status, attempts, _ = statuses(pg_dsn, schema, [job_id])[job_id]
     assert (status, attempts) == ("done", 1), "handed back without burning the attempt, then run once"
@@ -380,8 +380,8 @@ async def test_an_async_handler_checks_out_job_conn_only_when_it_uses_it(setting
         await await_for(
             lambda: all(s[0] == "done" for s in statuses(pg_dsn, schema, ids).values()), timeout=30, what="all done"
         )
-        assert worker._async is not None
-        checkouts = worker._async.pool.get_stats().get("requests_num", 0)
+        assert worker._executors is not None and worker._executors._tasks is not None
+        checkouts = worker._executors._tasks.pool.get_stats().get("requests_num", 0)
     with psycopg.connect(pg_dsn) as conn:
         written = sorted(r[0] for r in conn.execute(f'SELECT job_id FROM "{schema}".effects'))
     assert written == ids[::8]

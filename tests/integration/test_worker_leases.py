@@ -50,14 +50,13 @@ async def test_a_prefetched_job_whose_lease_was_lost_never_starts(
     worker = Worker(settings=s, handler=handler)
     try:
         async with worker:
-            assert worker._claimer is not None
-            claimer = worker._claimer
+            assert worker._executors is not None
             await await_for(
-                lambda: sum(i >= ids[fast_jobs] for i in started) == 2 and claimer.buffered(),
+                lambda: sum(i >= ids[fast_jobs] for i in started) == 2 and worker._executors.buffered(),
                 timeout=30,
                 what="jobs prefetched, slots blocked",
             )
-            stolen = {j.id for j in claimer.buffered()}
+            stolen = {j.id for j in worker._executors.buffered()}
             # another worker recovered them (as after a stall of this one) and holds them now
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
                 conn.execute(

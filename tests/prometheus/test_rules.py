@@ -28,7 +28,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from observability.operator_exposition import QUEUE_WIDE, operator_registry
 from observability.promsupport import require_binary
 from skiplock import AsyncQueue, Queue, Settings
-from skiplock.metrics import ENQUEUE_DUPLICATES, TableCollector, TableFetcher, WorkerMetrics
+from skiplock.metrics import ENQUEUE_DUPLICATES, TableCollector, WorkerMetrics
+from skiplock.store.health import TableReader
 from skiplock.worker.queue_gauges import QueueGauges
 from skiplock_operator.metrics import OperatorMetrics
 
@@ -182,7 +183,7 @@ def scrape(settings: Settings) -> Iterator[tuple[str, str]]:
         metrics.database_up.set(1)
         metrics.listener_connected.set(1)
         metrics.last_notification.set(1_700_000_000)
-        registry.register(TableCollector(TableFetcher(queue.settings), ttl=0))  # the jobs table's health
+        registry.register(TableCollector(TableReader(queue.settings), ttl=0))  # the jobs table's health
         registry.register(asyncio.run(refreshed_gauges(queue.settings, ["emails"])))  # the worker's queue gauges
         operator = operator_registry(queue.settings, namespace="shop", jobqueue="mailer", queues=["emails"])
         yield generate_latest(registry).decode(), generate_latest(operator).decode()

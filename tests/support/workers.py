@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,9 @@ class WorkerProcess:
         for key, value in settings.items():
             env[f"SKIPLOCK_{key.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
         self.log = tempfile.NamedTemporaryFile(prefix="skiplock-worker-", suffix=".log", delete=False)  # noqa: SIM115
+        # the log goes when the worker is stopped (its text is kept), or at exit at the latest: no file is left
+        self._remove_log = weakref.finalize(self, _remove, self.log)
+        self._text: str | None = None
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "skiplock", "worker"],
             env=env,
@@ -44,6 +48,8 @@ class WorkerProcess:
         )
 
     def output(self) -> str:
+        if self._text is not None:
+            return self._text
         return Path(self.log.name).read_text(errors="replace")
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
@@ -53,10 +59,19 @@ class WorkerProcess:
         return self.proc.wait(timeout=timeout)
 
     def stop(self) -> None:
+        """Kill the worker if it still runs; its log file goes (:meth:`output` still returns the text)."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        if self._text is None:
+            self._text = self.output()
+            self._remove_log()
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+
+def _remove(log: Any) -> None:
+    log.close()
+    Path(log.name).unlink(missing_ok=True)

@@ -21,9 +21,6 @@ KNOWN = {
     # job.conn's proxy for handlers (what application code calls), and the test helper for applications
     "skiplock/job.py",
     "skiplock/testing.py",
-    # the worker's table-statistics scrape (the doctor's statement) and the operator's wake-up LISTEN:
-    # owned elsewhere (metrics, the operator's wakeup), listed so a new one fails this test
-    "skiplock/metrics.py",
 }
 
 

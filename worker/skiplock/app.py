@@ -36,6 +36,7 @@ from skiplock.queue import (
 )
 from skiplock.schedule import Schedule, Timing, timing_problem
 from skiplock.settings import QUEUE_NAME, Settings
+from skiplock.store.validation import timeout_problem
 from skiplock.unique import states_for, unique_key, unique_problem
 
 __all__ = ["TASK_NAME_MAX", "App", "Task", "TaskOptions"]
@@ -104,10 +105,12 @@ class TaskOptions:
             or not 1 <= self.max_attempts <= 1000
         ):
             problems.append(f"max_attempts must be an integer within 1..1000 (got {self.max_attempts!r})")
-        for name in ("lease_seconds", "backoff_base_seconds", "backoff_cap_seconds", "timeout_seconds"):
+        for name in ("lease_seconds", "backoff_base_seconds", "backoff_cap_seconds"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value <= 0):
                 problems.append(f"{name} must be a number > 0 (got {value!r})")
+        if self.timeout_seconds is not None and (problem := timeout_problem(self.timeout_seconds)):
+            problems.append(problem)  # the bound a job's own timeout has: a worker arms a timer with it
         if self.backoff_jitter is not None and not 0.0 <= self.backoff_jitter <= 1.0:
             problems.append(f"backoff_jitter must be within [0, 1] (got {self.backoff_jitter!r})")
         if not all(isinstance(t, type) and issubclass(t, BaseException) for t in self.non_retryable):

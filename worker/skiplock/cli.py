@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import gc
 import json
 import logging
@@ -16,28 +17,40 @@ import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from datetime import UTC
-from typing import Any
+from typing import Any, NoReturn
 
-from skiplock import __version__, render
+from skiplock import __version__, duration, render
 from skiplock.errors import ConfigError, DatabaseUnavailableError, PayloadError, SchemaNotReadyError, SkiplockError
 from skiplock.knobs import KNOBS, Knob
 from skiplock.logs import configure_logging
 from skiplock.settings import Settings, redact
-from skiplock.store.validation import check_queue_name
+from skiplock.store.tasks import suggest
+from skiplock.store.validation import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_DELAY_SECONDS,
+    PRIORITY_RANGE,
+    check_queue_name,
+    task_name_problem,
+    timeout_problem,
+)
 
 log = logging.getLogger(__name__)
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_DATABASE = 0, 1, 2, 3
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, None: 1}
 
 
 def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``12h``, ``7d``, ``2w`` -> seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 15m, 12h or 7d")
-    return float(m[1]) * _UNITS[m[2]]
+    """A duration flag: ``90``, ``250ms``, ``90s``, ``15m``, ``12h``, ``7d``, ``2w`` -> seconds (>= 0)."""
+    try:
+        return duration.parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_duration(text: str) -> float:
+    value = parse_duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a duration > 0")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -50,13 +63,70 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
+def _port(text: str) -> int:
     try:
-        value = float(text)
+        value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not within 0..65535")
+    return value
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one error style for every command (``skiplock: error: ...``, exit 2) and a suggestion for a
+    misspelt command or option."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"skiplock: error: {message}{self._suggestion(message)}\n")
+
+    def _suggestion(self, message: str) -> str:
+        if m := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
+            choices = re.findall(r"'([^']*)'", m[2]) or [c.strip() for c in m[2].split(",")]
+            close = difflib.get_close_matches(m[1], choices, n=1)
+            return f" (did you mean {close[0]!r}?)" if close else ""
+        if m := re.search(r"unrecognized arguments: (.*)", message):
+            parsers = [self] + [
+                sub for a in self._actions if isinstance(a, argparse._SubParsersAction) for sub in a.choices.values()
+            ]
+            options = sorted({o for parser in parsers for a in parser._actions for o in a.option_strings})
+            for word in m[1].split():
+                close = difflib.get_close_matches(word.split("=")[0], options, n=1) if word.startswith("-") else []
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
+
+
+def _bounded(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
+    """An argparse type: a number of ``kind`` within ``low..high`` (the enqueue bounds the database checks too)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not low <= value <= high:  # NaN compares false
+            what = "" if kind is int else "a finite number "
+            raise argparse.ArgumentTypeError(f"{text!r} must be {what}>= {low:g} and <= {high:g}")
+        return value
+
+    return parse
+
+
+def _delay(text: str) -> float:
+    """A duration (units allowed) of at most the enqueue bound."""
+    value = parse_duration(text)
+    if not 0 <= value <= MAX_DELAY_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a duration >= 0 and <= {MAX_DELAY_SECONDS:g} s")
+    return value
+
+
+def _timeout(text: str) -> float:
+    """A duration (units allowed) within the timeout bound the database checks too."""
+    value = _positive_duration(text)
+    if problem := timeout_problem(value, "the timeout"):
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 
@@ -67,7 +137,7 @@ def _add_common(parser: argparse.ArgumentParser, *, after: bool) -> None:
     g = parser.add_argument_group("common options (before or after the command)")
     for k in KNOBS:
         if k.common and k.flag:
-            g.add_argument(k.flag, dest=k.name, default=default, help=_help(k))
+            g.add_argument(k.flag, dest=k.name, default=default, choices=k.choices or None, help=_help(k))
             if k.name == "dsn":
                 g.add_argument(
                     "--dsn-file",
@@ -80,7 +150,17 @@ def _add_common(parser: argparse.ArgumentParser, *, after: bool) -> None:
 
 def _help(k: Knob) -> str:
     default = "" if k.default in (None, "", ()) or k.type is bool else f"; default {k.default}"
-    return f"{k.help} ({k.env}{default})".replace("%", "%%")
+    text = k.help.rstrip(".")
+    if text.split()[0] not in PROPER_NOUNS:
+        text = text[:1].lower() + text[1:]
+    return f"{text} ({k.env}{default})".replace("%", "%%")
+
+
+PROPER_NOUNS = frozenset({"PostgreSQL", "Python", "PgBouncer", "Kubernetes"})
+
+
+def _is_duration(k: Knob) -> bool:
+    return k.duration or (k.type is float and duration.is_duration_setting(k.name))
 
 
 def _add_knob_flags(parser: argparse.ArgumentParser) -> None:
@@ -91,34 +171,82 @@ def _add_knob_flags(parser: argparse.ArgumentParser) -> None:
         if k.type is bool:
             parser.add_argument(k.flag, dest=k.name, action="store_const", const=False, help=_help(k))
         else:
-            kind: Callable[[str], Any] = parse_duration if k.duration else {int: int, float: float}.get(k.type, str)
-            parser.add_argument(k.flag, dest=k.name, type=kind, choices=k.choices or None, help=_help(k))
+            kind: Callable[[str], Any] = (
+                parse_duration if _is_duration(k) else {int: int, float: float}.get(k.type, str)
+            )
+            metavar = "DURATION" if _is_duration(k) else None
+            parser.add_argument(
+                k.flag, dest=k.name, type=kind, choices=k.choices or None, metavar=metavar, help=_help(k)
+            )
+
+
+JSON_HELP = "print JSON for machines instead of the table"
+QUEUE_FILTER = "only this queue (default: every queue)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     _add_common(common, after=True)
 
-    p = argparse.ArgumentParser(prog="skiplock", description="A job queue inside PostgreSQL (FOR UPDATE SKIP LOCKED).")
+    p = Parser(
+        prog="skiplock",
+        description="A job queue inside PostgreSQL (FOR UPDATE SKIP LOCKED). Every command takes the common options "
+        "before or after its name; durations take units (90, 90s, 15m, 12h, 7d).",
+        epilog="exit codes: 0 success, 1 problems found or nothing matched, 2 bad input or configuration, "
+        "3 database unavailable or schema not ready",
+    )
     p.add_argument("--version", action="version", version=f"skiplock {__version__}")
     _add_common(p, after=False)
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
-    sub.add_parser("migrate", parents=[common], help="create or upgrade the schema (idempotent, safe concurrently)")
+    def command(name: str, summary: str, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name, parents=[common], help=summary, description=summary[:1].upper() + summary[1:] + ".", **kw
+        )
 
-    e = sub.add_parser("enqueue", parents=[common], help="add one job (by task name: no task code is imported)")
+    # set up and run
+    command("migrate", "create or upgrade the schema (idempotent, safe to run from many pods at once)")
+
+    w = command("worker", "run a worker: claim jobs and run their tasks (every flag also as a SKIPLOCK_* variable)")
+    _add_knob_flags(w)
+
+    e = command("enqueue", "add one job, by task name (no task code is imported)")
     e.add_argument(
-        "--queue", help="queue of the job (default SKIPLOCK_QUEUE or 'default'; the command cannot see a task's own)"
+        "--queue",
+        help="queue of the job (default: the queue the task's workers registered; for a job without --task, "
+        "SKIPLOCK_QUEUE or 'default')",
     )
-    e.add_argument("--task", help="task name of the job, as registered with @app.task (default: none)")
-    e.add_argument("--payload", required=True, help='the job\'s JSON payload, e.g. \'{"to": "a@b.c"}\'')
-    e.add_argument("--delay", type=_seconds, default=0.0, help="seconds before the job becomes visible")
-    e.add_argument("--priority", type=int, default=0, help="higher runs first (-32768..32767, default 0)")
     e.add_argument(
-        "--max-attempts", type=_positive_int, help="attempts before failed (default SKIPLOCK_MAX_ATTEMPTS or 5)"
+        "--task", help="task name of the job, as registered with @app.task; its registered queue and defaults apply"
+    )
+    body = e.add_mutually_exclusive_group(required=True)
+    body.add_argument("--payload", help='the job\'s JSON payload, e.g. \'{"to": "a@b.c"}\'')
+    body.add_argument("--payload-file", metavar="PATH", help="read the JSON payload from this file ('-': stdin)")
+    e.add_argument(
+        "--delay",
+        type=_delay,
+        default=0.0,
+        metavar="DURATION",
+        help="wait this long before the job is visible (e.g. 1h)",
+    )
+    e.add_argument(
+        "--priority",
+        type=_bounded(int, *PRIORITY_RANGE),
+        help="higher runs first (-32768..32767; default: the task's, else 0)",
+    )
+    e.add_argument(
+        "--max-attempts",
+        type=_bounded(int, 1, MAX_ATTEMPTS_LIMIT),
+        help="attempts before the job is failed (1..1000) (default: the task's, else SKIPLOCK_MAX_ATTEMPTS or 5)",
     )
     e.add_argument("--idempotency-key", help="a second enqueue with the same key returns the first job")
-    e.add_argument("--timeout", type=float, dest="timeout_seconds", help="seconds one attempt may run (default none)")
+    e.add_argument(
+        "--timeout",
+        type=_timeout,
+        dest="timeout_seconds",
+        metavar="DURATION",
+        help="longest run of one attempt (up to a year; default none)",
+    )
     e.add_argument("--serial-key", help="jobs sharing this key run one at a time, in enqueue order (e.g. user:42)")
     e.add_argument(
         "--serial-skip-on-retry",
@@ -132,7 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--unique-by", help="unique by the whole payload ('payload') or these payload keys (a,b); needs --task"
     )
     u.add_argument(
-        "--unique-for", type=parse_duration, help="unique within periods of this long (e.g. 1h); needs --task"
+        "--unique-for",
+        type=_positive_duration,
+        metavar="DURATION",
+        help="unique within periods of this long (e.g. 1h); needs --task",
     )
     u.add_argument("--unique-key", help="unique by this key, as given (instead of --unique-by/--unique-for)")
     u.add_argument(
@@ -141,31 +272,57 @@ def build_parser() -> argparse.ArgumentParser:
     )
     u.add_argument("--unique-conflict", choices=["skip", "replace"], help="on a duplicate (default skip)")
 
-    lim = sub.add_parser("limits", parents=[common], help="registered task limits and jobs held back by flow control")
-    lim.add_argument("--json", action="store_true")
-
-    st = sub.add_parser("stats", parents=[common], help="health of each queue")
-    st.add_argument("--queue")
-    st.add_argument("--json", action="store_true")
+    # look
+    st = command("stats", "health of each queue: ready, delayed, running, stalled, failed, done in the last hour")
+    st.add_argument("--queue", help=QUEUE_FILTER)
+    st.add_argument("--json", action="store_true", help=JSON_HELP)
     st.add_argument(
-        "--lease", type=_seconds, help="lease used to call a processing job stalled (default SKIPLOCK_LEASE_SECONDS)"
+        "--lease",
+        type=_positive_duration,
+        metavar="DURATION",
+        help="lease used to call a processing job stalled (default SKIPLOCK_LEASE_SECONDS)",
     )
 
-    f = sub.add_parser("failed", parents=[common], help="list failed jobs, newest first")
-    f.add_argument("--queue")
-    f.add_argument("--limit", type=_positive_int, default=20)
-    f.add_argument("--json", action="store_true")
+    sh = command("show", "one job: payload, status, lease, timestamps, and each failed attempt with its traceback")
+    sh.add_argument("id", type=int, help="job id")
+    sh.add_argument("--json", action="store_true", help="print the job as JSON")
+
+    f = command("failed", "failed jobs, newest first")
+    f.add_argument("--queue", help=QUEUE_FILTER)
+    f.add_argument("--limit", type=_positive_int, default=20, help="list at most this many (default 20)")
+    f.add_argument("--json", action="store_true", help=JSON_HELP)
     f.add_argument("--group", action="store_true", help="failures grouped by fingerprint (task and normalised error)")
 
-    ui = sub.add_parser("ui", parents=[common], help="serve the web UI (needs skiplock[ui]; read-only without a token)")
-    ui.add_argument("--host", default="127.0.0.1")
-    ui.add_argument("--port", type=int, default=8080)
-    ui.add_argument("--token-file", metavar="PATH", help="the token actions need (default: SKIPLOCK_UI_TOKEN)")
-    ui.add_argument("--hide-payloads", action="store_true", help="show only the size of payloads, results, errors")
-    ui.add_argument("--trusted-user-header", metavar="NAME", help="behind an authenticating proxy: its user header")
+    sl = command("stalled", "running jobs past their lease deadline (exit 1 if any)")
+    sl.add_argument("--queue", help=QUEUE_FILTER)
+    sl.add_argument("--limit", type=_positive_int, default=100, help="list at most this many (default 100)")
+    sl.add_argument("--json", action="store_true", help=JSON_HELP)
 
-    for name, helptext in (("retry", "re-drive failed jobs"), ("cancel", "cancel pending or running jobs")):
-        r = sub.add_parser(name, parents=[common], help=helptext)
+    lim = command("limits", "registered task limits, and jobs held back by flow control")
+    lim.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    sc = command("schedules", "periodic tasks: list them with their next run, register an app's, or remove some")
+    sc.add_argument(
+        "action",
+        nargs="?",
+        choices=["list", "sync", "remove"],
+        default="list",
+        help="list (default): every schedule and its next run; sync: register the schedules of --app; "
+        "remove: the schedules named",
+    )
+    sc.add_argument("names", nargs="*", help="remove: the schedules (task names) to remove")
+    sc.add_argument(
+        "--app", dest="schedules_app", metavar="MODULE:ATTR", help="sync: the app whose schedules to register"
+    )
+    sc.add_argument("--prune", action="store_true", help="sync: also remove the app's schedules it no longer defines")
+    sc.add_argument("--json", action="store_true", help=JSON_HELP)
+
+    # act
+    for name, helptext in (
+        ("retry", "re-drive failed jobs with a fresh set of attempts (workers are woken at once)"),
+        ("cancel", "cancel pending or running jobs"),
+    ):
+        r = command(name, helptext)
         r.add_argument("ids", nargs="*", type=int, help="job ids")
         r.add_argument("--queue", help="every matching job of this queue")
         if name == "cancel":
@@ -173,64 +330,70 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             r.add_argument("--include-cancelled", action="store_true", help="re-drive cancelled jobs too")
 
-    sl = sub.add_parser("stalled", parents=[common], help="running jobs past their lease deadline (exit 1 if any)")
-    sl.add_argument("--queue")
-    sl.add_argument("--limit", type=_positive_int, default=100)
-    sl.add_argument("--json", action="store_true")
-
     for name, helptext in (
         ("pause", "stop claiming from a queue (running jobs finish)"),
         ("resume", "claim from a paused queue again"),
     ):
-        pa = sub.add_parser(name, parents=[common], help=helptext)
+        pa = command(name, helptext)
         pa.add_argument("queue", help="queue name")
 
-    sh = sub.add_parser("show", parents=[common], help="one job: payload, status, lease, timestamps, error history")
-    sh.add_argument("id", type=int, help="job id")
-    sh.add_argument("--json", action="store_true")
-
-    pu = sub.add_parser("purge", parents=[common], help="delete done/failed jobs older than a cutoff, in batches")
-    pu.add_argument("--older-than", required=True, type=parse_duration, help="e.g. 7d, 12h")
+    pu = command("purge", "delete finished jobs older than a cutoff, in batches")
     pu.add_argument(
-        "--status", choices=["done", "failed", "cancelled"], action="append", help="only these (default done, failed)"
+        "--older-than",
+        required=True,
+        type=parse_duration,
+        metavar="DURATION",
+        help="age of the jobs to delete, e.g. 7d or 12h",
     )
-    pu.add_argument("--queue")
+    pu.add_argument(
+        "--status",
+        choices=["done", "failed", "cancelled"],
+        action="append",
+        help="only jobs of this status (repeatable; default done and failed)",
+    )
+    pu.add_argument("--queue", help=QUEUE_FILTER)
 
-    w = sub.add_parser("worker", parents=[common], help="run a worker (every flag also by SKIPLOCK_* env)")
-    _add_knob_flags(w)
+    # operate
+    dr = command("doctor", "check schema, indexes, vacuum health and LISTEN (exit 1 when a check fails)")
+    dr.add_argument("--json", action="store_true", help="print the checks as JSON")
 
-    d = sub.add_parser("demo", parents=[common], help="run the demo (embedded PostgreSQL when no DSN is given)")
-    d.add_argument("--jobs", type=_positive_int, default=3000)
-    d.add_argument("--workers", type=_positive_int, default=3)
-    d.add_argument("--concurrency", type=_positive_int, default=16)
+    gr = command("grant", "give existing roles least-privilege rights on the schema")
+    gr.add_argument("--producer", metavar="ROLE", help="role that enqueues (INSERT, SELECT on jobs)")
+    gr.add_argument(
+        "--worker", metavar="ROLE", help="role that claims and finishes jobs (UPDATE of the lease columns only)"
+    )
+    gr.add_argument(
+        "--operator", metavar="ROLE", help="role that migrates, reads stats and purges (becomes the schema's owner)"
+    )
+    gr.add_argument(
+        "--ui",
+        metavar="ROLE",
+        help="role of `skiplock ui`: reads everything, retries, cancels, pauses, writes ui_audit",
+    )
+    gr.add_argument("--dry-run", action="store_true", help="print the statements, change nothing")
+
+    ui = command("ui", "serve the web UI (needs skiplock[ui]; read-only without a token)")
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ui.add_argument("--port", type=_port, default=8080, help="port to listen on (default 8080)")
+    ui.add_argument("--token-file", metavar="PATH", help="the token actions need (default: SKIPLOCK_UI_TOKEN)")
+    ui.add_argument("--hide-payloads", action="store_true", help="show only the size of payloads, results, errors")
+    ui.add_argument("--trusted-user-header", metavar="NAME", help="behind an authenticating proxy: its user header")
+
+    op = command("operator", "run the Kubernetes operator (needs skiplock[operator])")
+    op.add_argument("--namespace", action="append", default=[], help="watch this namespace (repeatable)")
+    op.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
+    op.add_argument("--liveness-port", type=_port, default=8080, help="port of the /healthz probe (default 8080)")
+    op.add_argument("--peering", help="kopf peering name for HA (default: none, standalone)")
+
+    d = command("demo", "run the demo: a job mix drained by a few workers (embedded PostgreSQL when no DSN is given)")
+    d.add_argument("--jobs", type=_positive_int, default=3000, help="jobs to enqueue (default 3000)")
+    d.add_argument("--workers", type=_positive_int, default=3, help="worker processes (default 3)")
+    d.add_argument("--concurrency", type=_positive_int, default=16, help="jobs in flight per worker (default 16)")
     d.add_argument(
         "--keep",
         action="store_true",
         help="keep the embedded PostgreSQL running afterwards and print its DSN and follow-up commands",
     )
-
-    dr = sub.add_parser("doctor", parents=[common], help="check schema, indexes, vacuum health and LISTEN")
-    dr.add_argument("--json", action="store_true")
-
-    gr = sub.add_parser("grant", parents=[common], help="give existing roles least-privilege rights on the schema")
-    gr.add_argument("--producer", help="role that enqueues (INSERT, SELECT on jobs)")
-    gr.add_argument("--worker", help="role that claims and finishes jobs (UPDATE of the lease columns only)")
-    gr.add_argument("--operator", help="role that migrates, reads stats and purges (becomes the schema's owner)")
-    gr.add_argument("--ui", help="role of `skiplock ui`: reads everything, retries, cancels, pauses, writes ui_audit")
-    gr.add_argument("--dry-run", action="store_true", help="print the statements, change nothing")
-
-    sc = sub.add_parser("schedules", parents=[common], help="periodic tasks: list them with their next run, or sync")
-    sc.add_argument("action", nargs="?", choices=["list", "sync", "remove"], default="list")
-    sc.add_argument("names", nargs="*", help="remove: the schedules (task names) to remove")
-    sc.add_argument("--app", dest="schedules_app", help="sync: the app whose schedules to register (module:attr)")
-    sc.add_argument("--prune", action="store_true", help="sync: also remove the app's schedules it no longer defines")
-    sc.add_argument("--json", action="store_true")
-
-    op = sub.add_parser("operator", parents=[common], help="run the Kubernetes operator (needs skiplock[operator])")
-    op.add_argument("--namespace", action="append", default=[], help="watch this namespace (repeatable)")
-    op.add_argument("--all-namespaces", action="store_true")
-    op.add_argument("--liveness-port", type=int, default=8080)
-    op.add_argument("--peering", help="kopf peering name for HA (default: none, standalone)")
     return p
 
 
@@ -272,6 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             settings = load_settings(args)
         configure_logging(settings.log_level, settings.log_format, settings.dsn)
+        if settings.dsn:
+            check_dsn(settings.dsn)
         if getattr(args, "queue", None) is not None:
             check_queue_name(args.queue)
         return COMMANDS[args.command](args, settings)
@@ -288,8 +453,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def check_dsn(dsn: str) -> None:
+    """A DSN libpq cannot parse is a configuration error (exit 2), found before any connection is tried."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except ProgrammingError:
+        # libpq's parse error quotes parts of the DSN (a password among them): never echo it
+        raise ConfigError(
+            "the DSN is malformed (expected a URI such as postgresql://user@host:5432/db, or key=value pairs)"
+        ) from None
+
+
+def warn(message: str) -> None:
+    """A warning of a command (the one style: ``skiplock: warning: ...`` on stderr)."""
+    print(f"skiplock: warning: {message}", file=sys.stderr)
+
+
 def _clean(exc: BaseException, args: argparse.Namespace, settings: Settings | None = None) -> str:
-    text = str(exc).strip().replace("\n", " ")
+    text = " ".join(str(exc).split())  # one line: libpq's DETAIL and tab-indented hints joined
     dsns = (
         settings and settings.dsn,
         getattr(args, "dsn", None),
@@ -312,6 +496,7 @@ def _guard_schema(q: Any, settings: Settings) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    logging.getLogger("skiplock.migrate").setLevel(logging.WARNING)  # the line below reports it, once
     with _queue(settings) as q:
         report = q.migrate()
     applied = ", ".join(report.applied) or "nothing to do"
@@ -319,28 +504,77 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+def read_payload(args: argparse.Namespace) -> Any:
+    """The JSON payload of ``--payload`` or ``--payload-file PATH|-`` (a warning when it is not an object)."""
+    where = "--payload"
+    text = args.payload
+    if args.payload_file is not None:
+        where = f"--payload-file {args.payload_file}"
+        try:
+            if args.payload_file == "-":
+                text = sys.stdin.read()
+            else:
+                with open(args.payload_file, encoding="utf-8") as f:
+                    text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PayloadError(f"cannot read {where}: {exc.__class__.__name__}: {exc.args[-1]}") from None
     try:
-        payload = json.loads(args.payload, parse_constant=_reject_constant)
+        payload = json.loads(text, parse_constant=lambda name: _reject_constant(name, where))
     except json.JSONDecodeError as exc:
-        raise PayloadError(f"--payload is not valid JSON: {exc}") from None
+        raise PayloadError(f"{where} is not valid JSON: {exc}") from None
     except RecursionError:
-        raise PayloadError("--payload nests too deeply") from None
+        raise PayloadError(f"{where} nests too deeply") from None
+    if not isinstance(payload, dict):
+        kind = "null" if payload is None else type(payload).__name__
+        warn(f'the payload is a JSON {kind}, not an object: tasks usually read job.payload["key"]')
+    return payload
+
+
+def task_queue(q: Any, args: argparse.Namespace, settings: Settings) -> tuple[str, dict[str, Any]]:
+    """The queue and the defaults of a job enqueued by ``skiplock enqueue``: a task's as its workers registered
+    them (explicit flags win); a task no worker registered needs ``--queue``; no task: ``--queue`` or the default."""
+    if not args.task:
+        return args.queue or settings.queue, {}
+    if problem := task_name_problem(args.task):
+        raise ConfigError(problem)
+    registered = q.task_defaults(args.task)
+    if registered is None:
+        if args.queue:
+            return args.queue, {}
+        close = suggest(args.task, q.task_names())
+        hint = f"did you mean {close!r}? " if close else ""
+        raise ConfigError(
+            f"task {args.task!r} is not registered in schema {settings.schema!r} (no worker running it has started): "
+            f"{hint}give its queue with --queue, or start a worker of its app first (it registers the task's queue "
+            "and defaults)"
+        )
+    if args.queue and args.queue != registered.queue:
+        warn(f"task {args.task!r} runs on queue {registered.queue!r}; enqueued on {args.queue!r} as --queue says")
+    return args.queue or registered.queue, registered.options()
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    payload = read_payload(args)
     unique = _unique_options(args, payload)
     with _queue(settings) as q:
         _guard_schema(q, settings)
+        queue, defaults = task_queue(q, args, settings)
+        explicit = {"priority": args.priority, "max_attempts": args.max_attempts}
+        options = defaults | {k: v for k, v in explicit.items() if v is not None}
         result = q.enqueue(
-            args.queue or settings.queue,
+            queue,
             payload,
             task=args.task,
             delay=args.delay,
-            priority=args.priority,
-            max_attempts=args.max_attempts,
+            priority=options.get("priority"),
+            max_attempts=options.get("max_attempts"),
             idempotency_key=args.idempotency_key,
             timeout_seconds=args.timeout_seconds,
             **unique,
             serial_key=args.serial_key,
-            serial_skip_on_retry=args.serial_skip_on_retry,
+            serial_skip_on_retry=args.serial_skip_on_retry
+            if args.serial_skip_on_retry is not None
+            else options.get("serial_skip_on_retry"),
         )
     note = " (duplicate: a job with this key exists)" if result.duplicate else ""
     print(f"{result.id}{note}")
@@ -405,14 +639,7 @@ def cmd_schedules(args: argparse.Namespace, settings: Settings) -> int:
     if not rows:
         print("no schedules (workers register their app's periodic tasks at start; or: skiplock schedules sync)")
         return EXIT_OK
-    print(f"{'NAME':40} {'QUEUE':16} {'WHEN':24} {'NEXT RUN (UTC)':26} LAST RUN (UTC)")
-    for r in rows:
-        when = r["cron"] or f"every {r['every_seconds']:g}s"
-        if r["cron"] and r["timezone"] != "UTC":
-            when += f" ({r['timezone']})"
-        nxt = "stale: not fired" if r["stale"] else r["next_run_at"].astimezone(UTC).isoformat(timespec="seconds")
-        last = r["last_run_at"].astimezone(UTC).isoformat(timespec="seconds") if r["last_run_at"] else "-"
-        print(f"{r['name']:40} {r['queue']:16} {when:24} {nxt:26} {last}")
+    print(render.schedules(rows))
     return EXIT_OK
 
 
@@ -439,22 +666,28 @@ def cmd_limits(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def _reject_constant(name: str) -> Any:
-    raise PayloadError(f"--payload contains {name}, which is not valid JSON")
+def _reject_constant(name: str, where: str = "--payload") -> Any:
+    raise PayloadError(f"{where} contains {name}, which is not valid JSON")
 
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     with _queue(settings) as q:
         _guard_schema(q, settings)
         rows = q.stats(args.queue)
+        done = None if args.json else q.done_recently(args.queue, seconds=3600, cap=DONE_CAP)
     if args.json:
         print(json.dumps([vars(r) | {"backlog": r.backlog} for r in rows], indent=2, default=str))
         return EXIT_OK
     if args.queue and not rows:
-        print(f"queue {args.queue!r} has no pending, processing or failed jobs", file=sys.stderr)
+        print(f"queue {args.queue!r} has no pending, processing or failed jobs")
     else:
         print(render.stats(rows))
+    print(render.done_recently(done or {}, DONE_CAP))
     return EXIT_OK
+
+
+DONE_CAP = 10_000
+"""``stats`` counts the jobs done in the last hour up to this many (from the done index: a bounded read)."""
 
 
 def cmd_failed(args: argparse.Namespace, settings: Settings) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 
+from skiplock.errors import ConfigError
 from skiplock.job import Job
 from skiplock.settings import Settings
 from skiplock.store.run import execute
@@ -34,6 +35,8 @@ from skiplock.store.statements import Statements
 DEMO_SCHEMA = "skiplock_demo"
 DEMO_QUEUE = "demo"
 BAR = 30
+LINE_EVERY_SECONDS = 2.0
+"""Progress into a file or pipe (no terminal): one plain line this often."""
 STATEMENTS = Statements(Settings(schema=DEMO_SCHEMA))
 
 
@@ -84,8 +87,8 @@ def embedded_postgres(*, keep: bool = False) -> Iterator[Embedded]:
         try:
             import pgserver
         except ImportError:
-            raise SystemExit(
-                "skiplock demo: no DSN given and the embedded PostgreSQL is not installed: "
+            raise ConfigError(
+                "demo: no DSN given and the embedded PostgreSQL is not installed: "
                 "pip install 'skiplock[demo]' (make demo does it), or pass --dsn"
             ) from None
     logging.getLogger("pgserver").setLevel(logging.WARNING)
@@ -102,11 +105,20 @@ def embedded_postgres(*, keep: bool = False) -> Iterator[Embedded]:
 def run_demo(settings: Settings, *, jobs: int, workers: int, concurrency: int, keep: bool = False) -> int:
     """Run the demo on ``settings.dsn``, or on an embedded PostgreSQL when there is none."""
     if settings.dsn:
-        code = _demo(settings.dsn, jobs, workers, concurrency)
+        try:
+            code = _demo(settings.dsn, jobs, workers, concurrency)
+        except KeyboardInterrupt:
+            print("\ndemo stopped (Ctrl-C): the workers were stopped; the demo's jobs stay in schema "
+                  f"{DEMO_SCHEMA!r} until the next run", file=sys.stderr)  # fmt: skip
+            return 130
         print(_hints(_dsn_argument(settings.dsn)))
         return code
-    with embedded_postgres(keep=keep) as server:
-        code = _demo(server.dsn, jobs, workers, concurrency)
+    try:
+        with embedded_postgres(keep=keep) as server:
+            code = _demo(server.dsn, jobs, workers, concurrency)
+    except KeyboardInterrupt:
+        print("\ndemo stopped (Ctrl-C): the workers and the embedded PostgreSQL were stopped", file=sys.stderr)
+        return 130
     if keep:
         print(f"\nthe embedded PostgreSQL keeps running: SKIPLOCK_DSN={shlex.quote(server.dsn)}")
         print(_hints(shlex.quote(server.dsn)))
@@ -130,17 +142,24 @@ def _hints(dsn: str) -> str:
     return "\n".join(
         [
             "try:",
-            f"  {cli} failed --dsn {dsn} --schema {DEMO_SCHEMA}",
             f"  {cli} stats --dsn {dsn} --schema {DEMO_SCHEMA}",
+            f"  {cli} failed --dsn {dsn} --schema {DEMO_SCHEMA}",
+            f"  {cli} show --dsn {dsn} --schema {DEMO_SCHEMA} ID      # one job and its tracebacks (an id of failed)",
         ]
     )
 
 
 def _cli() -> str:
-    """The skiplock command as the user can type it: bare when it is on PATH, else its full path."""
+    """The skiplock command as the user can type it in their shell: bare when it is on their PATH (installed
+    outside a virtualenv, or in the virtualenv they activated), else its path (``make demo`` puts ``.venv/bin`` on
+    its own PATH only, so the bare name would fail when pasted)."""
     here = Path(sys.executable).parent / "skiplock"
     found = shutil.which("skiplock")
-    if found and Path(found).resolve() == here.resolve():
+    in_venv = sys.prefix != sys.base_prefix
+    activated = (
+        os.environ.get("VIRTUAL_ENV") and Path(os.environ["VIRTUAL_ENV"]).resolve() == Path(sys.prefix).resolve()
+    )
+    if found and Path(found).resolve() == here.resolve() and (activated or not in_venv):
         return "skiplock"
     if here.exists():
         try:
@@ -166,6 +185,7 @@ def _demo(dsn: str, jobs: int, workers: int, concurrency: int) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         execute(conn, STATEMENTS.demo("demo_reset"))
     with Queue(settings=settings) as q:
+        logging.getLogger("skiplock.migrate").setLevel(logging.WARNING)  # the demo's own schema: no news
         q.migrate()
         with psycopg.connect(dsn, autocommit=True) as conn:
             execute(conn, STATEMENTS.demo("demo_receipts_create"))
@@ -225,6 +245,7 @@ def _spawn_worker(dsn: str, settings: Settings, concurrency: int, index: int) ->
 
 def _watch(dsn: str, total: int, poison: int, started: float, procs: list[subprocess.Popen[bytes]]) -> int:
     last_done, last_t = 0, started
+    terminal, last_line = sys.stdout.isatty(), 0.0
     rate = 0.0
     deadline = started + 300
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -238,11 +259,15 @@ def _watch(dsn: str, total: int, poison: int, started: float, procs: list[subpro
             finished = done + failed
             filled = int(BAR * finished / total)
             line = (
-                f"\r[{'#' * filled}{'.' * (BAR - filled)}] {finished}/{total}  done {done}  failed {failed}  "
+                f"[{'#' * filled}{'.' * (BAR - filled)}] {finished}/{total}  done {done}  failed {failed}  "
                 f"pending {c.get('pending', 0)}  processing {c.get('processing', 0)}  {rate:6.0f} jobs/s "
             )
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            if terminal:  # one line redrawn in place
+                sys.stdout.write("\r" + line)
+                sys.stdout.flush()
+            elif finished >= total or t - last_line >= LINE_EVERY_SECONDS:  # a log or a pipe: plain lines
+                print(line.rstrip(), flush=True)
+                last_line = t
             if finished >= total:
                 return 0 if failed == poison else 1
             if all(p.poll() is not None for p in procs):

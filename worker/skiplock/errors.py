@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+
 
 class SkiplockError(Exception):
     """Base of every error skiplock raises on purpose."""
@@ -67,4 +70,30 @@ def format_error(exc: BaseException) -> str:
     text = text.replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 20] + " ...[truncated]"
+    return text
+
+
+MAX_TRACEBACK_CHARS = 3000
+"""Longest traceback kept in a job's error history (the tail: the innermost frames and the error)."""
+TRACEBACK_FRAMES = 10
+"""Frames kept of a traceback: the innermost ones, where the error was raised."""
+_WORKER_CODE = str(Path(__file__).resolve().parent / "worker")
+
+
+def format_traceback(exc: BaseException) -> str | None:
+    """Where ``exc`` was raised: the innermost frames (file, line, function and source line; never a local
+    variable, so no payload value beyond what the error's own message says) and ``<Type>: <message>``, bounded to
+    :data:`MAX_TRACEBACK_CHARS`. The worker's own frames that called the task are left out. None: never raised."""
+    if exc.__traceback__ is None:
+        return None
+    try:
+        te = traceback.TracebackException.from_exception(exc, limit=-TRACEBACK_FRAMES, capture_locals=False)
+        while len(te.stack) > 1 and te.stack[0].filename.startswith(_WORKER_CODE):
+            del te.stack[0]
+        text = "".join(te.format())
+    except Exception:  # a broken __str__ or frame must not lose the failure
+        return None
+    text = text.replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8").rstrip("\n")
+    if len(text) > MAX_TRACEBACK_CHARS:
+        text = "Traceback (most recent call last, cut):\n  ...\n" + text[-(MAX_TRACEBACK_CHARS - 50) :]
     return text

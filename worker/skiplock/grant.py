@@ -10,7 +10,8 @@ also how a role loses a right.
 - producer: ``USAGE`` on the schema, ``INSERT`` of the enqueue columns only (:data:`ENQUEUE_COLUMNS`) and
   ``SELECT`` of the columns enqueue reads back (:data:`PRODUCER_READ_COLUMNS`: ``RETURNING id, visible_at`` and
   the live job found by queue, idempotency key and status), ``SELECT`` on ``schema_migrations`` (the version
-  check). It cannot set ``id`` (with ``OVERRIDING SYSTEM VALUE`` or otherwise), ``status``, ``attempts``,
+  check), ``SELECT`` on ``tasks`` (the task registry: a job enqueued by task name takes its queue and defaults). It
+  cannot set ``id`` (with ``OVERRIDING SYSTEM VALUE`` or otherwise), ``status``, ``attempts``,
   ``locked_by``, ``last_error`` or the timestamps, cannot read payloads or errors, and has no ``UPDATE``: it
   cannot claim, finish or cancel (nor replace a unique job: ``unique_conflict="replace"`` needs a role with
   ``UPDATE`` of payload, priority, visible_at and updated_at, which grant does not give). The identity column
@@ -20,7 +21,8 @@ also how a role loses a right.
   (:data:`LEASE_COLUMNS`: claim, heartbeat, complete, fail, release, lease recovery), ``SELECT`` on
   ``schema_migrations``, ``SELECT, INSERT, UPDATE`` on ``schedules`` (it registers its app's periodic
   tasks), and all of ``task_limits`` and ``task_slots`` (flow control: a worker registers its tasks' limits at
-  start and takes slots when claiming). No ``INSERT`` of jobs (so it fires no ticks: the operator does), no
+  start and takes slots when claiming), ``SELECT, INSERT, UPDATE`` on ``tasks`` (it registers each task's queue and
+  defaults at start). No ``INSERT`` of jobs (so it fires no ticks: the operator does), no
   ``DELETE`` of jobs, no DDL, and the payload, task, queue, priority and key of a job cannot be changed. Within
   its schema a worker role may claim any queue: the schema is the isolation boundary (one schema per tenant,
   one worker role per schema).
@@ -117,6 +119,7 @@ def grant_sql(
     schedules = sql.Identifier(schema, "schedules")  # periodic tasks: registered by workers, fired by the operator
     # Flow control: workers register their tasks' limits (and the slot rows) at start and take slots when claiming.
     flow = sql.SQL(", ").join(sql.Identifier(schema, t) for t in ("task_limits", "task_slots"))
+    registry = sql.Identifier(schema, "tasks")  # task queues and defaults: registered by workers, read by producers
     audit = sql.Identifier(schema, "ui_audit")  # the web UI's actions: written by the ui role
     out: list[sql.Composed] = []
     if operator is not None:
@@ -131,15 +134,18 @@ def grant_sql(
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.Identifier(schema, "task_limits"), op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.Identifier(schema, "task_slots"), op),
             sql.SQL("ALTER FUNCTION {}() OWNER TO {}").format(sql.Identifier(schema, "jobs_free_slot"), op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(registry, op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(audit, op),
         ]
     out.append(sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM PUBLIC").format(jobs, versions, queues, schedules))
     out.append(sql.SQL("REVOKE ALL ON {}, {} FROM PUBLIC").format(flow, audit))
+    out.append(sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(registry))
     members = [sql.Identifier(r) for r in dict.fromkeys(r for r in (producer, worker, ui) if r is not None)]
     for member in members:  # converge: start from nothing, then grant exactly
         out += [
             sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM {}").format(jobs, versions, queues, schedules, member),
             sql.SQL("REVOKE ALL ON {}, {} FROM {}").format(flow, audit, member),
+            sql.SQL("REVOKE ALL ON {} FROM {}").format(registry, member),
             sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(s, member),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, member),
             sql.SQL("GRANT SELECT ON {} TO {}").format(versions, member),
@@ -149,6 +155,7 @@ def grant_sql(
         out += [
             sql.SQL("GRANT INSERT ({}) ON {} TO {}").format(_columns(ENQUEUE_COLUMNS), jobs, p),
             sql.SQL("GRANT SELECT ({}) ON {} TO {}").format(_columns(PRODUCER_READ_COLUMNS), jobs, p),
+            sql.SQL("GRANT SELECT ON {} TO {}").format(registry, p),
         ]
     if worker is not None:
         w = sql.Identifier(worker)
@@ -158,6 +165,7 @@ def grant_sql(
             sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(LEASE_COLUMNS), jobs, w),
             sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(schedules, w),  # registers its schedules
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(flow, w),
+            sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(registry, w),  # registers its tasks
         ]
     if ui is not None:
         u = sql.Identifier(ui)

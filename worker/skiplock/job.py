@@ -181,7 +181,8 @@ class Job:
 
     @property
     def decode_error(self) -> str | None:
-        """Why the stored payload could not be decoded (the job then fails without running), else None."""
+        """Why the stored payload could not be decoded, or another value of the row cannot be kept (a timeout out of
+        bounds): the job then fails without running. Else None."""
         return self._decode_error
 
     @property
@@ -216,6 +217,16 @@ class Job:
 
 MAX_PAYLOAD_DEPTH = 200
 """Deepest nesting of a payload's arrays and objects: deeper payloads are refused at enqueue and fail at claim."""
+TIMEOUT_SECONDS_MAX = 365 * 86400
+"""Longest ``timeout_seconds`` (a year): refused beyond at enqueue and by the database, failed at claim."""
+
+
+def timeout_error(timeout: Any) -> str | None:
+    """Why a claimed row's ``timeout_seconds`` cannot be kept (NaN, infinite, <= 0, over a year: a row stored outside
+    the database's bound), or None: such a job fails without running, never the worker or its claim."""
+    if timeout is None or 0 < timeout <= TIMEOUT_SECONDS_MAX:  # NaN compares false
+        return None
+    return f"ValueError: timeout_seconds {timeout!r} is outside 0 < t <= {TIMEOUT_SECONDS_MAX}: failed without running"
 
 
 def payload_depth_exceeded(text: str, limit: int = MAX_PAYLOAD_DEPTH) -> bool:
@@ -271,6 +282,8 @@ def job_from_row(row: dict[str, Any]) -> Job:
     values = {name: row[name] for name in CLAIM_ROW if name in row}
     payload, error = decode_payload(values.get("payload"))
     values["payload"] = payload
+    if (bad := timeout_error(values.get("timeout_seconds"))) is not None:
+        values["timeout_seconds"], error = None, error or bad
     job = Job(**values)
     if error is not None:
         object.__setattr__(job, "_decode_error", error)
@@ -286,6 +299,8 @@ def job_from_claim(row: tuple[Any, ...]) -> Job:
     class defaults (None) until a worker binds them."""
     _, id_, queue, task, text, attempts, max_attempts, priority, created_at, visible_at, key, timeout, serial, tc = row
     payload, error = decode_payload(text)
+    if timeout is not None and (bad := timeout_error(timeout)) is not None:
+        timeout, error = None, error or bad
     job: Job = _new_job(Job)
     job.__dict__.update(
         id=id_,

@@ -8,19 +8,15 @@ import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import prometheus_client
-import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from psycopg.rows import dict_row
 
 from skiplock.job import OUTCOMES, Outcome
-from skiplock.settings import Settings
-from skiplock.sql import queries_for
+from skiplock.store.health import TableHealth
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -29,7 +25,10 @@ prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 FAILURE_REASONS = ("non_retryable", "exhausted", "unknown_task")
-DB_OPERATIONS = ("claim", "complete", "fail", "heartbeat", "recover", "release", "purge", "schedule", "register_limits")
+DB_OPERATIONS = (
+    "claim", "complete", "fail", "heartbeat", "recover", "release", "purge", "schedule", "register_limits",
+    "register_tasks",
+)  # fmt: skip
 WAKEUP_SOURCES = ("notify", "poll", "busy", "recovered", "rate_limit", "completed")
 
 
@@ -280,15 +279,6 @@ class BoundMetrics:
         self.paused = m.queue_paused.labels(queue)
 
 
-@dataclass(frozen=True)
-class TableHealth:
-    schema: str
-    live: float
-    dead: float
-    size_bytes: float
-    last_vacuum: float
-
-
 class TableCollector(Collector):
     """Health of the jobs table (live and dead tuples, size, last vacuum), read at scrape and cached for ``ttl``.
 
@@ -333,36 +323,3 @@ class TableCollector(Collector):
 
     def describe(self) -> Iterable[Any]:
         return []
-
-
-class TableFetcher:
-    """Reads the jobs table's statistics on its own lazily opened connection (scrapes run in a thread)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._conn: psycopg.Connection[Any] | None = None
-
-    def __call__(self) -> TableHealth | None:
-        s = self._settings
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(
-                s.require_dsn(), autocommit=True, connect_timeout=5, application_name="skiplock-worker"
-            )
-        try:
-            with self._conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(queries_for(s.schema).doctor_table_stats, {"table": f'"{s.schema}".jobs'})
-                t = cur.fetchone()
-        except psycopg.Error:
-            self._conn.close()
-            self._conn = None
-            raise
-        if t is None:
-            return None
-        last = max((v for v in (t["last_autovacuum"], t["last_vacuum"]) if v is not None), default=None)
-        return TableHealth(
-            s.schema,
-            float(t["live"] or 0),
-            float(t["dead"] or 0),
-            float(t["total_bytes"] or 0),
-            last.timestamp() if last else 0.0,
-        )

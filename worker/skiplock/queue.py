@@ -28,6 +28,7 @@ from skiplock.store.copy import CopyJobs, acopy_jobs, copy_jobs
 from skiplock.store.purge import apurge_batch, more_left, purge_batch
 from skiplock.store.run import NOT_CONNECTED, AsyncRunner, Runner, unavailable
 from skiplock.store.statements import PURGE_BATCH, Failure, PurgePolicy, Statements
+from skiplock.store.tasks import TaskDefaults
 from skiplock.store.validation import (
     TASK_NAME_MAX,
     EnqueueManyOptions,
@@ -280,6 +281,19 @@ class Queue:
         """Every registered schedule with its next and last run (``stale``: not registered for long)."""
         return self._run(self._s.schedule_list(STALE_SECONDS))
 
+    def task_defaults(self, task: str) -> TaskDefaults | None:
+        """The queue and enqueue defaults the workers running ``task`` registered (None: none did), for a producer
+        that enqueues by name without the task's code: ``d.queue`` and ``**d.options()``."""
+        return self._run(self._s.task_defaults(task))
+
+    def task_names(self) -> list[str]:
+        """Every registered task name, in order."""
+        return self._run(self._s.task_names())
+
+    def done_recently(self, queue: str | None = None, *, seconds: float = 3600, cap: int = 10_000) -> dict[str, int]:
+        """Jobs finished as done in the last ``seconds`` by queue, counted up to ``cap`` in all."""
+        return self._run(self._s.done_recently(queue, seconds, cap))
+
     def register_schedules(self, given: Sequence[Schedule]) -> None:
         """Register (or refresh) periodic tasks, as a worker does at start (``skiplock schedules sync``)."""
         with self._run.connection() as conn:
@@ -506,6 +520,17 @@ class AsyncQueue:
 
     async def schedules(self) -> list[dict[str, Any]]:
         return await self._run(self._s.schedule_list(STALE_SECONDS))
+
+    async def task_defaults(self, task: str) -> TaskDefaults | None:
+        return await self._run(self._s.task_defaults(task))
+
+    async def task_names(self) -> list[str]:
+        return await self._run(self._s.task_names())
+
+    async def done_recently(
+        self, queue: str | None = None, *, seconds: float = 3600, cap: int = 10_000
+    ) -> dict[str, int]:
+        return await self._run(self._s.done_recently(queue, seconds, cap))
 
     async def register_schedules(self, given: Sequence[Schedule]) -> None:
         async with self._run.connection() as conn:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from skiplock.job import QueueStats
@@ -20,6 +21,32 @@ def stats(rows: Sequence[QueueStats]) -> str:
         for r in rows
     ]  # fmt: skip
     return table(head, body) if body else "no pending, processing or failed jobs"
+
+
+def done_recently(done: Mapping[str, int], cap: int) -> str:
+    """``skiplock stats``' positive confirmation: the jobs done in the last hour (counted up to ``cap``)."""
+    total = sum(done.values())
+    if not total:
+        return "no job done in the last hour (is a worker running? one job and its errors: skiplock show ID)"
+    more = "+" if total >= cap else ""
+    by_queue = ", ".join(f"{q} {n:,}" for q, n in sorted(done.items()))
+    return f"done in the last hour: {total:,}{more} ({by_queue})"
+
+
+def schedules(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``skiplock schedules``: one line a periodic task, times in UTC."""
+    body = []
+    for r in rows:
+        when = r["cron"] or f"every {r['every_seconds']:g}s"
+        if r["cron"] and r["timezone"] != "UTC":
+            when += f" ({r['timezone']})"
+        nxt = "stale: not fired" if r["stale"] else utc(r["next_run_at"])
+        body.append((r["name"], r["queue"], when, nxt, utc(r["last_run_at"]) if r["last_run_at"] else "-"))
+    return table(("name", "queue", "when", "next_run_utc", "last_run_utc"), body)
+
+
+def utc(at: datetime) -> str:
+    return at.astimezone(UTC).isoformat(timespec="seconds")
 
 
 def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -48,7 +75,10 @@ def job(row: dict[str, Any]) -> str:
     errors = row.get("errors") or []
     lines.append(f"errors ({len(errors)}, oldest first):" if errors else "errors: none")
     for e in errors:
-        lines.append(f"  #{e.get('attempt')} {e.get('at')} {e.get('worker') or '-'}: {e.get('error')}")
+        attempt = f"attempt {e.get('attempt')}/{row.get('max_attempts')}"
+        lines.append(f"  {attempt} at {e.get('at')} on {e.get('worker') or '-'}: {e.get('error')}")
+        if tb := e.get("traceback"):
+            lines.extend("      " + x for x in str(tb).splitlines())
     return "\n".join(lines)
 
 

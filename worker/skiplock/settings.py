@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from skiplock.duration import is_duration_setting, parse_duration
 from skiplock.errors import ConfigError
 from skiplock.knobs import BY_NAME, ENV_PREFIX, IDENTIFIER, MAX_BACKOFF_SECONDS, QUEUE_NAME, knob_problems
 
@@ -203,7 +204,12 @@ def _coerce(name: str, annotation: Any, raw: Any) -> Any:
                 raise ValueError("expected an integer")
             return int(raw)
         if kind == "float":
-            value = float(raw)
+            try:
+                value = float(raw)
+            except ValueError:  # a duration with a unit: 90s, 15m, 7d
+                if not (isinstance(raw, str) and is_duration_setting(name)):
+                    raise
+                value = parse_duration(raw)
             if not math.isfinite(value):
                 raise ValueError("expected a finite number")
             return value

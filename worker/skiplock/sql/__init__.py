@@ -28,6 +28,7 @@ QUERY_FILES = (
     "ui.sql",
     "traced.sql",
     "autoscale.sql",
+    "tasks.sql",
 )
 
 
@@ -105,6 +106,7 @@ class Queries:
     job_snooze: LiteralString
     job_release: LiteralString
     job_release_orphans: LiteralString
+    job_fail_unique_blocked: LiteralString
     job_heartbeat: LiteralString
     job_recover_expired: LiteralString
     job_get: LiteralString
@@ -119,6 +121,7 @@ class Queries:
     retention_xact_lock: LiteralString
     retention_try_xact_lock: LiteralString
     queue_stats: LiteralString
+    queue_done_recently: LiteralString
     queue_set_paused: LiteralString
     session_generic_plans: LiteralString
     session_reset_plans: LiteralString
@@ -131,6 +134,9 @@ class Queries:
     task_limits_register: LiteralString
     task_limits_list: LiteralString
     task_limits_next_start: LiteralString
+    task_register: LiteralString
+    task_find: LiteralString
+    task_names: LiteralString
     server_connection_limits: LiteralString
     session_statement_timeout: LiteralString
     schema_lock: LiteralString

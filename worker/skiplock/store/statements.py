@@ -16,13 +16,15 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from skiplock.backoff import backoff_seconds
-from skiplock.errors import EnqueueError, NonRetryableError, format_error
+from skiplock.errors import EnqueueError, NonRetryableError, format_error, format_traceback
 from skiplock.job import CLAIM_ROW, EnqueueManyResult, EnqueueResult, Job, QueueStats, job_from_claim
 from skiplock.limits import TaskLimits, register_params
 from skiplock.settings import Settings
 from skiplock.sql import Queries, queries_for
 from skiplock.store.call import Call, Result
 from skiplock.store.copy import CopyJobs, copies_defaults, reserved
+from skiplock.store.tasks import TaskDefaults, defaults_from_row
+from skiplock.store.tasks import register_params as task_register_params
 from skiplock.store.validation import _shown, check_queue_name, enqueue_many_params, enqueue_params
 
 T = TypeVar("T")
@@ -169,6 +171,8 @@ class Failure:
     error: str
     delay_seconds: float
     retry: bool
+    traceback: str | None = None
+    """Where the error was raised (``format_traceback``), kept in the error history; None: not raised."""
 
     @classmethod
     def from_exception(cls, job: Job, exc: BaseException, settings: Settings) -> Failure:
@@ -179,7 +183,7 @@ class Failure:
             cap=settings.backoff_cap_seconds,
             jitter=settings.backoff_jitter,
         )
-        return cls(job, format_error(exc), delay, retry)
+        return cls(job, format_error(exc), delay, retry, format_traceback(exc))
 
     @property
     def final(self) -> bool:
@@ -191,6 +195,7 @@ def fail_params(failures: Sequence[Failure], worker: str, now: datetime | None) 
         "ids": [f.job.id for f in failures],
         "attempts": [f.job.attempts for f in failures],
         "errors": [f.error for f in failures],
+        "tracebacks": [f.traceback for f in failures],
         "delays": [f.delay_seconds for f in failures],
         "retry": [f.retry for f in failures],
         "worker": worker,
@@ -481,6 +486,11 @@ class Statements:
         params = {"worker": worker, "queues": list(queues), "known": list(known), "now": now}
         return Call(self.q.job_release_orphans, params, _ids)
 
+    def fail_unique_blocked(self, queues: Sequence[str]) -> Call[list[int]]:
+        """Fail the pending jobs of ``queues`` that break ``jobs_unique_idx`` when claimed (rows stored outside
+        ``jobs_unique_states_check``): a claim that hit it stops no queue."""
+        return Call(self.q.job_fail_unique_blocked, {"queues": list(queues)}, _ids)
+
     def stats(self, queue: str | None, lease_seconds: float | None, now: datetime | None) -> Call[list[QueueStats]]:
         lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
         params = {"queue": queue, "lease_seconds": lease, "now": now}
@@ -503,7 +513,8 @@ class Statements:
         self, ids: Sequence[int] | None, queue: str | None, now: datetime | None, include_cancelled: bool = False
     ) -> Call[list[int]]:
         statuses = ["failed", "cancelled"] if include_cancelled else ["failed"]
-        return Call(self.q.job_retry_failed, selection_params(ids, queue, now) | {"statuses": statuses}, _ids)
+        params = selection_params(ids, queue, now) | {"statuses": statuses, "channel": self.settings.channel}
+        return Call(self.q.job_retry_failed, params, _ids)
 
     def cancel(
         self,
@@ -552,6 +563,20 @@ class Statements:
 
     def register_limits(self, limits: Iterable[TaskLimits], worker: str) -> Call[list[dict[str, Any]]]:
         return Call(self.q.task_limits_register, register_params(limits, worker), lambda r: r.rows)
+
+    def register_tasks(self, tasks: Iterable[TaskDefaults], app: str, worker: str) -> Call[list[str]]:
+        params = task_register_params(tasks, app, worker)
+        return Call(self.q.task_register, params, lambda r: [x["name"] for x in r.rows])
+
+    def task_defaults(self, name: str) -> Call[TaskDefaults | None]:
+        return Call(self.q.task_find, {"name": name}, lambda r: defaults_from_row(r.rows[0]) if r.rows else None)
+
+    def done_recently(self, queue: str | None, seconds: float, cap: int) -> Call[dict[str, int]]:
+        params = {"queue": queue, "seconds": seconds, "cap": cap}
+        return Call(self.q.queue_done_recently, params, lambda r: {x["queue"]: x["done"] for x in r.rows})
+
+    def task_names(self) -> Call[list[str]]:
+        return Call(self.q.task_names, None, lambda r: [x["name"] for x in r.rows])
 
     def limits(self, now: datetime | None, *, after: str = "", limit: int | None = None) -> Call[list[dict[str, Any]]]:
         """Task limits by name after ``after``, at most ``limit`` of them (None: all)."""

@@ -6,14 +6,13 @@ Pure: no I/O. A bad argument raises :class:`EnqueueError` (or :class:`PayloadErr
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
 from skiplock.errors import EnqueueError, PayloadError
-from skiplock.job import MAX_PAYLOAD_DEPTH, payload_depth_exceeded
+from skiplock.job import MAX_PAYLOAD_DEPTH, TIMEOUT_SECONDS_MAX, payload_depth_exceeded
 from skiplock.settings import QUEUE_NAME, Settings
 from skiplock.unique import UNIQUE_KEY_MAX, states_for, unique_problem
 
@@ -28,6 +27,16 @@ SERIAL_KEY_MAX = 255
 PRIORITY_RANGE = (-32768, 32767)
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_DELAY_SECONDS = 100 * 365 * 86400
+VISIBLE_AT_RANGE = (datetime(1970, 1, 1, tzinfo=UTC), datetime(3000, 1, 1, tzinfo=UTC))
+"""When a job may become due: from the first, up to (not including) the second (``jobs_visible_at_check``)."""
+
+
+def timeout_problem(value: Any, name: str = "timeout_seconds") -> str | None:
+    """Why ``value`` cannot be a timeout (NaN, infinite, <= 0, not a number, or over ``TIMEOUT_SECONDS_MAX``, a year:
+    the database checks it too, ``jobs_timeout_bound_check``), or ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= TIMEOUT_SECONDS_MAX:
+        return f"{name} must be a number of seconds > 0 and <= {TIMEOUT_SECONDS_MAX} (a year) (got {_shown(value)})"
+    return None
 
 
 class _Visibility(TypedDict, total=False):
@@ -227,11 +236,17 @@ def _common_params(settings: Settings, queue: str, options: Mapping[str, Any], k
             f"delay must be a finite number of seconds within 0..{MAX_DELAY_SECONDS} (got {_shown(delay)})"
         )
     run_at = options.get("run_at")
-    if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
-        raise EnqueueError(f"run_at must be a timezone-aware datetime (got {_shown(run_at)})")
+    if run_at is not None:
+        if not isinstance(run_at, datetime) or run_at.tzinfo is None:
+            raise EnqueueError(f"run_at must be a timezone-aware datetime (got {_shown(run_at)})")
+        first, until = VISIBLE_AT_RANGE
+        if not first <= run_at < until - timedelta(seconds=delay):
+            raise EnqueueError(
+                f"run_at (plus delay) must fall within {first:%Y-%m-%d} .. {until:%Y-%m-%d} (got {_shown(run_at)})"
+            )
     t = options.get("timeout_seconds")
-    if t is not None and (not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t <= 0):
-        raise EnqueueError(f"timeout_seconds must be a finite number of seconds > 0 (got {_shown(t)})")
+    if t is not None and (problem := timeout_problem(t)):
+        raise EnqueueError(problem)
     return {
         "queue": queue,
         "task": task,

@@ -32,6 +32,7 @@ from skiplock.store.purge import apurge_batch
 from skiplock.store.run import aexecute
 from skiplock.store.schedules import ScheduleSession
 from skiplock.store.statements import Failure, PurgePolicy, Recovered, Statements
+from skiplock.store.tasks import TaskDefaults
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,20 +59,52 @@ BACKOFF_CAP_SECONDS = 10.0
 PurgeBatch = Callable[[PurgePolicy, int], Awaitable[Counter[str] | None]]
 
 
-class WorkerStore(Protocol):
-    """The worker's data access. Each call returns ``None`` when the database failed (logged and counted)."""
+class CompleterStore(Protocol):
+    """What the worker's completer asks: writing results. Each call returns ``None`` when the database failed."""
 
-    ok: bool
-    """The last call reached the database."""
-    uncertain: bool
-    """A try of the last call failed in flight: it may have committed with its reply lost."""
+    async def backoff(self, stopping: asyncio.Event) -> None: ...
+    async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
+    async def complete(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
+    async def fail(self, failures: Sequence[Failure], *, worker: str) -> dict[int, str] | None: ...
+    async def snooze(self, jobs: Sequence[Job], delays: Sequence[float], *, worker: str) -> set[int] | None: ...
+    async def cancelled_among(
+        self, jobs: Sequence[Job], *, worker: str, operation: str = "complete"
+    ) -> set[int] | None: ...
 
-    async def open(self) -> None: ...
-    async def close(self) -> None: ...
+
+class LeaseStore(Protocol):
+    """What the worker's leases ask: renewing, recovering and handing back. ``None``: the database failed."""
+
+    async def heartbeat(
+        self,
+        jobs: Sequence[Job],
+        *,
+        worker: str,
+        leases: Sequence[float] | None = None,
+        timeouts: Sequence[float | None] | None = None,
+    ) -> set[int] | None: ...
+    async def cancelled_among(
+        self, jobs: Sequence[Job], *, worker: str, operation: str = "complete"
+    ) -> set[int] | None: ...
+    async def recover_expired(
+        self, *, queues: Sequence[str], lease_seconds: float | None = None
+    ) -> list[Recovered] | None: ...
+    async def release(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
+    async def release_orphans(
+        self, *, worker: str, queues: Sequence[str], known: Sequence[int]
+    ) -> list[int] | None: ...
+
+
+class ClaimStore(Protocol):
+    """What the worker's claimer asks: claims (carrying completions) on a kept connection, and what decides them.
+    Each call but :meth:`drain_requested` returns ``None`` when the database failed."""
+
+    @property
+    def uncertain(self) -> bool:
+        """A try of the last call failed in flight: it may have committed with its reply lost."""
+
     async def backoff(self, stopping: asyncio.Event) -> None: ...
     def replan(self) -> None: ...
-
-    # the claimer
     async def complete_and_claim(
         self,
         done: Sequence[Job],
@@ -88,43 +121,31 @@ class WorkerStore(Protocol):
     ) -> tuple[set[int], list[Job]] | None: ...
     async def stream_claims(self) -> None: ...
     async def give_back_claim_connection(self) -> None: ...
+    async def paused(self, queues: Sequence[str]) -> list[str] | None: ...
+    async def jobs_table_bytes(self) -> int | None: ...
+    async def next_start(self, tasks: Sequence[str], queues: Sequence[str]) -> float | None: ...
+    async def drain_requested(self, pod: str) -> bool:
+        """Raises: the caller decides what a failure means (it is not on the claim path)."""
+
+
+class WorkerStore(ClaimStore, CompleterStore, LeaseStore, Protocol):
+    """The worker's data access: each seam's part (a seam is given only its part, so a test fakes only that), and
+    what the lifecycle and the background tasks use. Each call returns ``None`` when the database failed (logged and
+    counted), but for the last four, which raise."""
+
+    ok: bool
+    """The last call reached the database."""
+
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
     @property
     def claim_connection_kept(self) -> bool: ...
     @property
     def streaming_claims(self) -> bool: ...
-    async def paused(self, queues: Sequence[str]) -> list[str] | None: ...
-    async def jobs_table_bytes(self) -> int | None: ...
-    async def next_start(self, tasks: Sequence[str], queues: Sequence[str]) -> float | None: ...
     async def register_limits(self, limits: Iterable[TaskLimits], *, worker: str) -> list[dict[str, Any]] | None: ...
-
-    # the completer
-    async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
-    async def complete(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
-    async def fail(self, failures: Sequence[Failure], *, worker: str) -> dict[int, str] | None: ...
-    async def snooze(self, jobs: Sequence[Job], delays: Sequence[float], *, worker: str) -> set[int] | None: ...
-    async def cancelled_among(
-        self, jobs: Sequence[Job], *, worker: str, operation: str = "complete"
-    ) -> set[int] | None: ...
-
-    # leases
-    async def heartbeat(
-        self,
-        jobs: Sequence[Job],
-        *,
-        worker: str,
-        leases: Sequence[float] | None = None,
-        timeouts: Sequence[float | None] | None = None,
-    ) -> set[int] | None: ...
-    async def recover_expired(
-        self, *, queues: Sequence[str], lease_seconds: float | None = None
-    ) -> list[Recovered] | None: ...
-    async def release(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
-    async def release_orphans(
-        self, *, worker: str, queues: Sequence[str], known: Sequence[int]
-    ) -> list[int] | None: ...
+    async def register_tasks(self, tasks: Iterable[TaskDefaults], *, app: str, worker: str) -> list[str] | None: ...
 
     # these raise: the caller decides what a failure means (none of them is on the claim path)
-    async def drain_requested(self, pod: str) -> bool: ...
     async def stats(
         self, queue: str | None = None, *, lease_seconds: float | None = None, now: datetime | None = None
     ) -> list[QueueStats]: ...
@@ -302,7 +323,30 @@ class PgWorkerStore:
         call = self.statements.complete_and_claim(
             done, queues, limit, worker, None, lease_seconds, leases, rotate, limited, after, shares
         )
-        return await self.call("claim", lambda: self._claim(call))
+
+        async def claim() -> tuple[set[int], list[Job]]:
+            try:
+                return await self._claim(call)
+            except psycopg.errors.UniqueViolation as exc:  # retried by call(): first fail the jobs that caused it
+                if exc.diag.constraint_name == "jobs_unique_idx":
+                    await self._fail_unique_blocked(queues)
+                raise
+
+        return await self.call("claim", claim)
+
+    async def _fail_unique_blocked(self, queues: Sequence[str]) -> None:
+        """A claim broke the unique-key index: only a row stored outside ``jobs_unique_states_check`` can make it do
+        that, and it would again on every claim. Those jobs fail, each saying why; the claim is then tried again."""
+        try:
+            failed = await self._raw(self.statements.fail_unique_blocked(queues))
+        except psycopg.Error:
+            return  # the claim's own error is counted; its next try cleans up again
+        if failed:
+            log.warning(
+                "failed %d job(s) whose unique key another job holds (their unique_states lack pending)",
+                len(failed),
+                extra={"action": "unique_blocked", "job_ids": failed},
+            )
 
     async def _claim(self, call: Call[tuple[set[int], list[Job]]]) -> tuple[set[int], list[Job]]:
         """A connection that fails goes back to the pool (which drops it if broken)."""
@@ -370,6 +414,9 @@ class PgWorkerStore:
 
     async def register_limits(self, limits: Iterable[TaskLimits], *, worker: str) -> list[dict[str, Any]] | None:
         return await self._run("register_limits", self.statements.register_limits(limits, worker))
+
+    async def register_tasks(self, tasks: Iterable[TaskDefaults], *, app: str, worker: str) -> list[str] | None:
+        return await self._run("register_tasks", self.statements.register_tasks(tasks, app, worker))
 
     # ------------------------------------------------------------------ the completer
     async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None:

@@ -39,7 +39,8 @@ def hide(row: dict[str, Any], config: UiConfig) -> dict[str, Any]:
             out[key] = None
     if isinstance(out.get("errors"), list):
         out["errors"] = [
-            {k: v for k, v in e.items() if k != "error"} | {"error_bytes": len(str(e.get("error", "")).encode())}
+            {k: v for k, v in e.items() if k not in ("error", "traceback")}
+            | {"error_bytes": len(str(e.get("error", "")).encode())}
             for e in out["errors"]
             if isinstance(e, dict)
         ]

@@ -6,7 +6,11 @@ and carries the completer's finished jobs on each claim (one statement, one comm
 The buffer holds at most ``prefetch`` jobs and at most what this worker starts in ``PREFETCH_WAIT_FRACTION`` of a
 lease at its recent pace (so a worker of slow jobs prefetches next to nothing); its jobs are covered by heartbeats,
 a job that waited longer than that fraction of its lease is handed back (no attempt burnt), and on shutdown the
-whole buffer is handed back at once."""
+whole buffer is handed back at once.
+
+Its neighbours, given in dependency order: the store (:class:`ClaimStore`), the completer (:class:`DoneJobs`: the
+finished jobs a claim carries), the executors (:class:`Room`: free slots and the buffer, which they own), the leases
+(:class:`HandBack`) and the shared :class:`~skiplock.worker.wakeup.Wakeup`, on which it waits."""
 
 from __future__ import annotations
 
@@ -16,15 +20,15 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Protocol
 
 from skiplock.job import Job
 from skiplock.metrics import BoundMetrics, WorkerMetrics
 from skiplock.store.statements import per_queue_limit
+from skiplock.store.worker import ClaimStore
 from skiplock.worker import drain, flow
-from skiplock.worker.completer import Completer
-from skiplock.worker.executor import Entry, Slots
-from skiplock.worker.leases import Leases
 from skiplock.worker.scope import Scope
+from skiplock.worker.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 # A prepared statement keeps the plan made for the jobs table as it was when it was prepared, until an ANALYZE of
@@ -89,19 +93,59 @@ UNTIL_IDLE_RECHECK_SECONDS = 0.01
 RATE_RETRY_SECONDS = 0.01
 
 
+class DoneJobs(Protocol):
+    """The completer's side: finished jobs for the claims to carry, counted once written."""
+
+    @property
+    def pending(self) -> int: ...
+    def take_done(self) -> list[Job]: ...
+    def give_back(self, jobs: list[Job]) -> None: ...
+    async def settle(self, done: list[Job], completed: set[int]) -> None: ...
+
+
+class Room(Protocol):
+    """The executors' side: how many slots are free, and the prefetch buffer they keep."""
+
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def started(self) -> int: ...
+    def free(self) -> int: ...
+    def running(self) -> int: ...
+    def waiting(self) -> int: ...
+    def oldest_claim(self) -> float | None: ...
+    def admit(self, jobs: list[Job]) -> None: ...
+    def start(self) -> None: ...
+    def take_buffer(self) -> list[Job]: ...
+    def take_expired(self) -> list[Job]: ...
+    def drop_waiting_longer(self, limit: Callable[[Job], float], now: float) -> list[Job]: ...
+
+
+class HandBack(Protocol):
+    """The leases' side: hand unstarted jobs back, and what a lease is."""
+
+    @property
+    def shortest(self) -> float: ...
+    def lease_for(self, job: Job) -> float: ...
+    async def release(self, jobs: list[Job]) -> int: ...
+    async def reclaim_orphans(self) -> bool: ...
+
+
 class Claimer:
     def __init__(
         self,
+        store: ClaimStore,
         scope: Scope,
-        slots: Slots,
-        completer: Completer,
-        leases: Leases,
-        admit: Callable[[list[Job]], None],
-        start: Callable[[list[Entry]], None],
+        completer: DoneJobs,
+        executors: Room,
+        leases: HandBack,
+        wakeup: Wakeup,
         metrics: WorkerMetrics,
-        stopping: asyncio.Event,
+        bound: dict[str, BoundMetrics],
+        *,
+        until_idle: bool = False,
     ) -> None:
-        self._store = scope.store
+        self._store = store
         self._settings = scope.settings
         self._identity = scope.identity
         self._queues = list(scope.queues)
@@ -109,28 +153,24 @@ class Claimer:
         self._limited = bool(scope.limits)  # a claim may leave a picked job of a limited task for want of a slot
         self._rate_limited = tuple(x.task for x in scope.limits if x.rate is not None)
         self._due_in: float | None = None  # seconds until a rate limit allows the next start (flow.next_start)
-        self._slots = slots
         self._completer = completer
+        self._executors = executors
         self._leases = leases
-        self._admit = admit  # claimed jobs into the buffer (the slots' waiting entries)
-        self._start = start  # buffered jobs the loop starts
+        self._wakeup = wakeup
         self._metrics = metrics
-        self._stopping = stopping
-        self._wake = asyncio.Event()
-        self._paused_changed = asyncio.Event()
+        self._bound = bound
+        self.until_idle = until_idle  # stop once nothing is due and nothing runs (skiplock.testing)
         self.paused: set[str] = set()  # this worker's view of its paused queues (for metrics and logs)
         self.draining = False  # the operator asked this pod to stop claiming (scale-in; see drain.py)
         self._orphans_possible = False
         self._quiet_until = 0.0
         self._empty_streak = 0
         self._rotate = 0
-        self._source = "notify"
-        self._started_seen = 0  # the slots' count of started jobs at the last pace update
+        self._started_seen = 0  # the executors' count of started jobs at the last pace update
         self._prefetch = scope.settings.prefetch
         self._rate = 0.0  # jobs started per second, recent
         self._window_start = time.monotonic()
         self._window_count = 0
-        self.until_idle = False  # stop once nothing is due and nothing runs (skiplock.testing)
         self._claimed_busy = False  # the last claim was made while jobs ran or waited in the buffer
         self.claims = 0
         self.empty_claims = 0
@@ -139,49 +179,19 @@ class Claimer:
         self._short: dict[str, int] = {}  # queues that came back short in the last claim: their next share
         self._after: Job | None = None  # the last job of a full batch of one queue: where the next claim may start
         self._after_until = 0.0  # claims start after it until then (monotonic)
-        self._gathering = False  # waiting in _gather_slots for room for a whole batch
-        self._claiming = False  # a claim statement is in flight
-        self._hurried = False  # the completer asked for a claim now (its jobs waited long enough)
-        self.hurried = 0  # claims made early for that
         self._claimed_jobs = metrics.claims.labels("jobs")
         self._claimed_none = metrics.claims.labels("empty")
 
-    def hurry(self) -> bool:
-        """Finished jobs waited long enough for a claim to carry them: if the loop is only waiting for room for a
-        whole batch, it claims now (a smaller batch, and one statement instead of a claim and a flush); True as well
-        while a claim is in flight (the next one comes soon after)."""
-        if self._stopping.is_set():
-            return False
-        if self._gathering and not self._hurried:
-            self._hurried = True
-            self.hurried += 1
-            self._slots.freed.set()
-        return self._gathering or self._claiming
+    def stats(self) -> dict[str, int]:
+        """Counts for the worker's last log line."""
+        return {
+            "claims": self.claims,
+            "empty_claims": self.empty_claims,
+            "claims_after": self.claims_after,
+            "claims_hurried": self._wakeup.hurried,
+        }
 
-    def wake(self, source: str = "notify") -> None:
-        """Wake the claim loop; ``source`` (notify, recovered) is what its wake-up counter says."""
-        self._source = source
-        self._wake.set()
-
-    # ------------------------------------------------------------------ prefetch buffer (held in the slots)
-    def feed(self) -> None:
-        """Start the buffered jobs the loop runs in the free slots, and wake handler threads and async runners for
-        theirs (called whenever slots free: no round trip between jobs)."""
-        if not self._stopping.is_set():
-            self._start(self._slots.start_for_loop())
-
-    def buffered(self) -> list[Job]:
-        """Jobs claimed but not started: their leases are renewed, and they are this worker's own, never orphans."""
-        return [e.job for e in self._slots.waiting_entries()]
-
-    def take_buffer(self) -> list[Job]:
-        """Empty the buffer (shutdown): the jobs to hand back."""
-        return [e.job for e in self._slots.drop_waiting(lambda e: False)]
-
-    def drop(self, ids: set[int]) -> list[Job]:
-        """Remove buffered jobs found cancelled: they never start."""
-        return [e.job for e in self._slots.drop_waiting(lambda e: e.job.id not in ids)]
-
+    # ------------------------------------------------------------------ prefetch buffer (held by the executors)
     def allowed(self) -> int:
         """How many jobs the buffer may hold now: ``prefetch``, and no more than this worker starts in
         ``PREFETCH_WAIT_FRACTION`` of a lease at its recent pace."""
@@ -191,7 +201,7 @@ class Claimer:
         return min(self._prefetch, int(self._rate * self._settings.lease_seconds * PREFETCH_WAIT_FRACTION))
 
     def _count_started(self) -> None:
-        total = self._slots.started
+        total = self._executors.started
         new, self._started_seen = total - self._started_seen, total
         now = time.monotonic()
         if not self._window_count:
@@ -213,11 +223,11 @@ class Claimer:
         elif (
             not self._rate
             and elapsed >= RATE_FIRST_SECONDS
-            and self._window_count >= RATE_FIRST_FILLS * self._slots.capacity
+            and self._window_count >= RATE_FIRST_FILLS * self._executors.capacity
         ):
             # Fast jobs: a first estimate before the window closes (a drain's first quarter second is not spent
             # claiming for free slots only), leaving out the slots' first fill (a burst slow jobs also start with).
-            self._rate = (self._window_count - self._slots.capacity) / elapsed
+            self._rate = (self._window_count - self._executors.capacity) / elapsed
 
     def gather_target(self) -> int:
         """The room the claim loop waits for (a few milliseconds) before it claims: a whole batch, but with a buffer
@@ -228,41 +238,38 @@ class Claimer:
 
     def _room(self) -> int:
         """Jobs the next claim may take: the free slots plus the buffer's free room (none while draining)."""
-        if self.draining or self._paused_changed.is_set():  # drained, or a control notification not looked at yet
+        if self.draining or self._wakeup.paused_changed.is_set():  # drained, or a control notification unread
             return 0
-        return self._slots.free() + self.allowed() - self._slots.waiting()
+        return self._executors.free() + self.allowed() - self._executors.waiting()
 
     async def _expire_buffer(self) -> None:
         """Hand back buffered jobs that waited longer than their share of the lease (their slots stayed busy), and
         the ones a slot refused to start because their lease had run out meanwhile (see :class:`Slots`)."""
-        expired = self._slots.take_expired()
+        expired = self._executors.take_expired()
         if expired:
             log.warning(
                 "%d prefetched job(s) not started: their leases ran out while they waited (the worker stalled, or "
                 "heartbeats failed); handed back if still held",
                 len(expired),
-                extra={"action": "lease_expired_unstarted", "job_ids": [e.job.id for e in expired][:20]},
+                extra={"action": "lease_expired_unstarted", "job_ids": [j.id for j in expired][:20]},
             )
-            await self._leases.release([e.job for e in expired])
-        oldest = self._slots.oldest_claim()
+            await self._leases.release(expired)
+        oldest = self._executors.oldest_claim()
         now = time.monotonic()
         if oldest is None or now - oldest <= self._leases.shortest * PREFETCH_WAIT_FRACTION:
             return  # none waited its share of even the shortest lease: no scan of the buffer on every loop
         lease_for = self._leases.lease_for
-        stale = self._slots.drop_waiting(lambda e: now - e.claimed <= lease_for(e.job) * PREFETCH_WAIT_FRACTION)
+        stale = self._executors.drop_waiting_longer(lambda job: lease_for(job) * PREFETCH_WAIT_FRACTION, now)
         if stale:
             self._rate = 0.0  # the pace fell (slots stayed busy): prefetch again once jobs start again
-            await self._leases.release([e.job for e in stale])
+            await self._leases.release(stale)
 
     # ------------------------------------------------------------------ pause
-    def poke_paused(self) -> None:
-        """A queue was paused or resumed (control channel): look again now."""
-        self._paused_changed.set()
-
-    async def watch_paused(self, bound: dict[str, BoundMetrics]) -> None:
+    async def watch_paused(self) -> None:
         """Keep ``paused`` (and its gauge) current: on each control notification, else every few polls. The claim
         statement itself skips paused queues, so this view never decides what is claimed."""
         every = max(1.0, self._settings.poll_seconds * 5)
+        bound, changed = self._bound, self._wakeup.paused_changed
         while True:
             rows = await self._store.paused(self._queues)
             if rows is not None:
@@ -273,11 +280,11 @@ class Claimer:
             if draining is not None and draining != self.draining:
                 self.draining = draining
                 drain.report(draining, self._settings.worker_id)
-                await self._leases.release(self.take_buffer() if draining else [])  # prefetched jobs go back
-            self._paused_changed.clear()
-            self._slots.freed.set()  # claims held while it looked (see _room) go on
+                await self._leases.release(self._executors.take_buffer() if draining else [])  # prefetched: back
+            changed.clear()
+            self._wakeup.freed.set()  # claims held while it looked (see _room) go on
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._paused_changed.wait(), timeout=every)
+                await asyncio.wait_for(changed.wait(), timeout=every)
 
     async def watch_table(self) -> None:
         """Replace the control connections, and with them their prepared plans, whenever the jobs table has grown
@@ -301,10 +308,11 @@ class Claimer:
 
     async def run(self) -> None:
         s = self._settings
+        stopping, executors = self._wakeup.stopping, self._executors
         more = True
         try:
-            while not self._stopping.is_set():
-                self.feed()
+            while not stopping.is_set():
+                executors.start()
                 await self._expire_buffer()
                 free = self._room()
                 if free <= 0:
@@ -312,26 +320,26 @@ class Claimer:
                     continue
                 # Wait a few milliseconds for room for a whole batch, so one claim carries many jobs.
                 gather = self.gather_target()
-                if more and (len(self._slots) or self._slots.waiting()) and free < gather:
+                if more and (executors.running() or executors.waiting()) and free < gather:
                     free = await self._gather_slots(gather)
                 if not more and self.until_idle and self._claimed_busy:
                     # The empty claim ran beside running jobs (it claimed ahead): a job they enqueue or unblock may
                     # have committed after its snapshot, so idle is only judged by a claim made with nothing running.
                     await asyncio.sleep(UNTIL_IDLE_RECHECK_SECONDS)
                 elif not more:
-                    idle = not len(self._slots) and not self._slots.waiting() and not self._completer.pending
+                    idle = not executors.running() and not executors.waiting() and not self._completer.pending
                     if self.until_idle and idle:
-                        self._stopping.set()
+                        stopping.set()
                         break
                     await self._store.give_back_claim_connection()  # idle: the pool checks and recycles it meanwhile
                     source = await self._wait_for_work()
-                    if self._stopping.is_set():
+                    if stopping.is_set():
                         break
                     self._metrics.wakeups.labels(source).inc()
                     if self._room() <= 0:  # drained, or a control notification not looked at yet (see _room)
                         more = True
                         continue
-                self._wake.clear()
+                self._wakeup.work.clear()
                 if self._orphans_possible and await self._leases.reclaim_orphans():
                     self._orphans_possible = False
                 more = await self._claim(min(s.batch, free))
@@ -340,19 +348,19 @@ class Claimer:
 
     async def _claim(self, want: int) -> bool:
         """One claim carrying the finished jobs; True when it filled the batch (more work is waiting)."""
-        self._claimed_busy = bool(len(self._slots) or self._slots.waiting())
+        self._claimed_busy = bool(self._executors.running() or self._executors.waiting())
         done = self._completer.take_done()
         started = time.monotonic()
         after = self._after if started < self._after_until else None
         shares = self.shares(want)
-        self._claiming = True
+        self._wakeup.claiming(True)
         try:
             result = await self._complete_and_claim(done, want, after, shares)
         except BaseException:
             self._completer.give_back(done)
             raise
         finally:
-            self._claiming = False
+            self._wakeup.claiming(False)
         self._after = None
         if self._store.uncertain:  # a try failed in flight: it may have claimed jobs whose reply was lost
             self._orphans_possible = True
@@ -361,7 +369,7 @@ class Claimer:
             # the completer writes them on its own. The claim may have committed with its reply lost.
             self._completer.give_back(done)
             self._orphans_possible = True
-            await self._store.backoff(self._stopping)
+            await self._store.backoff(self._wakeup.stopping)
             return True
         completed, jobs = result
         if after is None:  # from the start: the next claims may start after its last job, for a while
@@ -379,8 +387,8 @@ class Claimer:
         if jobs:
             self._claimed_jobs.inc()
             self._empty_streak = 0
-            self._admit(jobs)
-            self.feed()
+            self._executors.admit(jobs)
+            self._executors.start()
         else:
             self._claimed_none.inc()
             self.empty_claims += 1
@@ -455,33 +463,35 @@ class Claimer:
         return shares is not None and len(jobs) > 1 and len(self._short_queues(shares, jobs)) < len(self._queues)
 
     async def _wait_for_slot(self) -> None:
-        self._slots.freed.clear()
+        freed = self._wakeup.freed
+        freed.clear()
         try:
             async with asyncio.timeout(BUSY_RETURN_SECONDS):
-                await self._slots.freed.wait()
+                await freed.wait()
         except TimeoutError:
             await self._store.give_back_claim_connection()  # all slots busy for a while (maybe hours): the pool has it
-            if self._slots.waiting():
+            if self._executors.waiting():
                 return  # the loop hands back buffered jobs that waited too long
-            await self._slots.freed.wait()
+            await freed.wait()
 
     async def _gather_slots(self, wanted: int) -> int:
         """Wait a few milliseconds for room for ``wanted`` jobs (fewer if time runs out, or once the buffer runs
         low); returns the room."""
-        low = max(self._slots.capacity, self.allowed() // 2)  # what covers the slots while the claim is in flight
-        buffered = self._slots.waiting() > low
-        self._gathering, self._hurried = True, False
+        executors, wakeup = self._executors, self._wakeup
+        low = max(executors.capacity, self.allowed() // 2)  # what covers the slots while the claim is in flight
+        buffered = executors.waiting() > low
+        wakeup.gathering(True)
         try:
             with contextlib.suppress(TimeoutError):
                 # one timer, no task per wake-up
                 async with asyncio.timeout(CLAIM_GATHER_BUFFERED_SECONDS if buffered else CLAIM_GATHER_SECONDS):
-                    while self._room() < wanted and not self._stopping.is_set() and not self._hurried:
-                        if buffered and self._slots.waiting() <= low:
+                    while self._room() < wanted and not wakeup.stopping.is_set() and not wakeup.hurried_now:
+                        if buffered and executors.waiting() <= low:
                             break
-                        self._slots.freed.clear()
-                        await self._slots.freed.wait()
+                        wakeup.freed.clear()
+                        await wakeup.freed.wait()
         finally:
-            self._gathering = False
+            wakeup.gathering(False)
         return self._room()
 
     async def _wait_for_work(self) -> str:
@@ -490,13 +500,14 @@ class Claimer:
         wait, due_in, self._due_in = self._settings.poll_seconds, self._due_in, None
         if due_in is not None:
             wait = min(wait, max(due_in, RATE_RETRY_SECONDS))
+        wakeup = self._wakeup
         try:
             async with asyncio.timeout(wait):
-                await self._wake.wait()
+                await wakeup.work.wait()
         except TimeoutError:
             return "poll" if wait == self._settings.poll_seconds else "rate_limit"
         quiet = self._quiet_until - time.monotonic()
-        if quiet > 0 and not self._stopping.is_set():
+        if quiet > 0 and not wakeup.stopping.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=quiet)
-        return self._source
+                await asyncio.wait_for(wakeup.stopping.wait(), timeout=quiet)
+        return wakeup.source

@@ -1,8 +1,11 @@
 """The completer: the only writer of final states, and where every outcome is counted. The executors report each
-finished entry here (:meth:`Completer.finished`); each is dispatched by its :data:`~skiplock.job.Outcome` (one
-``match``, exhaustive). Done jobs wait in a buffer and ride on the next claim (one statement, one commit) or are
-flushed alone after a short delay; failures are recorded at once. A written outcome is counted once, by its name
-(the metric label), and told to the worker's observer."""
+finished entry here (:meth:`Completer.finished`, its slot already freed); each is dispatched by its
+:data:`~skiplock.job.Outcome` (one ``match``, exhaustive). Done jobs wait in a buffer and ride on the next claim (one
+statement, one commit) or are flushed alone after a short delay; failures are recorded at once. A written outcome is
+counted once, by its name (the metric label), and told to the worker's observer.
+
+Its neighbours: the store (:class:`CompleterStore`) and the shared :class:`~skiplock.worker.wakeup.Wakeup` (is a
+claim coming? a job that held back another was written). It holds no other seam."""
 
 from __future__ import annotations
 
@@ -17,13 +20,15 @@ from typing import assert_never
 
 from skiplock.app import Task
 from skiplock.backoff import backoff_seconds
-from skiplock.errors import NonRetryableError, Snooze, format_error
+from skiplock.errors import NonRetryableError, Snooze, format_error, format_traceback
 from skiplock.job import Job, Outcome
 from skiplock.metrics import BoundMetrics
 from skiplock.settings import Settings
 from skiplock.store.statements import Failure
-from skiplock.worker.executor import Entry, Slots
+from skiplock.store.worker import CompleterStore
 from skiplock.worker.scope import Scope
+from skiplock.worker.slots import Entry
+from skiplock.worker.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 FLUSH_MAX = 500
@@ -62,8 +67,11 @@ def failure_for(job: Job, exc: BaseException, task: Task | None, settings: Setti
         o.backoff_jitter if o and o.backoff_jitter is not None else settings.backoff_jitter,
     )
     delay = backoff_seconds(job.attempts, base=b.base, cap=max(b.cap, b.base), jitter=b.jitter) if retry else 0.0
-    return Failure(job, format_error(exc), delay, retry)
+    return Failure(job, format_error(exc), delay, retry, format_traceback(exc))
 
+
+Observer = Callable[[Job, Outcome], None]
+"""Told each outcome counted (every :data:`~skiplock.job.Outcome` but handed_back), on the loop."""
 
 FailureCause = Outcome
 """Why an attempt failed, which names its outcome once written: ``failed`` (the handler raised), ``unknown_task`` or
@@ -73,19 +81,20 @@ FailureCause = Outcome
 class Completer:
     def __init__(
         self,
+        store: CompleterStore,
         scope: Scope,
         metrics: dict[str, BoundMetrics],
-        observe: Callable[[Job, Outcome], None],
-        slots: Slots,
-        refill: Callable[[], None],
+        wakeup: Wakeup,
+        observe: Observer | None = None,
     ) -> None:
-        self._observe = observe  # each outcome counted here (not handed_back)
-        self._slots = slots  # results free their slots here
-        self._refill = refill  # slots were freed: start buffered jobs in them now
-        self._store = scope.store
+        self._store = store
         self._settings = scope.settings
-        self._m = metrics
         self._identity = scope.identity
+        self._m = metrics
+        self._wakeup = wakeup
+        self._observer = observe  # each outcome counted here (not handed_back); None: nobody observes
+        # tasks at a global concurrency limit: one of their jobs ending may let another start (as a serial key's)
+        self._gating = frozenset(x.task for x in scope.limits if x.global_concurrency is not None)
         self._done: list[Job] = []
         self._done_since: float | None = None  # when the oldest done job not yet taken by a claim finished
         self._failed: list[tuple[Failure, FailureCause]] = []
@@ -93,17 +102,9 @@ class Completer:
         self._snoozed: list[tuple[Job, float]] = []  # jobs to reschedule without using an attempt
         self._writing: list[Job] = []  # a flush in flight: still held (heartbeats, orphan release) until settled
         self._handed_back: list[Job] = []  # running jobs handed back at the end of a drain (written at exit)
-        self._async_results: list[Entry] = []  # async results of this loop iteration, collected together
         self._needed = asyncio.Event()
         self._closing = False
         self.flushes = 0  # statements that wrote done jobs no claim carried (the flush loop's own)
-        self.observing: Callable[[], bool] = lambda: True
-        """Whether anyone is told of each written outcome (else a batch of completions is counted per queue)."""
-        self.on_written: Callable[[list[Job]], None] = lambda jobs: None
-        """Called with the jobs the flush loop ended on its own (no claim carried them)."""
-        self.hurry: Callable[[], bool] = lambda: False
-        """Asked once done jobs waited FLUSH_DELAY_SECONDS: True while a claim that carries them is coming (the claimer
-        claims at once instead of waiting for room for a whole batch, or one is in flight and the next follows)."""
 
     # ------------------------------------------------------------------ buffers
     def defer(self, *jobs: Job) -> None:
@@ -177,7 +178,7 @@ class Completer:
         debug = log.isEnabledFor(logging.DEBUG)
         m = self._m
         tally = m[done[0].queue].tally  # one for all queues: a batch's counts are applied together
-        if len(completed) == len(done) and not debug and not self.observing():  # all written, nobody to tell
+        if len(completed) == len(done) and not debug and self._observer is None:  # all written, nobody to tell
             counts = queue_counts(done, len(m))
             tally.add(counts=[(m[queue].finished["done"], n) for queue, n in counts])
             return
@@ -215,6 +216,14 @@ class Completer:
         self._m[job.queue].finished[outcome].inc()
         self._observe(job, outcome)
 
+    def _observe(self, job: Job, outcome: Outcome) -> None:
+        """The observer, if any: an exception it raises is logged, never allowed to stop a claim or a flush."""
+        if self._observer is not None:
+            try:
+                self._observer(job, outcome)
+            except Exception:
+                log.exception("worker callback %r failed", self._observer, extra={"action": "callback_failed"})
+
     def _count_failure(self, f: Failure, cause: FailureCause, status: str | None) -> None:
         """A written failure (``status``: the job's new status; None: the fence refused it)."""
         job = f.job
@@ -234,17 +243,21 @@ class Completer:
             warn_lost(job, "failure not recorded: the lease was lost before it was written")
         elif status == "pending":
             self.count(job, "retried" if cause == "failed" else cause)
+            if f.traceback and log.isEnabledFor(logging.DEBUG):  # a retry's traceback at DEBUG only
+                extra["traceback"] = f.traceback
             log.warning("job failed, will retry in %.1fs", f.delay_seconds, extra={"action": "job_retry", **extra})
         else:
             reason = "unknown_task" if cause == "unknown_task" else ("exhausted" if f.retry else "non_retryable")
             self._m[job.queue].failed[reason].inc()
             self.count(job, cause)
+            if f.traceback:
+                extra["traceback"] = f.traceback
             log.error("job failed for good (%s)", reason.replace("_", "-"), extra={"action": "job_failed", **extra})
 
     # ------------------------------------------------------------------ results (from the executors)
     def finished(self, results: list[Entry]) -> None:
-        """Entries whose handlers returned (a batch): the ones still held are forgotten (their slots freed) and
-        dispatched by outcome; then buffered jobs start in the freed slots."""
+        """Entries whose handlers returned (a batch, their slots already freed by the executors): dispatched by
+        outcome, their run and wait times tallied."""
         durations: dict[str, list[float]] = {}  # run times by queue, handed to the tally once per batch
         waits: dict[str, list[float]] = {}  # waits from visible to start, likewise
         deferred: list[Job] = []  # handed to the buffer at once, whatever happens to the rest of the batch
@@ -253,7 +266,7 @@ class Completer:
             queue: str | None = None
             ran: list[float] = []
             waited: list[float] = []
-            for entry in self._slots.collect(results):  # a late result of a job handed back meanwhile is dropped
+            for entry in results:
                 job = entry.job
                 if job.queue != queue:  # a batch is mostly of one queue: its lists are looked up once
                     queue = job.queue
@@ -275,18 +288,6 @@ class Completer:
                         *((bound[q].wait, values) for q, values in waits.items()),
                     ]
                 )
-        self._refill()
-
-    def finished_one(self, entry: Entry) -> None:
-        """An async job's result: collected with the others of this loop iteration (one batch, one refill)."""
-        if not self._async_results:
-            asyncio.get_running_loop().call_soon(self.collect_async)
-        self._async_results.append(entry)
-
-    def collect_async(self) -> None:
-        results, self._async_results = self._async_results, []
-        if results:
-            self.finished(results)
 
     def record(self, entry: Entry) -> None:
         """A result whose entry the slots just gave up, other than a plain unwritten ``done`` (:meth:`finished`
@@ -327,20 +328,18 @@ class Completer:
             case _ as never:
                 assert_never(never)
 
-    def timed_out(self, entry: Entry, error: BaseException) -> None:
-        """A sync handler ran past its timeout: the job is failed (retried) now; the thread cannot be stopped, so
-        its slot stays taken, reported stuck, until it returns (its late writes are fenced out)."""
+    def timed_out(self, entry: Entry, error: BaseException, stuck: int) -> None:
+        """A sync handler ran past its timeout (the executors marked its slot stuck: ``stuck`` slots are now): the job
+        is failed (retried) now; the thread cannot be stopped, so its slot stays taken until it returns (its late
+        writes are fenced out)."""
         job = entry.job
-        if self._slots.get(job) is not entry or entry.stuck:  # its result was collected, or it was handed back
-            return
-        entry.stuck = True
         m = self._m[job.queue]
         m.timed_out.inc()
         m.stuck.inc()
         self.fail(failure_for(job, error, entry.target.task, self._settings), "timed_out")
         log.warning(
             "sync handler past its timeout: job failed, slot stuck until the thread returns",
-            extra={"action": "job_timed_out", "queue": job.queue, "job_id": job.id, "stuck": self._slots.stuck()},
+            extra={"action": "job_timed_out", "queue": job.queue, "job_id": job.id, "stuck": stuck},
         )
 
     def take_handed_back(self) -> list[Job]:
@@ -349,8 +348,9 @@ class Completer:
         return jobs
 
     # ------------------------------------------------------------------ writing
-    async def run(self, stopping: asyncio.Event) -> None:
+    async def run(self) -> None:
         """Flush loop: until :meth:`close`; a flush in flight is never cancelled (its result would be unknown)."""
+        stopping, hurry = self._wakeup.stopping, self._wakeup.hurry
         while not self._closing:
             await self._needed.wait()
             self._needed.clear()
@@ -364,7 +364,7 @@ class Completer:
                 now = time.monotonic()
                 wait = self._done_since + FLUSH_DELAY_SECONDS - now
                 if wait <= 0:
-                    if now - self._done_since >= FLUSH_MAX_WAIT_SECONDS or not self.hurry():
+                    if now - self._done_since >= FLUSH_MAX_WAIT_SECONDS or not hurry():
                         break
                     wait = FLUSH_RECHECK_SECONDS  # a claim takes them meanwhile (or fails and gives them back)
                 await asyncio.sleep(wait)
@@ -374,7 +374,14 @@ class Completer:
                 await self._store.backoff(stopping)
                 self._needed.set()
             elif ended and not stopping.is_set():
-                self.on_written(ended)  # jobs ended without a claim: one may have held back another (serial keys)
+                self._written(ended)
+
+    def _written(self, jobs: list[Job]) -> None:
+        """Jobs ended without a claim: wake the claim loop when one may have held back another (the next job of its
+        serial key, or of its task at its global concurrency); other jobs' ends unblock nothing (no empty claim)."""
+        gating = self._gating
+        if any(j.serial_key is not None or j.task in gating for j in jobs):
+            self._wakeup.wake("completed")
 
     async def flush(self) -> bool:
         ok = True
@@ -449,7 +456,7 @@ class Completer:
                 warn_lost(job, "snooze not recorded: the lease was lost before it was written")
         return True
 
-    async def close(self, flusher: asyncio.Task[None] | None) -> None:
+    async def close(self, flusher: asyncio.Task[None] | None = None) -> None:
         """Stop the flush loop after its current flush, then write what is left (a few tries)."""
         self._closing = True
         self._needed.set()

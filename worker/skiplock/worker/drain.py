@@ -15,7 +15,7 @@ import logging
 import psycopg
 from psycopg_pool import PoolTimeout
 
-from skiplock.store.worker import WorkerStore
+from skiplock.store.worker import ClaimStore
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def drain_key(worker_id: str) -> str:
     return worker_id.split(":", 1)[0]
 
 
-async def requested(store: WorkerStore, worker_id: str) -> bool | None:
+async def requested(store: ClaimStore, worker_id: str) -> bool | None:
     """Whether this worker's pod is asked to drain; None when the database could not say (nothing changes). Not
     through the store's retried calls: their bookkeeping belongs to the claims (a lost reply is judged by it)."""
     try:

@@ -1,5 +1,6 @@
-"""Running jobs: which function runs a job (routing), the slots, and the two executors that run one job's
-fenced unit and report one :data:`~skiplock.job.Outcome` (to the completer, which writes and counts it).
+"""Running jobs: which function runs a job (routing), the two executors that run one job's fenced unit and report
+one :data:`~skiplock.job.Outcome`, and :class:`Executors`, the seam that owns the slots (:mod:`.slots`) and hands
+every result to the completer (:class:`Results`), which writes and counts it.
 
 The fenced unit: call the handler with ``job``; a handler that wrote through ``job.conn`` is completed in that
 same transaction (fenced: only while this worker still holds this attempt's lease: ``written``), one that did not
@@ -19,21 +20,46 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, Protocol
 
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from skiplock import tracing
-from skiplock.app import App, Task
+from skiplock.app import App, is_async_callable
 from skiplock.errors import Snooze
 from skiplock.handlers import Handler
 from skiplock.job import AsyncLazyConnection, Job, LazyConnection, Outcome
+from skiplock.metrics import BoundMetrics
+from skiplock.settings import Settings
 from skiplock.store.run import aexecute, execute
-from skiplock.store.statements import Statements
+from skiplock.store.statements import Failure, Statements
+from skiplock.worker.completer import failure_for, queue_counts
+from skiplock.worker.pools import async_pool, sync_pool
+from skiplock.worker.scope import Scope
+from skiplock.worker.slots import Entry, Slots, Target
+from skiplock.worker.wakeup import Wakeup
 
+__all__ = [
+    "AsyncExecutor",
+    "Entry",
+    "Executors",
+    "HandlerConnectionError",
+    "Results",
+    "Router",
+    "Slots",
+    "Target",
+    "ThreadExecutor",
+    "UnknownTaskError",
+    "as_handler",
+    "is_timeout",
+    "serve_queues",
+    "timed_out_error",
+    "timeout_for",
+]
 log = logging.getLogger(__name__)
 
 
@@ -66,18 +92,23 @@ class HandlerConnectionError(Exception):
     """The handler's transaction was aborted by a database error it swallowed, or job.conn could not be had."""
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
-    """What runs a job: the function, its colour, and the task (for its options), if any."""
+def serve_queues(settings: Settings, app: App | None, handler: Handler | None) -> tuple[str, ...]:
+    """The queues a worker serves: ``settings.queues``, else every queue its app's tasks name (plus
+    ``settings.queue`` for a catch-all handler), else ``settings.queue``."""
+    if settings.queues:
+        return settings.queues
+    if app is not None and len(app):
+        extra = (settings.queue,) if handler is not None else ()
+        return tuple(dict.fromkeys((*app.queues, *extra)))
+    return (settings.queue,)
 
-    func: Callable[..., Any]
-    is_async: bool
-    task: Task | None = None
-    by_thread: bool = field(init=False)  # a sync handler whose task sets no timeout (its jobs may set their own)
 
-    def __post_init__(self) -> None:
-        no_timeout = self.task is None or self.task.options.timeout_seconds is None
-        object.__setattr__(self, "by_thread", not self.is_async and no_timeout)
+def as_handler(handler: Handler | Callable[..., Any] | None) -> Handler | None:
+    """A catch-all handler given as a plain function, named by its module and qualified name."""
+    if handler is None or isinstance(handler, Handler):
+        return handler
+    name = f"{getattr(handler, '__module__', '?')}:{getattr(handler, '__qualname__', type(handler).__name__)}"
+    return Handler(name, handler, is_async_callable(handler))
 
 
 class Router:
@@ -107,314 +138,6 @@ class Router:
 
     def timeouts(self) -> dict[str, float]:
         return {t.name: t.options.timeout_seconds for t in (self.app or ()) if t.options.timeout_seconds is not None}
-
-
-@dataclass(slots=True, eq=False)
-class Entry:
-    """A claimed job on its way through this worker: waiting for a slot (prefetched), then running, then its result
-    on its way back to the loop (the executors report the entry itself: no result object per job)."""
-
-    job: Job
-    target: Target
-    claimed: float  # time.monotonic() at its claim
-    waited: float = 0.0  # seconds from visible (enqueue or retry due) to its claim
-    started: float = 0.0  # time.monotonic() at its start
-    busy: bool = False  # it takes a slot: from its start until its handler returns (or its entry is dropped)
-    handle: asyncio.Task[None] | None = None  # the runner task while it runs this (async) job; threads have none
-    cancelled: bool = False  # the job was cancelled while it ran (job.cancelled)
-    stuck: bool = False  # a sync handler past its timeout: its job was failed, its thread still runs
-    timer: asyncio.TimerHandle | None = None  # the sync handler's timeout
-    outcome: Outcome | None = None  # set by the executor once the handler returned (or the job was handed back):
-    # done, failed, timed_out, snoozed, cancelled, lease_lost or handed_back (the completer decides the rest)
-    written: bool = False  # done: completed in the handler's own transaction (else the completer writes it)
-    error: BaseException | None = None  # what the handler raised (failed, timed_out, snoozed)
-    finished: float = 0.0  # time.monotonic() when the handler returned
-
-    def is_set(self) -> bool:
-        """What ``job.cancelled`` reads in the handler (the entry is the job's cancel flag: one thread sets it and
-        another reads it, nothing waits on it, so no Event and no object of its own per job)."""
-        return self.cancelled
-
-
-class Slots:
-    """The jobs this worker holds: claimed ones waiting for a slot (the prefetch buffer) and running ones (at most
-    ``capacity`` busy), shared by the loop and the handler threads under one lock. A handler thread whose job
-    returned starts the next waiting sync job itself: no round trip through the loop between jobs. The loop starts
-    the rest (async handlers, sync ones with a timeout), and collects every result: a running job stays held (its
-    lease renewed) until then, its slot free as soon as its handler returned. Async jobs are taken the same way by
-    the async runners (:meth:`next_for_task`), on the loop. ``freed`` is set on the loop whenever results free
-    slots.
-
-    A waiting job whose lease has run out by this worker's estimate (``lease`` seconds after its claim or after the
-    last heartbeat that renewed it, whichever is later: the worker stalled, or heartbeats failed) never starts: it
-    is set aside for the loop to hand back (:meth:`take_expired`), since another worker may have recovered it."""
-
-    def __init__(self, capacity: int, lease: float = float("inf")) -> None:
-        self.capacity = capacity
-        self.lease = lease  # the shortest lease of any job this worker runs
-        self.renewed = 0.0  # time.monotonic() when the last heartbeat that renewed every held lease was sent
-        self._expired: list[Entry] = []  # waiting jobs not started because their lease ran out (for the loop)
-        # One plain lock, taken directly (a C-level context manager, not Condition.__enter__, which runs Python code
-        # on every job); the condition on it is only for the handler threads' sleep and wake-up.
-        self._mutex = threading.Lock()
-        self._cond = threading.Condition(self._mutex)
-        self._running: dict[int, Entry] = {}
-        self._busy = 0
-        self._by_thread: deque[Entry] = deque()  # waiting: a handler thread starts them
-        self._by_task: deque[Entry] = deque()  # waiting: an async runner starts them
-        self._by_loop: deque[Entry] = deque()  # waiting: the loop starts them (sync jobs with a timeout)
-        self._queues = (self._by_thread, self._by_task, self._by_loop)
-        self._handed: deque[Entry] = deque()  # started by the loop, for a handler thread to run
-        self.open = True  # False once draining: no waiting job starts any more
-        self.closed = False  # the handler threads exit
-        self._sleeping = 0  # handler threads waiting for a job
-        self._waking = 0  # of them, notified but not running yet
-        self.started = 0  # jobs started so far (the pace that sizes the buffer)
-        self.freed = asyncio.Event()
-
-    # ------------------------------------------------------------------ waiting (the prefetch buffer)
-    def wait(self, entries: list[Entry]) -> None:
-        """Claimed jobs join the buffer; idle handler threads are woken for theirs."""
-        with self._mutex:
-            for e in entries:
-                target = e.target  # a sync job without a timeout of its own or its task's: a handler thread starts it
-                if target.by_thread and e.job.timeout_seconds is None:
-                    self._by_thread.append(e)
-                else:
-                    (self._by_task if target.is_async else self._by_loop).append(e)
-            self._wake_threads()
-
-    def waiting(self) -> int:
-        return len(self._by_thread) + len(self._by_task) + len(self._by_loop)
-
-    def oldest_claim(self) -> float | None:
-        """When the longest-waiting buffered job was claimed (each queue of waiting jobs is in claim order)."""
-        with self._mutex:  # handler threads take from the front
-            heads = [q[0].claimed for q in self._queues if q]
-        return min(heads) if heads else None
-
-    def waiting_entries(self) -> list[Entry]:
-        with self._mutex:
-            return [e for q in self._queues for e in q]
-
-    def mark_renewed(self, sent: float) -> None:
-        """A heartbeat sent at ``sent`` (time.monotonic()) renewed the lease of every job still waiting."""
-        self.renewed = sent
-
-    def take_expired(self) -> list[Entry]:
-        """The waiting jobs set aside since the last call because their lease ran out before they could start."""
-        if not self._expired:
-            return []
-        with self._mutex:
-            expired, self._expired = self._expired, []
-        return expired
-
-    def forget_waiting(self, jobs: list[Job]) -> list[Job]:
-        """Remove these jobs (these attempts) from the buffer, if still there: their leases were lost, so they
-        never start; returns the ones removed."""
-        mine = {id(j) for j in jobs}
-        return [e.job for e in self.drop_waiting(lambda e: id(e.job) not in mine)]
-
-    def drop_waiting(self, keep: Callable[[Entry], bool]) -> list[Entry]:
-        """Remove the waiting entries ``keep`` refuses (cancelled, waited too long, shutdown): they never start."""
-        with self._mutex:
-            gone = [e for q in self._queues for e in q if not keep(e)]
-            if gone:
-                for q in self._queues:
-                    kept = [e for e in q if keep(e)]
-                    q.clear()
-                    q.extend(kept)
-            return gone
-
-    def start_for_loop(self) -> list[Entry]:
-        """Start the waiting jobs the loop runs, as slots allow; wake handler threads for theirs."""
-        now = time.monotonic()
-        lease = self.lease
-        with self._mutex:
-            started = []
-            while self.open and self._by_loop and self._busy < self.capacity:
-                e = self._by_loop.popleft()
-                if now - e.claimed >= lease and now - self.renewed >= lease:
-                    self._expired.append(e)
-                    continue
-                started.append(self._begin(e, now))
-            self._wake_threads()
-            return started
-
-    def _wake_threads(self) -> None:
-        """Wake one sleeping handler thread when jobs wait for one, unless one is waking already: each thread that
-        takes a job wakes the next while more wait (a chain), so short jobs never wake every thread on each claim."""
-        if self._sleeping > self._waking == 0 and (
-            self._handed or (self._by_thread and self.open and self._busy < self.capacity)
-        ):
-            self._waking += 1
-            self._cond.notify()
-
-    def _end(self, e: Entry) -> None:
-        """Free ``e``'s slot (its handler returned, or its result was collected), once; under the lock."""
-        if e.busy:
-            e.busy = False
-            self._busy -= 1
-
-    def _begin(self, e: Entry, now: float | None = None) -> Entry:
-        e.started = time.monotonic() if now is None else now
-        e.busy = True
-        self._busy += 1
-        self.started += 1
-        self._running[e.job.id] = e
-        return e
-
-    # ------------------------------------------------------------------ handler threads
-    def hand(self, e: Entry) -> None:
-        """A job the loop started goes to a handler thread."""
-        with self._mutex:
-            self._handed.append(e)
-            self._wake_threads()
-
-    def next_for_thread(self, ended: Entry | None = None, now: float | None = None) -> Entry | None:
-        """A handler thread's next job: one handed to it, else the next waiting sync job once a slot is free; blocks
-        until there is one; None once closed. ``ended``: the job this thread ran last, whose handler returned: its
-        slot is freed under the same lock (one lock round a job, not two); ``now``: when it returned (the next job's
-        start, unless the thread has to wait for one: one clock read a job)."""
-        with self._mutex:
-            if ended is not None and ended.busy:  # its slot, unless the loop collected its result first (_end, inline:
-                ended.busy = False  # a call a job here and in collect cost 1,600 instructions a job, 3.5 %)
-                self._busy -= 1
-            while not self.closed:
-                e: Entry | None = None
-                if self._handed:
-                    e = self._handed.popleft()
-                    if self._running.get(e.job.id) is not e:  # handed back meanwhile (drain)
-                        continue
-                elif self.open and self._by_thread and self._busy < self.capacity:
-                    e = self._by_thread.popleft()
-                    if now is None:
-                        now = time.monotonic()
-                    if now - e.claimed >= self.lease and now - self.renewed >= self.lease:  # see the class
-                        self._expired.append(e)
-                        continue
-                    e = self._begin(e, now)
-                if e is not None:
-                    if self._sleeping:
-                        self._wake_threads()  # more jobs wait: the next thread, in case this job takes long
-                    return e
-                self._sleeping += 1
-                self._cond.wait()
-                self._sleeping -= 1
-                self._waking = max(0, self._waking - 1)
-                now = None  # it waited: the next job starts later
-            return None
-
-    # ------------------------------------------------------------------ async runners (on the loop)
-    def next_for_task(self, ended: Entry | None = None) -> Entry | None:
-        """An async runner's next job, once a slot is free; None when there is none now (the runner then waits to be
-        woken). ``ended``: the job it ran last, whose slot is freed under the same lock."""
-        with self._mutex:
-            if ended is not None:
-                self._end(ended)
-            while self.open and self._by_task and self._busy < self.capacity:
-                e = self._by_task.popleft()
-                now = time.monotonic()
-                if now - e.claimed >= self.lease and now - self.renewed >= self.lease:  # see the class
-                    self._expired.append(e)
-                    continue
-                return self._begin(e, now)
-            if ended is not None:
-                self._wake_threads()  # the freed slot may start a waiting sync job
-            return None
-
-    def task_work(self) -> bool:
-        """Whether an async job waits and may start now (a hint for waking a runner: read without the lock)."""
-        return self.open and bool(self._by_task) and self._busy < self.capacity
-
-    def close(self) -> None:
-        with self._mutex:
-            self.closed = True
-            self._cond.notify_all()
-
-    def shut(self) -> None:
-        """Draining: no waiting job starts any more."""
-        with self._mutex:
-            self.open = False
-
-    # ------------------------------------------------------------------ running
-    def free(self) -> int:
-        return self.capacity - self._busy
-
-    def __len__(self) -> int:
-        return len(self._running)
-
-    def add(self, e: Entry) -> Entry:
-        """Start ``e`` now, on the loop, whatever the buffer holds."""
-        with self._mutex:
-            return self._begin(e)
-
-    def pop(self, job: Job) -> Entry | None:
-        """Forget ``job`` (same attempt only); None when it was handed back meanwhile."""
-        with self._mutex:
-            entry = self.get(job)
-        return self.collect([entry])[0] if entry is not None else None
-
-    def collect(self, entries: list[Entry]) -> list[Entry]:
-        """Forget the entries whose results came back (a batch, under one lock): the ones still held, in order; an
-        entry handed back meanwhile (drain), or replaced by a later claim of its job, is left out."""
-        held: list[Entry] = []
-        keep = held.append
-        with self._mutex:
-            running = self._running
-            for e in entries:
-                if running.get(e.job.id) is e:
-                    del running[e.job.id]
-                    if e.busy:
-                        e.busy = False
-                        self._busy -= 1
-                    keep(e)
-        for e in held:
-            if e.timer is not None:
-                e.timer.cancel()
-        if held:
-            self.freed.set()
-        return held
-
-    def holds(self, job: Job) -> bool:
-        """Whether this attempt is this worker's: running (not stuck) or waiting."""
-        with self._mutex:
-            entry = self.get(job)
-            if entry is not None:
-                return not entry.stuck
-            return any(e.job.id == job.id and e.job.attempts == job.attempts for q in self._queues for e in q)
-
-    def get(self, job: Job) -> Entry | None:
-        entry = self._running.get(job.id)
-        return entry if entry is not None and entry.job.attempts == job.attempts else None
-
-    def stuck(self) -> int:
-        return sum(1 for e in self.entries() if e.stuck)
-
-    def cancel(self, ids: set[int]) -> list[Entry]:
-        """Tell the running jobs of ``ids`` they were cancelled: sync handlers see ``job.cancelled``, async ones
-        are cancelled. Their results come back as ``cancelled``."""
-        hit = [e for e in self.entries() if e.job.id in ids and not e.cancelled]
-        for e in hit:
-            e.cancelled = True
-            if e.handle is not None:
-                e.handle.cancel()
-        return hit
-
-    def entries(self) -> list[Entry]:
-        with self._mutex:
-            return list(self._running.values())
-
-    def jobs(self) -> list[Job]:
-        """Jobs whose lease this worker holds, waiting or running (a stuck one's job was already failed)."""
-        with self._mutex:
-            running = [e.job for e in self._running.values() if not e.stuck]
-            return running + [e.job for q in self._queues for e in q]
-
-    def running_in(self, queue: str) -> int:
-        """Jobs of ``queue`` running now (the in-flight gauge, counted at each scrape: nothing per job)."""
-        with self._mutex:
-            return sum(1 for e in self._running.values() if e.job.queue == queue)
 
 
 def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Statements) -> Outcome | None:
@@ -748,3 +471,285 @@ class ThreadExecutor:
             for t in self._threads:
                 t.join(timeout=5)
             self.pool.close()
+
+
+class Results(Protocol):
+    """What the executors report to: the completer (:class:`skiplock.worker.completer.Completer`)."""
+
+    def finished(self, results: list[Entry]) -> None:
+        """Entries whose handlers returned, their slots freed: dispatched by outcome."""
+
+    def fail(self, failure: Failure, cause: Outcome = "failed") -> None:
+        """A claimed job that cannot run here (a payload no handler can receive, a task this worker lacks)."""
+
+    def timed_out(self, entry: Entry, error: BaseException, stuck: int) -> None:
+        """A sync handler ran past its timeout; its slot is now stuck (``stuck`` slots are)."""
+
+
+class Executors:
+    """The executors seam: the one owner of the slots. It admits claimed jobs to the buffer (routing each to what
+    runs it), starts them as slots free (handler threads and async runners take theirs themselves), hands each batch
+    of results to the completer, and answers the claimer (room, the buffer) and the leases (the jobs it holds) with
+    small methods: no other seam touches the slots."""
+
+    def __init__(
+        self,
+        scope: Scope,
+        router: Router,
+        results: Results,
+        wakeup: Wakeup,
+        bound: dict[str, BoundMetrics],
+        *,
+        statements: Statements | None = None,
+        thread_pool: ConnectionPool[Any] | None = None,
+        task_pool: AsyncConnectionPool[Any] | None = None,
+    ) -> None:
+        s = scope.settings
+        self._settings = s
+        self._router = router
+        self._results = results
+        self._wakeup = wakeup
+        self._bound = bound
+        lease = min([s.lease_seconds, *scope.lease_overrides.values()])  # the shortest lease of any job it runs
+        slots = self._slots = Slots(s.concurrency, lease=lease, freed=wakeup.freed)
+        for queue, m in bound.items():  # read at each scrape: handler threads start jobs the loop never sees
+            m.in_flight.set_function(partial(slots.running_in, queue))
+        self._async_results: list[Entry] = []  # async results of this loop iteration, collected together
+        self._abandoned: list[Job] = []  # jobs of handler threads still running after the grace period
+        self.abandoned = 0  # handler threads left in their handlers at the end of a drain
+        self._threads = self._tasks = None
+        if thread_pool is not None:
+            assert statements is not None
+            self._threads = ThreadExecutor(
+                s.concurrency, slots, thread_pool, statements, scope.identity, self._collected, self._expire
+            )
+        if task_pool is not None:
+            assert statements is not None
+            self._tasks = AsyncExecutor(s.concurrency, slots, task_pool, statements, scope.identity, self._finished_one)
+
+    @classmethod
+    async def open(
+        cls,
+        scope: Scope,
+        router: Router,
+        results: Results,
+        wakeup: Wakeup,
+        bound: dict[str, BoundMetrics],
+        statements: Statements,
+    ) -> Executors:
+        """Open ``job.conn``'s pool for each colour of handler the router has (sync, async), and start the executors."""
+        s = scope.settings
+        dsn, kinds = s.require_dsn(), router.kinds
+        task_pool = async_pool(dsn, "skiplock-handlers", s.concurrency, timeout=30) if True in kinds else None
+        thread_pool = sync_pool(dsn, "skiplock-handlers", s.concurrency, timeout=30) if False in kinds else None
+        try:
+            if task_pool is not None:
+                await task_pool.open()
+            if thread_pool is not None:
+                await asyncio.to_thread(thread_pool.open)
+        except BaseException:
+            if task_pool is not None:
+                await task_pool.close()
+            if thread_pool is not None:
+                await asyncio.to_thread(thread_pool.close)
+            raise
+        return cls(
+            scope, router, results, wakeup, bound, statements=statements, thread_pool=thread_pool, task_pool=task_pool
+        )
+
+    # ------------------------------------------------------------------ the claimer's side: the buffer
+    def admit(self, jobs: list[Job]) -> None:
+        """A claim's jobs: each routed to what runs it and buffered (a payload no handler can receive, or a task this
+        worker does not know, is failed at once)."""
+        # the clock in the rows' own time zone: datetimes sharing one tzinfo subtract without asking it for offsets
+        zone = jobs[0].visible_at.tzinfo if jobs and jobs[0].visible_at is not None else None
+        now = datetime.now(zone or UTC)
+        claimed = time.monotonic()
+        targets = self._router.targets
+        entries = []
+        for job in jobs:
+            if job._decode_error is not None:  # never retried
+                self._results.fail(Failure(job, job._decode_error, 0.0, False))
+                continue
+            target = targets.get(job.task)
+            if target is None:  # retried with backoff, failed when attempts are spent
+                self._results.fail(failure_for(job, self._router.unknown(job), None, self._settings), "unknown_task")
+                continue
+            visible = job.visible_at
+            delta = (now - visible).total_seconds() if visible is not None else 0.0
+            waited = delta if delta > 0.0 else 0.0  # not max(): it parses keyword arguments, 500 instructions a call
+            entries.append(Entry(job, target, claimed, waited))
+        bound = self._bound
+        if jobs:
+            counts = [(bound[queue].claimed, n) for queue, n in queue_counts(jobs, len(bound))]
+            bound[jobs[0].queue].tally.add(counts=counts)  # one tally for every queue
+        self._slots.wait(entries)
+
+    def start(self) -> None:
+        """Start the buffered jobs the loop runs in the free slots (sync jobs with a timeout) and wake an async runner
+        for the async ones; handler threads take theirs themselves. Called after a claim and whenever slots free."""
+        if self._wakeup.stopping.is_set():
+            return
+        threads = self._threads
+        for entry in self._slots.start_for_loop():
+            assert threads is not None
+            threads.submit(entry)
+        if self._tasks is not None:
+            self._tasks.wake()
+
+    @property
+    def capacity(self) -> int:
+        return self._slots.capacity
+
+    @property
+    def started(self) -> int:
+        """Jobs started so far (the pace that sizes the buffer)."""
+        return self._slots.started
+
+    def free(self) -> int:
+        return self._slots.free()
+
+    def running(self) -> int:
+        """Jobs held from their start until their results are collected."""
+        return len(self._slots)
+
+    def waiting(self) -> int:
+        """Jobs in the buffer (claimed, not started)."""
+        return self._slots.waiting()
+
+    def oldest_claim(self) -> float | None:
+        return self._slots.oldest_claim()
+
+    def buffered(self) -> list[Job]:
+        """Jobs claimed but not started."""
+        return [e.job for e in self._slots.waiting_entries()]
+
+    def take_buffer(self) -> list[Job]:
+        """Empty the buffer (a drain): the jobs to hand back."""
+        return [e.job for e in self._slots.drop_waiting(lambda e: False)]
+
+    def take_expired(self) -> list[Job]:
+        """Buffered jobs a slot refused to start because their lease had run out (see :class:`Slots`)."""
+        return [e.job for e in self._slots.take_expired()]
+
+    def drop_waiting_longer(self, limit: Callable[[Job], float], now: float) -> list[Job]:
+        """Remove the buffered jobs claimed more than ``limit(job)`` seconds before ``now``: they never start."""
+        return [e.job for e in self._slots.drop_waiting(lambda e: now - e.claimed <= limit(e.job))]
+
+    # ------------------------------------------------------------------ the leases' side: the jobs held
+    def jobs(self) -> list[Job]:
+        """Jobs whose lease this worker holds here, waiting or running (a stuck one's job was already failed)."""
+        return self._slots.jobs()
+
+    def holds(self, job: Job) -> bool:
+        return self._slots.holds(job)
+
+    def forget_waiting(self, jobs: list[Job]) -> list[Job]:
+        """Remove these attempts from the buffer (their leases were lost): returns the ones removed."""
+        return self._slots.forget_waiting(jobs)
+
+    def mark_renewed(self, sent: float) -> None:
+        self._slots.mark_renewed(sent)
+
+    def cancel(self, ids: set[int]) -> list[Job]:
+        """Jobs of ``ids`` were cancelled in the database: buffered ones never start (returned), running ones are told
+        (sync handlers see ``job.cancelled``, async ones are cancelled; their results come back ``cancelled``)."""
+        dropped = [e.job for e in self._slots.drop_waiting(lambda e: e.job.id not in ids)]
+        for e in self._slots.cancel(ids):
+            log.info(
+                "cancelling a running job", extra={"action": "job_cancelling", "queue": e.job.queue, "job_id": e.job.id}
+            )
+        return dropped
+
+    # ------------------------------------------------------------------ results
+    def _collected(self, results: list[Entry]) -> None:
+        """Results of a batch (on the loop): the ones still held are forgotten (their slots freed) and go to the
+        completer; then buffered jobs start in the freed slots. A late result of a job handed back is dropped."""
+        held = self._slots.collect(results)
+        if held:
+            self._results.finished(held)
+        self.start()
+
+    def _finished_one(self, entry: Entry) -> None:
+        """An async job's result: collected with the others of this loop iteration (one batch, one refill)."""
+        if not self._async_results:
+            asyncio.get_running_loop().call_soon(self._collect_async)
+        self._async_results.append(entry)
+
+    def _collect_async(self) -> None:
+        results, self._async_results = self._async_results, []
+        if results:
+            self._collected(results)
+
+    def collect(self) -> None:
+        """Every result posted so far (drain, exit): counted as finished, not rerun."""
+        if self._threads is not None:
+            self._threads.collect()
+        self._collect_async()
+
+    def _expire(self, entry: Entry, error: BaseException) -> None:
+        """A sync job's timeout (on the loop): unless its result was collected or it was handed back, its slot is
+        stuck until the thread returns, and the completer fails the job now."""
+        if self._slots.get(entry.job) is not entry or entry.stuck:
+            return
+        entry.stuck = True
+        self._results.timed_out(entry, error, self._slots.stuck())
+
+    # ------------------------------------------------------------------ lifecycle
+    def stuck(self) -> int:
+        """Slots taken by sync handlers past their timeout."""
+        return self._slots.stuck()
+
+    def shut(self) -> None:
+        """Draining: no buffered job starts any more."""
+        self._slots.shut()
+
+    async def drain(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds for the running jobs (less once the stop is forced), then give up on the rest:
+        async jobs are cancelled (reported handed back), handler threads are left to run (their jobs handed back,
+        see :meth:`take_abandoned`)."""
+        slots = self._slots
+        if not len(slots):
+            return
+        log.info("waiting up to %.0fs for %d in-flight job(s)", grace, len(slots), extra={"action": "drain_wait"})
+        deadline = time.monotonic() + grace
+        while len(slots) and time.monotonic() < deadline and not self._wakeup.forced:
+            slots.freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(slots.freed.wait(), timeout=max(0.01, deadline - time.monotonic()))
+        self.collect()  # results already posted count as finished
+        left = slots.entries()
+        if not left:
+            return
+        log.warning(
+            "grace period over: handing back %d job(s) still running", len(left), extra={"action": "drain_timeout"}
+        )
+        handles = [e.handle for e in left if e.handle is not None]
+        for e in left:
+            if e.handle is None and slots.pop(e.job) is not None:  # a thread: forget it, hand its job back
+                self._abandoned.append(e.job)
+                self.abandoned += 1
+        for h in handles:
+            h.cancel()
+        if handles:
+            await asyncio.wait(handles, timeout=5)
+
+    def take_abandoned(self) -> list[Job]:
+        """Jobs of handler threads given up at the end of a drain: to hand back."""
+        jobs, self._abandoned = self._abandoned, []
+        return jobs
+
+    async def close(self) -> None:
+        """Stop the handler threads and the runners, close their pools. Threads left in their handlers (they cannot be
+        interrupted; their jobs were handed back and a late completion is fenced out) are not joined: the CLI exits
+        without them."""
+        if self._threads is not None:
+            if self.abandoned:
+                log.warning(
+                    "%d handler thread(s) still running at exit", self.abandoned, extra={"action": "threads_left"}
+                )
+                self._threads.close(join=False)
+            else:
+                await asyncio.to_thread(self._threads.close, join=True)
+        if self._tasks is not None:
+            await self._tasks.close()

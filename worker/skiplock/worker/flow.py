@@ -8,7 +8,7 @@ import logging
 
 from skiplock.app import App
 from skiplock.limits import TaskLimits, changed
-from skiplock.store.worker import WorkerStore
+from skiplock.store.worker import ClaimStore, WorkerStore
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ async def register_limits(store: WorkerStore, app: App, identity: str) -> tuple[
     return tuple(x for x in limits if x.limited)
 
 
-async def next_start(store: WorkerStore, rate_limited: tuple[str, ...], queues: tuple[str, ...]) -> float | None:
+async def next_start(store: ClaimStore, rate_limited: tuple[str, ...], queues: tuple[str, ...]) -> float | None:
     """Seconds until a rate limit lets a due job of ``rate_limited`` start (None: none is waiting on a rate)."""
     if not rate_limited:
         return None

@@ -1,6 +1,9 @@
 """Leases: heartbeats that move each job's stored lease deadline, recovery of expired leases (judged by the
 deadline in the row, never by this worker's setting), hand-back on drain, and reclaiming jobs whose claim
-committed but whose reply was lost with the connection."""
+committed but whose reply was lost with the connection.
+
+Its neighbours, given in that order: the store (:class:`LeaseStore`), the completer (:class:`Unwritten`: jobs finished
+but not written yet), the executors (:class:`Held`: jobs waiting or running) and the shared wake-up."""
 
 from __future__ import annotations
 
@@ -8,45 +11,58 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from typing import Protocol
 
 from skiplock.job import Job
 from skiplock.metrics import BoundMetrics
+from skiplock.store.worker import LeaseStore
 from skiplock.worker.scope import Scope
+from skiplock.worker.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
+
+
+class Unwritten(Protocol):
+    """The completer's side: jobs finished here whose results are not written yet, and how an unstarted one ends."""
+
+    def jobs(self) -> list[Job]: ...
+    def holds(self, job: Job) -> bool: ...
+    def count_unstarted(self, job: Job, cancelled: bool) -> None: ...
+    def count_cancelled(self, job: Job) -> None: ...
+
+
+class Held(Protocol):
+    """The executors' side: jobs waiting in the buffer or running."""
+
+    def jobs(self) -> list[Job]: ...
+    def holds(self, job: Job) -> bool: ...
+    def forget_waiting(self, jobs: list[Job]) -> list[Job]: ...
+    def mark_renewed(self, sent: float) -> None: ...
+    def cancel(self, ids: set[int]) -> list[Job]: ...
 
 
 class Leases:
     def __init__(
         self,
+        store: LeaseStore,
         scope: Scope,
         bound: dict[str, BoundMetrics],
-        tracked: Callable[[], list[Job]],
-        holds: Callable[[Job], bool],
-        wake: Callable[[], None],
-        cancelled: Callable[[set[int]], None] = lambda ids: None,
+        completer: Unwritten,
+        executors: Held,
+        wakeup: Wakeup,
         timeouts: dict[str, float] | None = None,
-        unstarted: Callable[[list[Job]], list[Job]] = lambda jobs: [],
-        renewed: Callable[[float], None] = lambda sent: None,
-        unstarted_lost: Callable[[Job, bool], None] = lambda job, cancelled: None,
     ) -> None:
         settings, lease_overrides = scope.settings, scope.lease_overrides
-        self._store = scope.store
+        self._store = store
+        self._scope = scope
         self._settings = settings
         self._identity = scope.identity
         self._queues = list(scope.queues)
-        self._overrides = lease_overrides
         self._m = bound
-        self._tracked = tracked  # every job this worker holds a lease for (running or finished but unwritten)
-        self._holds = holds  # whether it still holds this attempt (it may have finished during a round trip)
-        self._wake = wake
-        self._cancelled = cancelled  # told the ids of held jobs found cancelled in the database
-        self._check = asyncio.Event()
+        self._completer = completer
+        self._executors = executors
+        self._wakeup = wakeup
         self._timeouts = timeouts or {}  # task -> timeout: no lease is renewed past it
-        self._unstarted = unstarted  # lost leases of jobs still in the buffer: they are removed, never started
-        self._renewed = renewed  # when the last heartbeat that renewed every lease it found was sent
-        self._unstarted_lost = unstarted_lost  # each job removed from the buffer: counted (cancelled, or lost)
         self._warned: set[tuple[int, int]] = set()
         self.released = 0
         lease = settings.lease_seconds
@@ -57,8 +73,16 @@ class Leases:
         self.heartbeat_seconds = min(settings.heartbeat_seconds, shortest / 4 if shortest < lease else lease)
         self.recover_seconds = settings.recover_seconds
 
+    def tracked(self) -> list[Job]:
+        """Every job this worker holds a lease for: waiting, running, or finished but not written."""
+        return self._executors.jobs() + self._completer.jobs()
+
+    def holds(self, job: Job) -> bool:
+        """Whether it still holds this attempt (it may have finished during a round trip)."""
+        return self._executors.holds(job) or self._completer.holds(job)
+
     def lease_for(self, job: Job) -> float:
-        return self._overrides.get(job.task, self._settings.lease_seconds) if job.task else self._settings.lease_seconds
+        return self._scope.lease_for(job.task)
 
     def timeout_for(self, job: Job) -> float | None:
         if job.timeout_seconds is not None:
@@ -73,7 +97,7 @@ class Leases:
             await self.beat()
 
     async def beat(self) -> None:
-        jobs = self._tracked()
+        jobs = self.tracked()
         if not jobs:
             return
         leases = [self.lease_for(j) for j in jobs]
@@ -86,20 +110,20 @@ class Leases:
         lost = {j.id for j in jobs} - held  # heartbeat() returns the ids still held
         # Jobs still in the buffer never start (a handler run twice is worse than a job run late: another worker
         # has it now); they are removed before anything awaits, so no slot that frees meanwhile starts one.
-        unstarted = self._unstarted([j for j in jobs if j.id in lost]) if lost else []
-        self._renewed(sent)  # every lease it found held was renewed: the buffered jobs left may start
+        unstarted = self._executors.forget_waiting([j for j in jobs if j.id in lost]) if lost else []
+        self._executors.mark_renewed(sent)  # every lease it found held was renewed: the buffered jobs left may start
         if not lost:
             return
         # the polling fallback of the control channel: a lost lease may be a cancellation
         cancelled = await self.check_cancelled([j for j in jobs if j.id in lost])
         for job in unstarted:
             lost.discard(job.id)
-            self._unstarted_lost(job, job.id in cancelled)
+            self._completer.count_unstarted(job, job.id in cancelled)
         lost = lost - cancelled
         for job in jobs:
             key = (job.id, job.attempts)
             # A job that finished during the round trip is not lost: only warn for attempts still held now.
-            if job.id in lost and key not in self._warned and self._holds(job):
+            if job.id in lost and key not in self._warned and self.holds(job):
                 self._warned.add(key)
                 log.warning(
                     "heartbeat found the lease lost (recovered or cancelled elsewhere); its result will be refused",
@@ -108,25 +132,29 @@ class Leases:
         self._warned &= {(j.id, j.attempts) for j in jobs}
 
     # ------------------------------------------------------------------ cancellation
-    def poke(self) -> None:
-        """A cancel was announced (control channel): check the held jobs soon."""
-        self._check.set()
-
     async def cancellations(self) -> None:
+        """Check the held jobs whenever the control channel announces a cancel."""
+        changed = self._wakeup.cancels_changed
         while True:
-            await self._check.wait()
-            self._check.clear()
+            await changed.wait()
+            changed.clear()
             await self.check_cancelled()
 
     async def check_cancelled(self, jobs: list[Job] | None = None) -> set[int]:
         """Of the held jobs (or ``jobs``), the ids cancelled in the database; the worker is told of them."""
-        held = self._tracked() if jobs is None else jobs
+        held = self.tracked() if jobs is None else jobs
         if not held:
             return set()
         found = await self._store.cancelled_among(held, worker=self._identity, operation="heartbeat")
         if found:
-            self._cancelled(found)
+            self.cancelled(found)
         return found or set()
+
+    def cancelled(self, ids: set[int]) -> None:
+        """Jobs of this worker found cancelled in the database: buffered ones never start (counted cancelled now),
+        running ones are told."""
+        for job in self._executors.cancel(ids):
+            self._completer.count_cancelled(job)
 
     # ------------------------------------------------------------------ recovery
     async def recoverer(self, halt: asyncio.Event) -> None:
@@ -145,7 +173,7 @@ class Leases:
                 extra={"action": "lease_recovered", "queue": r.queue, "job_id": r.id, "status": r.status},
             )
         if recovered:
-            self._wake()
+            self._wakeup.wake("recovered")
         return len(recovered or [])
 
     # ------------------------------------------------------------------ hand-back
@@ -170,7 +198,7 @@ class Leases:
     async def reclaim_orphans(self) -> bool:
         """After a call whose reply was lost: hand back jobs leased to this worker that it does not know it runs.
         Returns False when the database did not answer (try again later)."""
-        known = [j.id for j in self._tracked()]
+        known = [j.id for j in self.tracked()]
         rows = await self._store.release_orphans(worker=self._identity, queues=self._queues, known=known)
         if rows is None:
             return False
@@ -181,7 +209,7 @@ class Leases:
                 len(rows),
                 extra={"action": "orphans_released"},
             )
-            self._wake()
+            self._wakeup.wake("recovered")
         return True
 
 

@@ -16,7 +16,7 @@ SELECT (SELECT count(*) FROM new
        now() AS now;
 
 -- name: queue_due_soon
--- Delayed jobs of the given queues and live schedules on them that come due within %(horizon)s seconds, and the seconds until the first of either comes due (NULL when none waits).
+-- Delayed jobs of the given queues and live schedules on them that come due within %(horizon)s seconds, and the seconds until the first of either comes due (NULL when none waits; a time past the range of jobs_visible_at_check, 'infinity' say, counts as its end: the backlog query never fails on a row).
 WITH due AS (
     SELECT visible_at AS at FROM {schema}.jobs
     WHERE status = 'pending' AND queue = ANY(%(queues)s::text[]) AND visible_at > now()
@@ -26,5 +26,6 @@ WITH due AS (
       AND seen_at >= now() - make_interval(secs => greatest(%(stale_seconds)s, 3 * period_seconds))
 )
 SELECT count(*) FILTER (WHERE at <= now() + make_interval(secs => %(horizon)s)) AS due_soon,
-       greatest(0, extract(epoch FROM min(at) - now()))::float8 AS next_due_in
+       greatest(0, extract(epoch FROM least(min(at), TIMESTAMPTZ '3000-01-01 00:00:00+00') - now()))::float8
+           AS next_due_in
 FROM due;

@@ -114,7 +114,10 @@ WITH done AS (
     -- hash-joined it with a scan of the whole table; with the array the rows are found by primary key.
     WHERE j.id = go.id AND j.id = ANY(ARRAY(SELECT id FROM go)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
+                  least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
+                      AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
+                  greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
+                  j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 ), taken AS MATERIALIZED (
     -- flow limits: the slots taken by the runs just claimed (written by primary key below). Every job of `go` is
     -- claimed (its row is locked), with its attempts plus one.
@@ -236,7 +239,10 @@ WITH done AS (
     -- hash-joined it with a scan of the whole table; with the array the rows are found by primary key.
     WHERE j.id = go.id AND j.id = ANY(ARRAY(SELECT id FROM go)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
+                  least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
+                      AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
+                  greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
+                  j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 ), taken AS MATERIALIZED (
     -- flow limits: the slots taken by the runs just claimed (written by primary key below). Every job of `go` is
     -- claimed (its row is locked), with its attempts plus one.
@@ -311,7 +317,10 @@ WITH done AS (
             + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)), slot = NULL
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
+                  least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
+                      AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
+                  greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
+                  j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
@@ -361,7 +370,10 @@ WITH done AS (
             + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)), slot = NULL
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
+                  least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
+                      AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
+                  greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
+                  j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
@@ -469,7 +481,10 @@ WITH done AS (
     -- hash-joined it with a scan of the whole table; with the array the rows are found by primary key.
     WHERE j.id = go.id AND j.id = ANY(ARRAY(SELECT id FROM go)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
+                  least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
+                      AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
+                  greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
+                  j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 ), taken AS MATERIALIZED (
     -- flow limits: the slots taken by the runs just claimed (written by primary key below). Every job of `go` is
     -- claimed (its row is locked), with its attempts plus one.
@@ -537,7 +552,10 @@ WITH done AS (
             + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)), slot = NULL
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND (SELECT count(*) FROM done) >= 0
     RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
-                  j.created_at, j.visible_at, j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
+                  least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
+                      AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
+                  greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
+                  j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL

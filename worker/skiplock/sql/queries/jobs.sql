@@ -164,7 +164,7 @@ WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
       AND j.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], j.id)] AND j.status = 'done' AND j.locked_by = %(worker)s;
 
 -- name: job_fail
--- Record failed attempts, fenced: back to pending after a per-job delay, or failed when exhausted or final; each appends {{attempt, at, error, worker}} to the error history (the last 20 kept).
+-- Record failed attempts, fenced: back to pending after a per-job delay, or failed when exhausted or final; each appends {{attempt, at, error, worker, traceback}} to the error history (the last 20 kept; no traceback key when none).
 UPDATE {schema}.jobs AS j
 SET status = CASE WHEN f.retry AND j.attempts < j.max_attempts THEN 'pending' ELSE 'failed' END,
     visible_at = CASE WHEN f.retry AND j.attempts < j.max_attempts
@@ -172,13 +172,13 @@ SET status = CASE WHEN f.retry AND j.attempts < j.max_attempts THEN 'pending' EL
                       ELSE j.visible_at END,
     last_error = f.error, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL,
     errors = jsonb_path_query_array(
-        j.errors || jsonb_build_array(jsonb_build_object(
+        j.errors || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
             'attempt', j.attempts, 'at', coalesce(%(now)s::timestamptz, now()),
-            'error', left(f.error, %(history_chars)s), 'worker', %(worker)s)),
+            'error', left(f.error, %(history_chars)s), 'worker', %(worker)s, 'traceback', f.traceback))),
         '$[last - 19 to last]'),
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(errors)s::text[], %(delays)s::float8[],
-            %(retry)s::boolean[]) AS f(id, attempts, error, delay, retry)
+            %(retry)s::boolean[], %(tracebacks)s::text[]) AS f(id, attempts, error, delay, retry, traceback)
 WHERE j.id = f.id AND j.attempts = f.attempts AND j.status = (SELECT 'processing'::text)
   AND j.locked_by = %(worker)s
 RETURNING j.id, j.status, j.visible_at;
@@ -212,13 +212,35 @@ WHERE j.status = 'processing' AND j.locked_by = %(worker)s AND j.queue = ANY(%(q
   AND NOT (j.id = ANY(%(known)s::bigint[]))
 RETURNING j.id, j.queue;
 
+-- name: job_fail_unique_blocked
+-- Fail the pending jobs of these queues that no claim can start: their unique_states hold processing but not pending, and another job holds their unique key (or an earlier such job will), so the claim that took one broke jobs_unique_idx and every claim after it too. Only rows stored outside jobs_unique_states_check (a dropped constraint, a restored dump) can be such; a job whose unique_states also hold failed is cancelled instead, so that it stays outside the index.
+WITH entering AS (
+    SELECT id, unique_key FROM {schema}.jobs
+    WHERE status = 'pending' AND queue = ANY(%(queues)s::text[]) AND unique_key IS NOT NULL
+      AND NOT coalesce('pending' = ANY (unique_states), false) AND coalesce('processing' = ANY (unique_states), false)
+), blocked AS (
+    SELECT e.id FROM entering AS e
+    WHERE EXISTS (SELECT 1 FROM {schema}.jobs AS k
+                  WHERE k.unique_key = e.unique_key AND k.id <> e.id AND coalesce(k.status = ANY (k.unique_states), false))
+       OR EXISTS (SELECT 1 FROM entering AS k WHERE k.unique_key = e.unique_key AND k.id < e.id)
+)
+UPDATE {schema}.jobs AS j
+SET status = CASE WHEN 'failed' = ANY (j.unique_states) THEN 'cancelled' ELSE 'failed' END, updated_at = now(),
+    last_error = 'UniqueViolation: another job holds this job''s unique key, and its unique_states ('
+                 || j.unique_states::text || ') lack pending: it could never run'
+FROM blocked WHERE j.id = blocked.id AND j.status = 'pending'
+  AND NOT ('failed' = ANY (j.unique_states) AND 'cancelled' = ANY (j.unique_states))
+RETURNING j.id;
+
 -- name: job_heartbeat
--- Extend the leases of in-flight jobs (each by its own lease, never past its timeout counted from the claim, which set updated_at; locking in id order and skipping rows being completed, so it never waits or deadlocks); returns the ids whose lease is lost.
+-- Extend the leases of in-flight jobs (each by its own lease, never past its timeout counted from the claim, which set updated_at, a timeout over 31536000 s, the bound of jobs_timeout_bound_check, taken as that bound, so no value overflows; locking in id order and skipping rows being completed, so it never waits or deadlocks); returns the ids whose lease is lost.
 WITH h AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(leases)s::float8[], %(timeouts)s::float8[])
         AS h(id, attempts, lease, timeout)
 ), mine AS (
-    SELECT j.id, h.lease, j.updated_at + make_interval(secs => h.timeout) AS timeout_at
+    SELECT j.id, h.lease,
+           j.updated_at + make_interval(secs => CASE WHEN h.timeout > 0 THEN least(h.timeout, 31536000) END)
+               AS timeout_at
     FROM {schema}.jobs AS j JOIN h ON j.id = h.id AND j.attempts = h.attempts
     WHERE j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
     ORDER BY j.id
@@ -301,7 +323,8 @@ ORDER BY coalesce(lease_expires_at, locked_at + make_interval(secs => %(lease_se
 LIMIT %(limit)s;
 
 -- name: job_retry_failed
--- Re-drive failed jobs (cancelled ones too only when asked: `statuses`) by ids, or a whole queue, with a fresh set of attempts; keys taken meanwhile are skipped.
+-- Re-drive failed jobs (cancelled ones too only when asked: `statuses`) by ids, or a whole queue, with a fresh set of attempts; keys taken meanwhile are skipped; wakes the workers of their queues at commit.
+WITH retried AS (
 UPDATE {schema}.jobs AS j
 SET status = 'pending', attempts = 0, visible_at = coalesce(%(now)s::timestamptz, now()),
     updated_at = coalesce(%(now)s::timestamptz, now())
@@ -315,7 +338,11 @@ WHERE j.status = ANY(%(statuses)s::text[])
   AND (j.unique_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM {schema}.jobs AS o
         WHERE o.unique_key = j.unique_key AND o.status = ANY (o.unique_states) AND o.id <> j.id))
-RETURNING j.id, j.queue;
+RETURNING j.id, j.queue
+), woke AS (
+    SELECT pg_notify(%(channel)s, q.queue) FROM (SELECT DISTINCT queue FROM retried) AS q
+)
+SELECT r.id, r.queue, (SELECT count(*) FROM woke) AS notified FROM retried AS r;
 
 -- name: job_cancel
 -- Cancel pending and running jobs (by ids, or a queue, optionally one task) at once, locking in id order: a running handler's completion is then refused by the fence, and the workers are told on the control channel.

@@ -1,7 +1,12 @@
 -- name: queue_stats
--- Health of each queue (ready, delayed, processing, stalled = past the stored lease deadline, failed, oldest ready age, next due, paused, average attempts of the last 1000 done jobs) from partial indexes only.
+-- Health of each queue (ready, delayed, processing, stalled = past the stored lease deadline, failed, oldest ready age, next due, paused, average attempts of the last 1000 done jobs) from partial indexes only; times outside the range of jobs_visible_at_check count as its ends.
 WITH live AS (
-    SELECT queue, status, visible_at, locked_at, lease_expires_at FROM {schema}.jobs
+    -- visible_at within the range the database allows (jobs_visible_at_check), so that no row stored outside it (a
+    -- dropped constraint, a restored dump) makes the arithmetic below fail or a time Python cannot read
+    SELECT queue, status,
+           least(greatest(visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
+               AS visible_at,
+           locked_at, lease_expires_at FROM {schema}.jobs
     WHERE status = 'pending' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
     UNION ALL
     SELECT queue, status, visible_at, locked_at, lease_expires_at FROM {schema}.jobs
@@ -42,8 +47,9 @@ FULL JOIN paused AS p USING (queue)
 ORDER BY queue;
 
 -- name: queue_next_due
--- Seconds until the earliest delayed pending job of the given queues becomes visible (NULL when none waits).
-SELECT extract(epoch FROM min(visible_at) - coalesce(%(now)s::timestamptz, now()))::float8 AS due_in_seconds
+-- Seconds until the earliest delayed pending job of the given queues becomes visible (NULL when none waits; a time past the range of jobs_visible_at_check counts as its end).
+SELECT extract(epoch FROM least(min(visible_at), TIMESTAMPTZ '3000-01-01 00:00:00+00')
+                          - coalesce(%(now)s::timestamptz, now()))::float8 AS due_in_seconds
 FROM {schema}.jobs
 WHERE status = 'pending' AND queue = ANY(%(queues)s::text[])
   AND visible_at > coalesce(%(now)s::timestamptz, now());
@@ -88,3 +94,14 @@ FROM reasons
 GROUP BY queue
 ORDER BY queue
 LIMIT %(limit)s;
+
+-- name: queue_done_recently
+-- Jobs finished as done in the last `seconds`, per queue, from the done index alone, counted up to `cap` in all (the positive confirmation of `skiplock stats`).
+SELECT d.queue, count(*) AS done FROM (
+    SELECT queue FROM {schema}.jobs
+    WHERE status = 'done' AND updated_at > now() - make_interval(secs => %(seconds)s)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+    LIMIT %(cap)s
+) AS d
+GROUP BY d.queue
+ORDER BY d.queue;
