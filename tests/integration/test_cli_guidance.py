@@ -56,6 +56,10 @@ def test_a_worker_registers_its_tasks_and_enqueue_by_name_uses_their_queue_and_d
         d = q.task_defaults("charge")
         assert d is not None and (d.queue, d.options()) == ("charges", {"max_attempts": 2})
         assert q.task_defaults("nope") is None and q.task_names() == ["charge"]
+        producer = q.enqueue("charges", {}, task="charge", delay=3600).id  # by name: the worker's registration
+        overridden = q.enqueue("charges", {}, task="charge", delay=3600, max_attempts=5).id
+    assert job_row(pg_dsn, schema, producer)["max_attempts"] == 2, "a producer by name gets the task's defaults"
+    assert job_row(pg_dsn, schema, overridden)["max_attempts"] == 5, "an explicit option wins"
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,8 @@ def test_the_options_are_written_to_every_job(queue: Queue, pg_dsn, schema):
 @pytest.mark.parametrize(
     "options",
     [
-        {"task": "t"},
+        # by task name with every registered option given (else an INSERT reading the registry: test_enqueue_by_name)
+        {"task": "t", "priority": 0, "max_attempts": 5, "serial_skip_on_retry": False},
         {"priority": 3},
         {"max_attempts": 6},
         {"serial_key": "k"},

@@ -422,6 +422,7 @@ PUBLIC_QUEUE_METHODS = {
     "get", "statuses", "stats", "list_failed", "list_stalled", "waiting", "limits",
     "retry_failed", "cancel", "pause", "resume", "paused", "purge",
     "schedules", "register_schedules", "remove_schedules", "prune_schedules",
+    "task_defaults", "task_names", "done_recently",
     "migrate", "check_schema",
 }  # fmt: skip
 """Producer and admin verbs, plus the seed's claim/complete/fail for a loop of one's own; the worker's hot path

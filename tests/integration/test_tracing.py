@@ -148,12 +148,15 @@ def test_every_enqueue_path_stores_its_span_in_the_callers_transaction_too(
             copied_options = queue.enqueue_many(QUEUE, [{"b": 3}], priority=5, delay=60, conn=conn)
             keyed = queue.enqueue_many(QUEUE, [{"c": 1}], idempotency_keys=["k1"], conn=conn)
             unique_many = queue.enqueue_many(QUEUE, [{"c": 2}], unique_keys=["u2"], conn=conn)
+            by_name = queue.enqueue(QUEUE, {"e": 1}, task="app.tasks.e", conn=conn).id  # registry defaults
+            by_name_many = queue.enqueue_many(QUEUE, [{"e": 2}], task="app.tasks.e", conn=conn)
         assert stored_contexts(pg_dsn, schema) == {}, "nothing visible before the caller commits"
     sends = [s for s in exporter.get_finished_spans() if s.name == f"send {QUEUE}"]
-    assert len(sends) == 6 and all(s.parent.span_id == caller.get_span_context().span_id for s in sends)
+    assert len(sends) == 8 and all(s.parent.span_id == caller.get_span_context().span_id for s in sends)
     by_job = {one: sends[0], unique: sends[1]}
     by_job |= {i: sends[2] for i in copied} | {i: sends[3] for i in copied_options}
     by_job |= {i: sends[4] for i in keyed} | {i: sends[5] for i in unique_many}
+    by_job |= {by_name: sends[6]} | {i: sends[7] for i in by_name_many}
     stored = stored_contexts(pg_dsn, schema)
     assert stored == {i: {"traceparent": traceparent(s)} for i, s in by_job.items()}
     assert sends[2].attributes["messaging.batch.message_count"] == 2
@@ -164,7 +167,7 @@ def test_every_enqueue_path_stores_its_span_in_the_callers_transaction_too(
     plain_many = queue.enqueue_many(QUEUE, [{"d": 2}])
     assert all(stored_contexts(pg_dsn, schema)[i] is None for i in [plain, *plain_many])
     assert tracing.sending(QUEUE, {}) is tracing.sending(QUEUE, {"task": "t"}), "one shared no-op, nothing allocated"
-    assert len(exporter.get_finished_spans()) == 7, "no span without a provider"
+    assert len(exporter.get_finished_spans()) == 9, "no span without a provider"
 
 
 async def test_the_async_queue_traces_its_enqueues_and_an_error_is_recorded_on_the_span(

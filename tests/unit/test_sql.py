@@ -89,10 +89,9 @@ def test_each_traced_enqueue_is_its_plain_twin_plus_the_trace_context_column():
 
     texts = {s.name: s.text for s in _raw_queries()}
     twins = [name for name in texts if name.endswith("_traced")]
-    assert sorted(twins) == sorted(
-        f"{n}_traced"
-        for n in ("job_enqueue", "job_enqueue_many", "job_copy_many", "job_enqueue_unique", "job_enqueue_many_unique")
-    )
+    plain = ("job_enqueue", "job_enqueue_many", "job_copy_many", "job_enqueue_unique", "job_enqueue_many_unique")
+    by_name = [n for n in texts if n.startswith("job_enqueue") and n.endswith("_by_name")]
+    assert sorted(twins) == sorted(f"{n}_traced" for n in (*plain, *by_name)), "every enqueue statement has its twin"
 
     def without_trace(text: str) -> str:
         text = re.sub(r",\s*%\(trace_context\)s::jsonb", "", text)
@@ -102,3 +101,27 @@ def test_each_traced_enqueue_is_its_plain_twin_plus_the_trace_context_column():
     for twin in twins:
         assert "trace_context" in texts[twin], twin
         assert without_trace(texts[twin]) == re.sub(r"\s+", " ", texts[twin.removesuffix("_traced")]), twin
+
+
+BY_NAME = [n for n in Queries.__annotations__ if n.endswith("_by_name")]
+_REGISTERED = re.compile(
+    r"coalesce\(%\((priority|max_attempts|serial_skip_on_retry)\)s::\w+,\s*\(SELECT t\.\1 FROM \"s\"\.tasks AS t "
+    r"WHERE t\.name = %\(task\)s\),\s*(?:0|false|%\(max_attempts_default\)s)\)"
+)
+
+
+@pytest.mark.parametrize("name", BY_NAME)
+def test_each_enqueue_by_name_is_its_plain_statement_with_the_registered_defaults_word_for_word(name: str):
+    """The ``*_by_name`` statements (tasks.sql) are written out whole: apart from reading priority, max_attempts and
+    serial_skip_on_retry from the registry, each must stay its plain statement (jobs.sql), word for word."""
+    q = queries_for("s")
+    by_name, plain = getattr(q, name), getattr(q, name.removesuffix("_by_name"))
+    assert len(_REGISTERED.findall(by_name)) == (1 if "replace" in name else 3)
+    undone = _REGISTERED.sub(lambda m: f"%({m[1]})s", by_name)
+    assert undone.split() == plain.split(), f"{name} drifted from {name.removesuffix('_by_name')}"
+
+
+def test_every_enqueue_statement_has_its_by_name_twin():
+    plain = {n for n in Queries.__annotations__ if n.startswith("job_enqueue") and not n.endswith("_traced")}
+    plain |= {"job_replace_unique"}
+    assert {n for n in plain if not n.endswith("_by_name")} == {n.removesuffix("_by_name") for n in BY_NAME}

@@ -169,9 +169,8 @@ class Task:
         """Enqueue one job of this task: its defaults (queue, priority, max_attempts) apply, explicit options win.
         With ``conn=`` the job is inserted in your transaction (it exists only if you commit)."""
         queue, merged = self.enqueue_options(options)
-        result = (
-            self._app().queue_for(conn).enqueue(queue, payload, conn=conn, **merged, **self.unique_options([payload]))
-        )
+        q = self._app().queue_for(conn)
+        result = q.enqueue(queue, payload, conn=conn, **_code_defaults(merged, q), **self.unique_options([payload]))
         return count_duplicates(self.name, result)
 
     async def aenqueue(
@@ -184,8 +183,9 @@ class Task:
         """The async twin of :meth:`enqueue` (``conn`` is a ``psycopg.AsyncConnection``)."""
         queue, merged = self.enqueue_options(options)
         unique = self.unique_options([payload])
+        q = self._app().aqueue_for(conn)
         return count_duplicates(
-            self.name, await self._app().aqueue_for(conn).enqueue(queue, payload, conn=conn, **merged, **unique)
+            self.name, await q.enqueue(queue, payload, conn=conn, **_code_defaults(merged, q), **unique)
         )
 
     def enqueue_many(
@@ -198,8 +198,9 @@ class Task:
         """Enqueue many jobs of this task in one transaction (see :meth:`Queue.enqueue_many`)."""
         queue, merged = self.enqueue_options(options)
         payloads, unique = self.unique_many(payloads)
+        q = self._app().queue_for(conn)
         return count_duplicates(
-            self.name, self._app().queue_for(conn).enqueue_many(queue, payloads, conn=conn, **merged, **unique)
+            self.name, q.enqueue_many(queue, payloads, conn=conn, **_code_defaults(merged, q), **unique)
         )
 
     async def aenqueue_many(
@@ -211,8 +212,9 @@ class Task:
     ) -> EnqueueManyResult:
         queue, merged = self.enqueue_options(options)
         payloads, unique = self.unique_many(payloads)
+        q = self._app().aqueue_for(conn)
         return count_duplicates(
-            self.name, await self._app().aqueue_for(conn).enqueue_many(queue, payloads, conn=conn, **merged, **unique)
+            self.name, await q.enqueue_many(queue, payloads, conn=conn, **_code_defaults(merged, q), **unique)
         )
 
     def unique_options(self, payloads: list[Any]) -> dict[str, Any]:
@@ -266,6 +268,13 @@ class Task:
         if self.app is None:
             raise ConfigError(f"task {self.name!r} belongs to no App: register it with @app.task")
         return self.app
+
+
+def _code_defaults(merged: dict[str, Any], q: Queue | AsyncQueue) -> dict[str, Any]:
+    """A task object's enqueue knows its defaults from the code: every option the registry could fill is given (the
+    producer's defaults where the task declares none), so it takes the plain statements (COPY for batches), never the
+    by-name ones that look the registry up."""
+    return {"priority": 0, "max_attempts": q.settings.max_attempts, "serial_skip_on_retry": False} | merged
 
 
 def is_async_callable(func: Callable[..., Any]) -> bool:

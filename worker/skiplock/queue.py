@@ -136,7 +136,9 @@ class Queue:
     ) -> EnqueueResult:
         """Add one job. Options: ``task``, ``delay`` (seconds or timedelta), ``run_at`` (aware datetime),
         ``priority``, ``max_attempts``, ``idempotency_key``, ``timeout_seconds``, the unique and serial options.
-        Bad arguments raise :class:`EnqueueError` (nothing is written)."""
+        With ``task``, the priority, max_attempts and serial_skip_on_retry not given are the ones the workers
+        registered for the task (:meth:`task_defaults`), read in the same statement. Bad arguments raise
+        :class:`EnqueueError` (nothing is written)."""
         with tracing.sending(queue, options) as sent:
             insert, find = self._s.enqueue(queue, payload, options, sent.carrier)
             inserted = self._run(insert, conn)
@@ -282,8 +284,9 @@ class Queue:
         return self._run(self._s.schedule_list(STALE_SECONDS))
 
     def task_defaults(self, task: str) -> TaskDefaults | None:
-        """The queue and enqueue defaults the workers running ``task`` registered (None: none did), for a producer
-        that enqueues by name without the task's code: ``d.queue`` and ``**d.options()``."""
+        """The queue and enqueue defaults the workers running ``task`` registered (None: none did). An enqueue by
+        name (``enqueue(queue, payload, task=...)``) applies the defaults itself, in its statement; this tells a
+        producer without the task's code which queue to use (``d.queue``)."""
         return self._run(self._s.task_defaults(task))
 
     def task_names(self) -> list[str]:

@@ -92,6 +92,10 @@ class Queries:
     job_copy_many_traced: LiteralString
     job_enqueue_unique_traced: LiteralString
     job_enqueue_many_unique_traced: LiteralString
+    job_enqueue_by_name_traced: LiteralString
+    job_enqueue_unique_by_name_traced: LiteralString
+    job_enqueue_many_by_name_traced: LiteralString
+    job_enqueue_many_unique_by_name_traced: LiteralString
     job_notify: LiteralString
     job_complete_and_claim: LiteralString
     job_complete_and_claim_one: LiteralString
@@ -137,6 +141,11 @@ class Queries:
     task_register: LiteralString
     task_find: LiteralString
     task_names: LiteralString
+    job_enqueue_by_name: LiteralString
+    job_enqueue_unique_by_name: LiteralString
+    job_enqueue_many_by_name: LiteralString
+    job_enqueue_many_unique_by_name: LiteralString
+    job_replace_unique_by_name: LiteralString
     server_connection_limits: LiteralString
     session_statement_timeout: LiteralString
     schema_lock: LiteralString

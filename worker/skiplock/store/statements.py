@@ -364,13 +364,18 @@ class Statements:
         committed after this statement's snapshot). ``trace_context``: the enqueue's span, written with the job
         (the ``_traced`` twin of the statement; ``skiplock.tracing``)."""
         params = enqueue_params(self.settings, queue, payload, options)
-        traced = trace_context is not None
-        if traced:
+        by_name = params.get("by_name", False)
+        if trace_context is not None:
             params["trace_context"] = json.dumps(trace_context)
+            if params.get("unique_key") is not None:
+                traced = self.q.job_enqueue_unique_by_name_traced if by_name else self.q.job_enqueue_unique_traced
+                return Call(traced, params, _enqueued), Call(self.q.job_find_by_unique_key, params, _found)
+            insert = self.q.job_enqueue_by_name_traced if by_name else self.q.job_enqueue_traced
+            return Call(insert, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
         if params.get("unique_key") is not None:
-            insert = self.q.job_enqueue_unique_traced if traced else self.q.job_enqueue_unique
+            insert = self.q.job_enqueue_unique_by_name if by_name else self.q.job_enqueue_unique
             return Call(insert, params, _enqueued), Call(self.q.job_find_by_unique_key, params, _found)
-        insert = self.q.job_enqueue_traced if traced else self.q.job_enqueue
+        insert = self.q.job_enqueue_by_name if by_name else self.q.job_enqueue
         return Call(insert, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
 
     def enqueue_many(
@@ -390,22 +395,29 @@ class Statements:
             if copies_defaults(params):
                 return CopyJobs(reserve, self.q.job_copy_many_plain, params, plain=True)
             return CopyJobs(reserve, self.q.job_copy_many, params)
-        unique = "unique_states" in params
+        unique, q = "unique_states" in params, self.q
         if trace_context is not None:
             params["trace_context"] = json.dumps(trace_context)
-            traced = self.q.job_enqueue_many_unique_traced if unique else self.q.job_enqueue_many_traced
-            insert = Call(traced, params, _rows)
+            if params.get("by_name"):
+                query = q.job_enqueue_many_unique_by_name_traced if unique else q.job_enqueue_many_by_name_traced
+            else:
+                query = q.job_enqueue_many_unique_traced if unique else q.job_enqueue_many_traced
+        elif params.get("by_name"):
+            query = q.job_enqueue_many_unique_by_name if unique else q.job_enqueue_many_by_name
         else:
-            insert = Call(self.q.job_enqueue_many_unique if unique else self.q.job_enqueue_many, params, _rows)
-        find = self.q.job_find_by_unique_keys if unique else self.q.job_find_by_keys
-        return ManyEnqueue(insert, params["payload_keys"], find, params, self.q.job_replace_unique)
+            query = q.job_enqueue_many_unique if unique else q.job_enqueue_many
+        find = q.job_find_by_unique_keys if unique else q.job_find_by_keys
+        return ManyEnqueue(Call(query, params, _rows), params["payload_keys"], find, params, self._replace(params))
 
     def replace_unique(self, params: dict[str, Any]) -> Call[list[int]] | None:
         """After a unique enqueue found its key taken: with ``unique_conflict="replace"``, the update of the
         pending holder (else None)."""
         if not params.get("replace"):
             return None
-        return replace_call(self.q.job_replace_unique, params, [params["unique_key"]], [params["payload"]])
+        return replace_call(self._replace(params), params, [params["unique_key"]], [params["payload"]])
+
+    def _replace(self, params: Mapping[str, Any]) -> Any:
+        return self.q.job_replace_unique_by_name if params.get("by_name") else self.q.job_replace_unique
 
     def complete_and_claim(
         self,

@@ -2,7 +2,9 @@
 
 A worker registers its app's tasks at start (``task_register``, the latest registration wins); ``skiplock enqueue
 --task`` and :meth:`Queue.task_defaults <skiplock.Queue.task_defaults>` read them (``task_find``), so a job
-enqueued by name goes to the task's queue with its defaults, without importing the task's code.
+enqueued by name goes to the task's queue with its defaults, without importing the task's code. ``Queue.enqueue``
+and ``enqueue_many`` with ``task=`` read the defaults inside their statement (the ``*_by_name`` statements of
+``queries/tasks.sql``): the options given win, then the registered ones, then the producer's.
 """
 
 from __future__ import annotations

@@ -94,6 +94,9 @@ class TaskEnqueueManyOptions(_Visibility, total=False):
     serial_skip_on_retry: bool | None
 
 
+REGISTERED_OPTIONS = ("priority", "max_attempts", "serial_skip_on_retry")
+"""The options a worker registers for each task (``store/tasks.py``): an enqueue by task name (``task=``) that does
+not give one of them takes the task's registered default, in the enqueue statement itself."""
 ENQUEUE_OPTIONS = frozenset(EnqueueOptions.__optional_keys__)
 ENQUEUE_MANY_OPTIONS = frozenset(EnqueueManyOptions.__optional_keys__)
 
@@ -220,14 +223,16 @@ def _common_params(settings: Settings, queue: str, options: Mapping[str, Any], k
     task = options.get("task")
     if task is not None and (problem := task_name_problem(task)):
         raise EnqueueError(problem)
+    # By task name, an option not given is left None: the *_by_name statement reads the task's registered default.
+    by_name = task is not None and any(options.get(k) is None for k in REGISTERED_OPTIONS)
     priority = options.get("priority")
-    priority = 0 if priority is None else priority
+    priority = 0 if priority is None and not by_name else priority
     low, high = PRIORITY_RANGE
-    if not _is_int(priority) or not low <= priority <= high:
+    if priority is not None and (not _is_int(priority) or not low <= priority <= high):
         raise EnqueueError(f"priority must be an integer within {low}..{high} (got {_shown(priority)})")
     attempts = options.get("max_attempts")
-    attempts = settings.max_attempts if attempts is None else attempts
-    if not _is_int(attempts) or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT:
+    attempts = settings.max_attempts if attempts is None and not by_name else attempts
+    if attempts is not None and (not _is_int(attempts) or not 1 <= attempts <= MAX_ATTEMPTS_LIMIT):
         raise EnqueueError(f"max_attempts must be an integer within 1..{MAX_ATTEMPTS_LIMIT} (got {_shown(attempts)})")
     delay = options.get("delay", 0)
     delay = delay.total_seconds() if isinstance(delay, timedelta) else delay
@@ -247,16 +252,27 @@ def _common_params(settings: Settings, queue: str, options: Mapping[str, Any], k
     t = options.get("timeout_seconds")
     if t is not None and (problem := timeout_problem(t)):
         raise EnqueueError(problem)
-    return {
-        "queue": queue,
-        "task": task,
-        "priority": priority,
-        "max_attempts": attempts,
-        "delay": float(delay),
-        "run_at": run_at,
-        "channel": settings.channel,
-        "timeout_seconds": None if t is None else float(t),
-    } | serial_params(options)
+    return (
+        {
+            "queue": queue,
+            "task": task,
+            "priority": priority,
+            "max_attempts": attempts,
+            "delay": float(delay),
+            "run_at": run_at,
+            "channel": settings.channel,
+            "timeout_seconds": None if t is None else float(t),
+        }
+        | serial_params(options)
+        | (_by_name(settings, options) if by_name else {})
+    )
+
+
+def _by_name(settings: Settings, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters the ``*_by_name`` statements add: the producer's default attempts (when neither the enqueue nor
+    the registry gives them), and ``serial_skip_on_retry`` left None when not given."""
+    skip = options.get("serial_skip_on_retry")
+    return {"by_name": True, "max_attempts_default": settings.max_attempts, "serial_skip_on_retry": skip}
 
 
 def enqueue_params(settings: Settings, queue: str, payload: Any, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -305,7 +321,9 @@ def enqueue_many_params(
     uniques = (
         unique is not None or options.get("unique_states") is not None or options.get("unique_conflict") is not None
     )
-    if values and not keyed and not uniques:  # a COPY: it encodes the payloads as it writes them (see CopyJobs)
+    # A COPY (it encodes the payloads as it writes them: see CopyJobs), unless by name: that is an INSERT reading
+    # the registry.
+    if values and not keyed and not uniques and not params.get("by_name"):
         return params | {"keys": None, "values": values, "max_bytes": settings.max_payload_bytes}
     encoded = encode_payloads(values, settings.max_payload_bytes)
     if uniques:
