@@ -4,7 +4,8 @@
 1. A private PostgreSQL (pgserver's binaries, stock settings: autovacuum on) on 127.0.0.1, or ``--dsn``.
 2. Workers (``skiplock worker`` processes, retention on with a short retention so purges run all the time) drain
    a prefilled backlog: their drain capacity in jobs/s.
-3. A producer enqueues at ``--load`` (default 70 %) of that capacity for ``--minutes``, in batches every 100 ms:
+3. A producer enqueues at ``--load`` (default 70 %) of that capacity, or at a fixed ``--rate`` in jobs/s (so runs
+   before and after a change compare at the same load), for ``--minutes``, in batches every 100 ms:
    1 job in 20 delayed by 1-30 s, 1 in 33 failing its first attempt (retried after a short backoff), 1 in 200
    failing both of its two attempts (kept as failed, then purged).
 4. Every ``--sample`` seconds (10): jobs started and enqueued per second, the pick-up time (from a job becoming
@@ -71,6 +72,9 @@ def handle(job: Job) -> None:
 class Config:
     minutes: float
     load: float
+    rate: float | None
+    naptime_seconds: float | None
+    jobs_options: list[str]
     workers: int
     concurrency: int
     capacity_jobs: int
@@ -88,6 +92,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--minutes", type=float, default=30.0, help="length of the steady load (default 30)")
     p.add_argument("--load", type=float, default=0.7, help="fraction of the measured drain capacity (default 0.7)")
+    p.add_argument(
+        "--rate",
+        type=float,
+        help="enqueue this many jobs/s, whatever the capacity (before/after runs at the same load); overrides --load",
+    )
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--concurrency", type=int, default=10, help="slots of each worker (default 10)")
     p.add_argument("--capacity-jobs", type=int, default=20_000, help="backlog drained to measure capacity")
@@ -98,6 +107,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--retain-done", type=float, default=60.0, help="retention of done jobs, seconds (default 60)")
     p.add_argument("--retain-failed", type=float, default=120.0, help="retention of failed jobs (default 120)")
     p.add_argument("--purge-interval", type=float, default=30.0, help="seconds between purges (default 30)")
+    p.add_argument(
+        "--naptime",
+        type=float,
+        help="set the private server's autovacuum_naptime to this many seconds (server-wide; default: stock 60)",
+    )
+    p.add_argument(
+        "--jobs-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a storage parameter of the jobs table set after the migrations (to compare settings; repeatable),\n"
+        "e.g. autovacuum_vacuum_cost_delay=2",
+    )
     p.add_argument("--dsn", default=os.environ.get("SKIPLOCK_BENCH_DSN"), help="use this server, not a private one")
     p.add_argument("--replot", type=Path, help="draw the plot of an existing soak-*.jsonl and exit")
     return p.parse_args(argv)
@@ -116,6 +138,14 @@ SELECT pg_relation_size(c.oid) AS table_bytes,
         FROM pg_index AS i WHERE i.indrelid = c.oid) AS indexes
 FROM pg_class AS c JOIN pg_stat_user_tables AS s ON s.relid = c.oid
 WHERE c.oid = %(table)s::regclass
+"""
+
+
+AUTOVACUUM = """
+SELECT json_build_object('naptime', current_setting('autovacuum_naptime'),
+                         'cost_delay', current_setting('autovacuum_vacuum_cost_delay'),
+                         'cost_limit', current_setting('autovacuum_vacuum_cost_limit'),
+                         'jobs_reloptions', (SELECT reloptions FROM pg_class WHERE oid = %(table)s::regclass))
 """
 
 
@@ -419,7 +449,8 @@ def plot(jsonl: Path, png: Path) -> bool:
         ax.axvline(cycle / 60, color="grey", linestyle=":", linewidth=1)
     fig.suptitle(
         f"skiplock soak: {head.get('minutes')} min at {head.get('rate_per_s', 0):.0f} jobs/s "
-        f"({head.get('load', 0):.0%} of capacity), retention {head.get('retain_done_seconds')} s "
+        + ("(fixed rate)" if head.get("rate") is not None else f"({head.get('load', 0):.0%} of capacity)")
+        + f", retention {head.get('retain_done_seconds')} s "
         f"(dotted: first purge cycle), {head.get('machine', {}).get('git_commit', '')}"
     )
     fig.tight_layout()
@@ -439,6 +470,10 @@ def database(dsn: str | None) -> Iterator[Any]:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.rate is not None and a.rate <= 0:
+        raise SystemExit("--rate: jobs/s must be more than 0")
+    if a.naptime is not None and (a.dsn or a.naptime < 1):
+        raise SystemExit("--naptime: at least 1 s, and only on the private server (not --dsn: it is server-wide)")
     if a.replot:
         return 0 if plot(a.replot, a.replot.with_suffix(".png")) else 1
     sys.path.insert(0, str(BENCH))
@@ -458,6 +493,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = Config(
             minutes=a.minutes,
             load=a.load,
+            rate=a.rate,
+            naptime_seconds=a.naptime,
+            jobs_options=a.jobs_option,
             workers=a.workers,
             concurrency=a.concurrency,
             capacity_jobs=a.capacity_jobs,
@@ -474,7 +512,17 @@ def main(argv: list[str] | None = None) -> int:
         (logdir / "starts").mkdir()
         starts = Starts(logdir / "starts")
         with psycopg.connect(cfg.dsn, autocommit=True) as mon, out.open("w") as sink:
+            if cfg.naptime_seconds is not None:
+                mon.execute(sql.SQL("ALTER SYSTEM SET autovacuum_naptime = {}").format(f"{cfg.naptime_seconds:g}s"))
+                mon.execute("SELECT pg_reload_conf()")
             migrate(mon, cfg.schema)
+            for option in cfg.jobs_options:
+                name, _, value = option.partition("=")
+                mon.execute(
+                    sql.SQL("ALTER TABLE {}.jobs SET ({} = {})").format(
+                        sql.Identifier(cfg.schema), sql.Identifier(name.strip()), sql.Literal(value.strip())
+                    )
+                )
 
             def emit(row: dict[str, Any]) -> None:
                 sink.write(json.dumps(row, default=str) + "\n")
@@ -487,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 scenario.wait_ready(procs)
                 capacity = measure_capacity(cfg, q, starts)
-                rate = capacity["jobs_per_s"] * cfg.load
+                rate = cfg.rate if cfg.rate is not None else capacity["jobs_per_s"] * cfg.load
+                settings_row["autovacuum"] = mon.execute(AUTOVACUUM, {"table": f'"{cfg.schema}".jobs'}).fetchone()
                 emit({"kind": "settings", **settings_row, "rate_per_s": rate,
                       "machine": meter.machine_facts(mon, server.private)})  # fmt: skip
                 emit({"kind": "capacity", **capacity})

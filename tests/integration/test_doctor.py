@@ -23,6 +23,7 @@ from skiplock.doctor import (
     check_bloat,
     check_dead_tuples,
     check_listen,
+    check_naptime,
     check_schema_version,
     check_vacuum_lag,
     check_xmin_horizon,
@@ -173,6 +174,18 @@ def test_vacuum_lag_table() -> None:
     assert "running now (scanning heap)" in running.detail
 
 
+def test_naptime_table() -> None:
+    th = Thresholds(dead_min=1000, naptime_seconds=15)
+    churned = {**VACUUM_ROW, "live": 200_000, "dead": 500_000}  # the soak at 3,000 jobs/s, stock naptime
+    slow = check_naptime("s", churned, th)
+    assert (slow.ok, slow.severity) == (False, "warning") and "every 60s" in slow.detail
+    assert "ALTER SYSTEM SET autovacuum_naptime = '10s'" in slow.advice and "pg_reload_conf()" in slow.advice
+    assert check_naptime("s", {**churned, "naptime_seconds": 10.0}, th).ok  # visited often enough
+    assert check_naptime("s", {**churned, "dead": 150_000}, th).ok  # fewer dead rows than live: it keeps up
+    assert check_naptime("s", {**churned, "live": 0, "dead": 500}, th).ok  # a quiet table
+    assert check_naptime("s", None, th).severity == "info"  # no statistics: skipped
+
+
 def test_xmin_horizon_table() -> None:
     def row(age: float | None, xmin_age: int) -> dict[str, Any]:
         return {"holder": "pid 7", "kind": "session", "age_seconds": age, "xmin_age": xmin_age, "detail": "user=x"}
@@ -229,6 +242,7 @@ def test_fresh_schema_is_healthy(conn: psycopg.Connection[Any], settings: Settin
         "dead_tuples",
         "table_bloat",
         "autovacuum_lag",
+        "autovacuum_naptime",
         "xmin_horizon",
         "listen",
         "stalled_jobs",
@@ -248,7 +262,8 @@ def test_unmigrated_schema_is_critical_and_skips_table_checks(pg_dsn: str, conn:
     checks = by_name(run_checks(conn, settings, thresholds=FAST))
     assert (checks["schema_version"].ok, checks["schema_version"].severity) == (False, "critical")
     assert "skiplock migrate" in checks["schema_version"].advice
-    for name in ("indexes", "autovacuum", "dead_tuples", "table_bloat", "autovacuum_lag", "stalled_jobs"):
+    names = ("indexes", "autovacuum", "dead_tuples", "table_bloat", "autovacuum_lag", "autovacuum_naptime")
+    for name in (*names, "stalled_jobs"):
         assert (checks[name].ok, checks[name].severity) == (False, "info")
         assert checks[name].detail.startswith("skipped:")
     assert checks["listen"].ok

@@ -82,6 +82,27 @@ def test_the_six_claim_statements_are_the_ones_the_statements_pick():
     assert all("/* include:" not in getattr(q, n) for n in Queries.__annotations__)
 
 
+def test_each_traced_enqueue_is_its_plain_twin_plus_the_trace_context_column():
+    """sql/queries/traced.sql repeats the enqueue statements with one more column: a change to a plain statement
+    (jobs.sql) must be made to its twin too, or this fails."""
+    from skiplock.sql import _raw_queries
+
+    texts = {s.name: s.text for s in _raw_queries()}
+    twins = [name for name in texts if name.endswith("_traced")]
+    plain = ("job_enqueue", "job_enqueue_many", "job_copy_many", "job_enqueue_unique", "job_enqueue_many_unique")
+    by_name = [n for n in texts if n.startswith("job_enqueue") and n.endswith("_by_name")]
+    assert sorted(twins) == sorted(f"{n}_traced" for n in (*plain, *by_name)), "every enqueue statement has its twin"
+
+    def without_trace(text: str) -> str:
+        text = re.sub(r",\s*%\(trace_context\)s::jsonb", "", text)
+        text = re.sub(r",\s*trace_context\b", "", text)
+        return re.sub(r"\s+", " ", text)
+
+    for twin in twins:
+        assert "trace_context" in texts[twin], twin
+        assert without_trace(texts[twin]) == re.sub(r"\s+", " ", texts[twin.removesuffix("_traced")]), twin
+
+
 BY_NAME = [n for n in Queries.__annotations__ if n.endswith("_by_name")]
 _REGISTERED = re.compile(
     r"coalesce\(%\((priority|max_attempts|serial_skip_on_retry)\)s::\w+,\s*\(SELECT t\.\1 FROM \"s\"\.tasks AS t "
@@ -101,5 +122,6 @@ def test_each_enqueue_by_name_is_its_plain_statement_with_the_registered_default
 
 
 def test_every_enqueue_statement_has_its_by_name_twin():
-    plain = {n for n in Queries.__annotations__ if n.startswith("job_enqueue")} | {"job_replace_unique"}
+    plain = {n for n in Queries.__annotations__ if n.startswith("job_enqueue") and not n.endswith("_traced")}
+    plain |= {"job_replace_unique"}
     assert {n for n in plain if not n.endswith("_by_name")} == {n.removesuffix("_by_name") for n in BY_NAME}

@@ -663,7 +663,7 @@ def test_each_claimed_payload_is_decoded_on_its_own() -> None:
     bad = job_from_row(row)
     assert bad.decode_error and bad.task == "t" and bad.payload is None
     assert payload_depth_exceeded("[" * 201 + "]" * 201) and not payload_depth_exceeded('["[[[[[[["]')
-    bad_claim = job_from_claim((None, 1, "q", "t", "[" * 100_000, 1, 1, 0, None, None, None, None, None))
+    bad_claim = job_from_claim((None, 1, "q", "t", "[" * 100_000, 1, 1, 0, None, None, None, None, None, None))
     assert bad_claim.decode_error == bad.decode_error and bad_claim.task == "t" and bad_claim.payload is None
 
 
@@ -674,7 +674,8 @@ def test_a_claim_row_becomes_the_same_job_as_a_dict_row_and_claims_come_back_in_
     from skiplock.store.statements import completed_and_claimed
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    values = (7, "q", "t", '{"a": 1}', 2, 5, 3, t0, t0 + timedelta(seconds=1), "key", 1.5, "k1")
+    trace_context = {"traceparent": "00-x"}
+    values = (7, "q", "t", '{"a": 1}', 2, 5, 3, t0, t0 + timedelta(seconds=1), "key", 1.5, "k1", trace_context)
     assert job_from_claim((None, *values)) == job_from_row(dict(zip(CLAIM_ROW, values, strict=True)))
     j = job_from_claim((None, *values))
     assert (j.id, j.payload, j.priority, j.idempotency_key, j.timeout_seconds, j.serial_key, j.decode_error) == (
@@ -689,10 +690,10 @@ def test_a_claim_row_becomes_the_same_job_as_a_dict_row_and_claims_come_back_in_
     handed = j.with_conn("conn", "flag")
     assert handed == j and handed.conn == "conn" and handed._cancel == "flag" and j.conn is None
     rows = [
-        (None, 9, "q", None, "{}", 1, 5, 0, t0, t0, None, None, None),
-        (None, 8, "q", None, "{}", 1, 5, 0, t0, t0, None, None, None),
-        (None, 10, "q", None, "{}", 1, 5, 5, t0, t0 + timedelta(seconds=9), None, None, None),
-        ([4, 6], None, None, None, None, None, None, None, None, None, None, None, None),
+        (None, 9, "q", None, "{}", 1, 5, 0, t0, t0, None, None, None, None),
+        (None, 8, "q", None, "{}", 1, 5, 0, t0, t0, None, None, None, None),
+        (None, 10, "q", None, "{}", 1, 5, 5, t0, t0 + timedelta(seconds=9), None, None, None, None),
+        ([4, 6], None, None, None, None, None, None, None, None, None, None, None, None, None),
     ]
     completed, claimed = completed_and_claimed(rows)
     assert completed == {4, 6} and [c.id for c in claimed] == [10, 8, 9], "priority, then due time, then id"
@@ -701,7 +702,7 @@ def test_a_claim_row_becomes_the_same_job_as_a_dict_row_and_claims_come_back_in_
     shuffled = random.Random(13)
     due = [t0 + timedelta(seconds=s) for s in range(4)]
     many = [
-        (None, i, "q", None, "{}", 1, 5, shuffled.choice((-1, 0, 2)), t0, shuffled.choice(due), None, None, None)
+        (None, i, "q", None, "{}", 1, 5, shuffled.choice((-1, 0, 2)), t0, shuffled.choice(due), None, None, None, None)
         for i in range(1, 81)
     ]
     shuffled.shuffle(many)

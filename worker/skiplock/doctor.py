@@ -86,6 +86,12 @@ class Thresholds:
     vacuum_lag_critical_seconds: float = 3600.0
     """... and lags critically past this long."""
 
+    naptime_seconds: float = 15.0
+    """Longest ``autovacuum_naptime`` (how often autovacuum visits each database) that is fine for a jobs table
+    carrying more dead rows than live ones between two visits. In the soak benchmark at 3,000 jobs/s the stock
+    60 s let 500,000-600,000 dead rows pile up between vacuums (more than the live ones) and the table and its
+    indexes grew a tenth in two minutes; at 10 s they stayed under 70,000 (docs/performance.md, "Soak")."""
+
 
 def ok(name: str, detail: str) -> Check:
     return Check(name, True, "info", detail)
@@ -305,6 +311,30 @@ def check_vacuum_lag(schema: str, row: Mapping[str, Any] | None, th: Thresholds)
     )
 
 
+def check_naptime(schema: str, row: Mapping[str, Any] | None, th: Thresholds) -> Check:
+    """Autovacuum's visits against the jobs table's churn: a table holding more dead rows than live ones (and at
+    least ``dead_min``) on a server whose ``autovacuum_naptime`` is longer than ``naptime_seconds`` grows with every
+    visit autovacuum makes too late. A per-table setting cannot change it: the naptime is server-wide."""
+    name = "autovacuum_naptime"
+    table = f"{schema}.jobs"
+    if row is None:
+        return skipped(name, f"no statistics for {table}")
+    naptime = float(row["naptime_seconds"] or 60)
+    live, dead = int(row["live"] or 0), int(row["dead"] or 0)
+    detail = f"autovacuum visits every {naptime:g}s; {table} holds {dead} dead / {live} live tuples"
+    if naptime <= th.naptime_seconds or dead < th.dead_min or dead <= live:
+        return ok(name, detail)
+    return Check(
+        name,
+        False,
+        "warning",
+        f"{detail}: more dead rows pile up between two visits than the table has live ones",
+        "visit busy queue tables more often (server-wide, no restart): ALTER SYSTEM SET autovacuum_naptime = "
+        "'10s'; SELECT pg_reload_conf();  -- or autovacuum_naptime = 10s in postgresql.conf / your provider's "
+        "parameter group",
+    )
+
+
 def check_xmin_horizon(rows: Sequence[Mapping[str, Any]], th: Thresholds) -> Check:
     name = "xmin_horizon"
     if not rows:
@@ -423,9 +453,10 @@ def run_checks(
                 checks.append(check_dead_tuples(schema, cur.fetchone(), th))
                 vacuum = cur.execute(q.doctor_vacuum_state, {"table": table}).fetchone()
                 checks += [check_bloat(schema, vacuum, th), check_vacuum_lag(schema, vacuum, th)]
+                checks.append(check_naptime(schema, vacuum, th))
             else:
                 why = f"schema {schema!r} is not migrated"
-                names = ("indexes", "autovacuum", "dead_tuples", "table_bloat", "autovacuum_lag")
+                names = ("indexes", "autovacuum", "dead_tuples", "table_bloat", "autovacuum_lag", "autovacuum_naptime")
                 checks += [skipped(n, why) for n in names]
             cur.execute(q.doctor_xmin_holders, {"limit": 5})
             checks.append(check_xmin_horizon(cur.fetchall(), th))

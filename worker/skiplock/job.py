@@ -38,6 +38,7 @@ CLAIM_ROW = (
     "idempotency_key",
     "timeout_seconds",
     "serial_key",
+    "trace_context",
 )
 """The columns a claim returns, in order (after its ``completed`` flag): see ``job_complete_and_claim``.
 A job built from a dict row (:func:`job_from_row`) takes the same names, in any order."""
@@ -166,6 +167,9 @@ class Job:
     """Longest run of one attempt set at enqueue (``None``: the task's ``timeout_seconds``, else no limit)."""
     serial_key: str | None = None
     """The key this job runs serially with (no two jobs of one key at once, in id order), if any."""
+    trace_context: dict[str, str] | None = None
+    """The W3C trace context (``traceparent``, ``tracestate``) of the span that enqueued it, when that was traced
+    (docs/tracing.md)."""
     _conn: Any = field(default=None, compare=False, repr=False)
     _decode_error: str | None = field(default=None, compare=False, repr=False)
     _cancel: Any = field(default=None, compare=False, repr=False)
@@ -293,7 +297,7 @@ def job_from_claim(row: tuple[Any, ...]) -> Job:
     """The Job of a claim's row (``completed``, then ``CLAIM_ROW``), built without the frozen ``__init__`` (which
     sets each field through ``object.__setattr__``): this runs for every claimed job. The private fields keep their
     class defaults (None) until a worker binds them."""
-    _, id_, queue, task, text, attempts, max_attempts, priority, created_at, visible_at, key, timeout, serial = row
+    _, id_, queue, task, text, attempts, max_attempts, priority, created_at, visible_at, key, timeout, serial, tc = row
     payload, error = decode_payload(text)
     if timeout is not None and (bad := timeout_error(timeout)) is not None:
         timeout, error = None, error or bad
@@ -311,6 +315,7 @@ def job_from_claim(row: tuple[Any, ...]) -> Job:
         task=task,
         timeout_seconds=timeout,
         serial_key=serial,
+        trace_context=tc,
     )
     if error is not None:
         job.__dict__["_decode_error"] = error

@@ -18,6 +18,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from skiplock import migrate as migrations
+from skiplock import tracing
 from skiplock.errors import ConfigError
 from skiplock.job import EnqueueManyResult, EnqueueResult, Job, QueueStats
 from skiplock.schedule import STALE_SECONDS, Schedule
@@ -138,11 +139,13 @@ class Queue:
         With ``task``, the priority, max_attempts and serial_skip_on_retry not given are the ones the workers
         registered for the task (:meth:`task_defaults`), read in the same statement. Bad arguments raise
         :class:`EnqueueError` (nothing is written)."""
-        insert, find = self._s.enqueue(queue, payload, options)
-        inserted = self._run(insert, conn)
-        result = inserted if inserted is not None else self._run(find, conn)
-        if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
-            self._run(replace, conn)
+        with tracing.sending(queue, options) as sent:
+            insert, find = self._s.enqueue(queue, payload, options, sent.carrier)
+            inserted = self._run(insert, conn)
+            result = inserted if inserted is not None else self._run(find, conn)
+            if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
+                self._run(replace, conn)
+            sent.jobs(result.id)
         return result
 
     def enqueue_many(
@@ -157,15 +160,19 @@ class Queue:
         and the jobs written with COPY; with keys, one INSERT where payloads whose key is taken insert nothing.
         Returns the new ids in payload order (a list) whose ``results`` give each payload its job and whether it
         was a duplicate."""
-        many = self._s.enqueue_many(queue, payloads, options)
-        if isinstance(many, CopyJobs):
-            with self._run.on(conn) as on:
-                return copy_jobs(on, many)
-        rows = self._run(many.insert, conn)
-        missing = many.missing(rows)
-        if missing and (replace := many.replace(missing)) is not None:
-            self._run(replace, conn)
-        return many.result(rows, self._run(many.find(missing), conn) if missing else {})
+        with tracing.sending(queue, options, batch=True) as sent:
+            many = self._s.enqueue_many(queue, payloads, options, sent.carrier)
+            if isinstance(many, CopyJobs):
+                with self._run.on(conn) as on:
+                    result = copy_jobs(on, many)
+            else:
+                rows = self._run(many.insert, conn)
+                missing = many.missing(rows)
+                if missing and (replace := many.replace(missing)) is not None:
+                    self._run(replace, conn)
+                result = many.result(rows, self._run(many.find(missing), conn) if missing else {})
+            sent.jobs(result)
+        return result
 
     # a loop of your own: the three statements of a job's life
     def claim(
@@ -398,11 +405,13 @@ class AsyncQueue:
         **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
         """See :meth:`Queue.enqueue`."""
-        insert, find = self._s.enqueue(queue, payload, options)
-        inserted = await self._run(insert, conn)
-        result = inserted if inserted is not None else await self._run(find, conn)
-        if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
-            await self._run(replace, conn)
+        with tracing.sending(queue, options) as sent:
+            insert, find = self._s.enqueue(queue, payload, options, sent.carrier)
+            inserted = await self._run(insert, conn)
+            result = inserted if inserted is not None else await self._run(find, conn)
+            if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
+                await self._run(replace, conn)
+            sent.jobs(result.id)
         return result
 
     async def enqueue_many(
@@ -414,15 +423,19 @@ class AsyncQueue:
         **options: Unpack[EnqueueManyOptions],
     ) -> EnqueueManyResult:
         """See :meth:`Queue.enqueue_many`."""
-        many = self._s.enqueue_many(queue, payloads, options)
-        if isinstance(many, CopyJobs):
-            async with self._run.on(conn) as on:
-                return await acopy_jobs(on, many)
-        rows = await self._run(many.insert, conn)
-        missing = many.missing(rows)
-        if missing and (replace := many.replace(missing)) is not None:
-            await self._run(replace, conn)
-        return many.result(rows, await self._run(many.find(missing), conn) if missing else {})
+        with tracing.sending(queue, options, batch=True) as sent:
+            many = self._s.enqueue_many(queue, payloads, options, sent.carrier)
+            if isinstance(many, CopyJobs):
+                async with self._run.on(conn) as on:
+                    result = await acopy_jobs(on, many)
+            else:
+                rows = await self._run(many.insert, conn)
+                missing = many.missing(rows)
+                if missing and (replace := many.replace(missing)) is not None:
+                    await self._run(replace, conn)
+                result = many.result(rows, await self._run(many.find(missing), conn) if missing else {})
+            sent.jobs(result)
+        return result
 
     async def claim(
         self,

@@ -26,6 +26,7 @@ QUERY_FILES = (
     "demo.sql",
     "drain.sql",
     "ui.sql",
+    "traced.sql",
     "autoscale.sql",
     "tasks.sql",
 )
@@ -86,6 +87,15 @@ class Queries:
     job_enqueue_many_unique: LiteralString
     job_replace_unique: LiteralString
     job_find_by_unique_keys: LiteralString
+    job_enqueue_traced: LiteralString
+    job_enqueue_many_traced: LiteralString
+    job_copy_many_traced: LiteralString
+    job_enqueue_unique_traced: LiteralString
+    job_enqueue_many_unique_traced: LiteralString
+    job_enqueue_by_name_traced: LiteralString
+    job_enqueue_unique_by_name_traced: LiteralString
+    job_enqueue_many_by_name_traced: LiteralString
+    job_enqueue_many_unique_by_name_traced: LiteralString
     job_notify: LiteralString
     job_complete_and_claim: LiteralString
     job_complete_and_claim_one: LiteralString

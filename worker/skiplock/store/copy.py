@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ class CopyJobs:
     query: Any
     params: dict[str, Any]
     plain: bool = False  # every option is the column's default: the query is job_copy_many_plain (id, payload, queue)
+    trace_context: dict[str, str] | None = None  # a traced enqueue's span (job_copy_many_traced: one more column)
     encoded: list[str] | None = None
 
     def encode_all(self) -> None:
@@ -91,6 +93,8 @@ class CopyJobs:
                 p["serial_key"],
                 p["serial_skip_on_retry"],
             )
+        if self.trace_context is not None:
+            options += (json.dumps(self.trace_context),)
         tail = "\t".join([copy_text(v) for v in options])
         values, limit = p["values"], p["max_bytes"]
         for start in range(0, len(values), COPY_CHUNK):

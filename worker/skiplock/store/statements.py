@@ -358,28 +358,51 @@ class Statements:
         self.q: Queries = queries_for(settings.schema)
 
     def enqueue(
-        self, queue: str, payload: Any, options: Mapping[str, Any]
+        self, queue: str, payload: Any, options: Mapping[str, Any], trace_context: Mapping[str, str] | None = None
     ) -> tuple[Call[EnqueueResult | None], Call[EnqueueResult]]:
         """The insert, and the look-up to run when it returns nothing (a concurrent insert with the same key
-        committed after this statement's snapshot)."""
+        committed after this statement's snapshot). ``trace_context``: the enqueue's span, written with the job
+        (the ``_traced`` twin of the statement; ``skiplock.tracing``)."""
         params = enqueue_params(self.settings, queue, payload, options)
         by_name = params.get("by_name", False)
+        if trace_context is not None:
+            params["trace_context"] = json.dumps(trace_context)
+            if params.get("unique_key") is not None:
+                traced = self.q.job_enqueue_unique_by_name_traced if by_name else self.q.job_enqueue_unique_traced
+                return Call(traced, params, _enqueued), Call(self.q.job_find_by_unique_key, params, _found)
+            insert = self.q.job_enqueue_by_name_traced if by_name else self.q.job_enqueue_traced
+            return Call(insert, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
         if params.get("unique_key") is not None:
             insert = self.q.job_enqueue_unique_by_name if by_name else self.q.job_enqueue_unique
             return Call(insert, params, _enqueued), Call(self.q.job_find_by_unique_key, params, _found)
         insert = self.q.job_enqueue_by_name if by_name else self.q.job_enqueue
         return Call(insert, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
 
-    def enqueue_many(self, queue: str, payloads: Iterable[Any], options: Mapping[str, Any]) -> ManyEnqueue | CopyJobs:
-        """Without keys (idempotency or unique), a COPY of the jobs; with keys, one INSERT that skips the taken."""
+    def enqueue_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        options: Mapping[str, Any],
+        trace_context: Mapping[str, str] | None = None,
+    ) -> ManyEnqueue | CopyJobs:
+        """Without keys (idempotency or unique), a COPY of the jobs; with keys, one INSERT that skips the taken.
+        ``trace_context``: as for :meth:`enqueue`, the same for every job of the batch."""
         params = enqueue_many_params(self.settings, queue, payloads, options)
         if "values" in params:
             reserve = Call(self.q.job_reserve_ids, params | {"n": len(params["values"])}, reserved)
+            if trace_context is not None:
+                return CopyJobs(reserve, self.q.job_copy_many_traced, params, trace_context=dict(trace_context))
             if copies_defaults(params):
                 return CopyJobs(reserve, self.q.job_copy_many_plain, params, plain=True)
             return CopyJobs(reserve, self.q.job_copy_many, params)
         unique, q = "unique_states" in params, self.q
-        if params.get("by_name"):
+        if trace_context is not None:
+            params["trace_context"] = json.dumps(trace_context)
+            if params.get("by_name"):
+                query = q.job_enqueue_many_unique_by_name_traced if unique else q.job_enqueue_many_by_name_traced
+            else:
+                query = q.job_enqueue_many_unique_traced if unique else q.job_enqueue_many_traced
+        elif params.get("by_name"):
             query = q.job_enqueue_many_unique_by_name if unique else q.job_enqueue_many_by_name
         else:
             query = q.job_enqueue_many_unique if unique else q.job_enqueue_many

@@ -252,16 +252,20 @@ def _common_params(settings: Settings, queue: str, options: Mapping[str, Any], k
     t = options.get("timeout_seconds")
     if t is not None and (problem := timeout_problem(t)):
         raise EnqueueError(problem)
-    return {
-        "queue": queue,
-        "task": task,
-        "priority": priority,
-        "max_attempts": attempts,
-        "delay": float(delay),
-        "run_at": run_at,
-        "channel": settings.channel,
-        "timeout_seconds": None if t is None else float(t),
-    } | serial_params(options) | (_by_name(settings, options) if by_name else {})
+    return (
+        {
+            "queue": queue,
+            "task": task,
+            "priority": priority,
+            "max_attempts": attempts,
+            "delay": float(delay),
+            "run_at": run_at,
+            "channel": settings.channel,
+            "timeout_seconds": None if t is None else float(t),
+        }
+        | serial_params(options)
+        | (_by_name(settings, options) if by_name else {})
+    )
 
 
 def _by_name(settings: Settings, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from skiplock import tracing
 from skiplock.app import App, is_async_callable
 from skiplock.errors import Snooze
 from skiplock.handlers import Handler
@@ -271,6 +272,7 @@ class AsyncExecutor:
                 await asyncio.sleep(0)
 
     async def _run(self, entry: Entry, lazy: AsyncLazyConnection) -> None:
+        span = tracing.start(entry.job)  # None unless a tracer provider is configured (skiplock.tracing)
         try:
             entry.outcome = await self._unit(entry, lazy)
         except asyncio.CancelledError:
@@ -278,6 +280,7 @@ class AsyncExecutor:
             # the job is handed back
             entry.outcome = "cancelled" if entry.cancelled else "handed_back"
             entry.finished = time.monotonic()
+            tracing.end(span, entry.job, entry.outcome, None)
             self._report(entry)
             if entry.outcome == "handed_back":
                 raise
@@ -287,6 +290,7 @@ class AsyncExecutor:
         except BaseException as exc:  # the handler raised: retry or fail, fenced
             entry.outcome, entry.error = ("timed_out" if is_timeout(exc) else "failed"), exc
         entry.finished = time.monotonic()
+        tracing.end(span, entry.job, entry.outcome, entry.error)
         self._report(entry)
 
     async def _checkout(self) -> Any:
@@ -396,12 +400,14 @@ class ThreadExecutor:
         entry = slots.next_for_thread()
         while entry is not None:
             lazy.conn = lazy.failed = None
+            span = tracing.start(entry.job)  # None unless a tracer provider is configured (skiplock.tracing)
             try:
                 entry.outcome = self._unit(entry, lazy)
             except Snooze as exc:
                 entry.outcome, entry.error = "snoozed", exc
             except BaseException as exc:
                 entry.outcome, entry.error = "failed", exc
+            tracing.end(span, entry.job, entry.outcome, entry.error)
             now = entry.finished = clock()
             outbox.append(entry)
             if not self._scheduled:

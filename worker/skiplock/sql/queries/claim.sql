@@ -117,7 +117,7 @@ WITH done AS (
                   least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
                       AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
                   greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
-                  j.idempotency_key, j.timeout_seconds, j.serial_key
+                  j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 ), taken AS MATERIALIZED (
     -- flow limits: the slots taken by the runs just claimed (written by primary key below). Every job of `go` is
     -- claimed (its row is locked), with its attempts plus one.
@@ -137,7 +137,7 @@ WITH done AS (
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: job_complete_and_claim_one
 -- The claim of job_complete_and_claim for a worker of one queue: the same completion, lease and columns, with a plain index scan instead of the per-queue round-robin (no window function, sort or rotation).
@@ -242,7 +242,7 @@ WITH done AS (
                   least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
                       AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
                   greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
-                  j.idempotency_key, j.timeout_seconds, j.serial_key
+                  j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 ), taken AS MATERIALIZED (
     -- flow limits: the slots taken by the runs just claimed (written by primary key below). Every job of `go` is
     -- claimed (its row is locked), with its attempts plus one.
@@ -262,7 +262,7 @@ WITH done AS (
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: job_complete_and_claim_unlimited
 -- job_complete_and_claim for a worker none of whose tasks has a global concurrency or rate limit: the same completion, round-robin, serial keys and lease, without the slot bookkeeping (a third of the planning); jobs of limited tasks are left pending for the workers that know their limits.
@@ -320,11 +320,11 @@ WITH done AS (
                   least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
                       AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
                   greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
-                  j.idempotency_key, j.timeout_seconds, j.serial_key
+                  j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: job_complete_and_claim_unlimited_one
 -- job_complete_and_claim_one for a worker none of whose tasks has a global concurrency or rate limit (see job_complete_and_claim_unlimited).
@@ -373,11 +373,11 @@ WITH done AS (
                   least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
                       AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
                   greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
-                  j.idempotency_key, j.timeout_seconds, j.serial_key
+                  j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: job_complete_and_claim_one_after
 -- job_complete_and_claim_one from a position in claim order (claim_pick_one_after): the claimer's claim while a backlog drains.
@@ -484,7 +484,7 @@ WITH done AS (
                   least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
                       AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
                   greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
-                  j.idempotency_key, j.timeout_seconds, j.serial_key
+                  j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 ), taken AS MATERIALIZED (
     -- flow limits: the slots taken by the runs just claimed (written by primary key below). Every job of `go` is
     -- claimed (its row is locked), with its attempts plus one.
@@ -504,7 +504,7 @@ WITH done AS (
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: job_complete_and_claim_unlimited_one_after
 -- job_complete_and_claim_unlimited_one from a position in claim order (claim_pick_one_after).
@@ -555,9 +555,9 @@ WITH done AS (
                   least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
                       AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
                   greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
-                  j.idempotency_key, j.timeout_seconds, j.serial_key
+                  j.idempotency_key, j.timeout_seconds, j.serial_key, j.trace_context
 )
 SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
