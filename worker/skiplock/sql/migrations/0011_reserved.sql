@@ -1,3 +1,3 @@
 -- name: 0011_reserved
--- Placeholder for another branch's migration (0011), so 0014 can be numbered before it lands; it changes nothing and is replaced by the real 0011 at merge.
+-- A no-op kept so the numbering has no gap: the workflows migration it was reserved for did not land with 0012-0015 and takes the next free number.
 SELECT 1;
