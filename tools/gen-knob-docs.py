@@ -12,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "worker"))
 
+from skiplock.duration import is_duration_setting  # noqa: E402
 from skiplock.knobs import KNOBS, Knob  # noqa: E402
 
 TARGET = ROOT / "docs" / "configuration.md"
@@ -52,6 +53,15 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _duration(seconds: float) -> str:
+    """A default duration as a user would type it: ``30s``, ``1h``, ``7d`` (under two minutes, in seconds)."""
+    if seconds >= 120:
+        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+            if seconds % size == 0:
+                return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
 def _default(k: Knob) -> str:
     if k.default is None:
         return "derived" if k.name in ("heartbeat_seconds", "recover_seconds") else "unset"
@@ -59,35 +69,47 @@ def _default(k: Knob) -> str:
         return "unset"
     if k.type is bool:
         return "on" if k.default else "off"
+    if is_duration_setting(k.name):
+        return f"`{_duration(k.default)}`"
     return f"`{k.default}`"
 
 
 def _accepted(k: Knob) -> str:
     if k.choices:
-        return ", ".join(f"`{c}`" for c in k.choices)
+        return "one of " + ", ".join(f"`{c}`" for c in k.choices)
     if k.pattern is not None:
-        return f"`{k.pattern.pattern}`"
-    return k.bounds
+        return f"matches `{k.pattern.pattern}`"
+    if k.bounds:
+        return k.bounds + (" (seconds)" if is_duration_setting(k.name) else "")
+    return ""
+
+
+def _summary() -> list[str]:
+    """The narrow table: what to type where, and the default; the meaning is in the entry it links to."""
+    lines = ["| Setting | Environment variable | Flag | Default |", "| --- | --- | --- | --- |"]
+    for k in KNOBS:
+        row = (f"[`{k.name}`](#{k.name})", f"`{k.env}`", f"`{k.flag}`" if k.flag else "", _default(k))
+        lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
+    return lines
+
+
+_KINDS = {str: "text", int: "integer", float: "number", bool: "on/off", tuple: "list (comma-separated)"}
+
+
+def _entry(k: Knob) -> list[str]:
+    """One definition entry: the help text, then type, accepted values and the JobQueue field."""
+    facts = [_KINDS[k.type]]
+    if accepted := _accepted(k):
+        facts.append(accepted)
+    facts.append(f"JobQueue `spec.{k.crd}`" if k.crd else "not in the JobQueue spec")
+    return [f"`{k.name}`{{#{k.name}}}", f":   {k.help}", "", f"    {'; '.join(facts)}.", ""]
 
 
 def render() -> str:
-    lines = [
-        "| Setting | Env | Flag | JobQueue spec | Type | Default | Accepted | Meaning |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines = ["## Summary", "", *_summary(), "", "## Settings", ""]
     for k in KNOBS:
-        row = (
-            f"`{k.name}`",
-            f"`{k.env}`",
-            f"`{k.flag}`" if k.flag else "",
-            f"`{k.crd}`" if k.crd else "",
-            "list" if k.type is tuple else k.type.__name__,
-            _default(k),
-            _accepted(k),
-            k.help,
-        )
-        lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
-    return HEADER + "\n".join(lines) + "\n"
+        lines.extend(_entry(k))
+    return HEADER + "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(argv: list[str]) -> int:
