@@ -579,6 +579,22 @@ async def test_the_claim_loop_carries_done_jobs_admits_what_it_claims_and_stops_
     assert wakeup.stopping.is_set() and claimer.claims >= 2 and claimer.empty_claims >= 1
 
 
+async def test_a_control_notification_during_the_gather_for_a_batch_claims_nothing_and_crashes_nothing() -> None:
+    """Before: the gather came back with no room (a control notification not looked at yet holds claims, see
+    ``Claimer._room``) and the loop claimed a batch of 0, whose "full batch" bookkeeping raised IndexError and ended
+    the worker: any NOTIFY on the control channel at the wrong moment."""
+    claimer, room, wakeup = make_claimer(SETTINGS.replace(concurrency=4, batch=4), capacity=4)
+    room.busy = 3  # one slot free, the batch wants four: the loop gathers room for a few milliseconds
+    loop = asyncio.get_running_loop()
+    running = asyncio.create_task(claimer.run())
+    loop.call_soon(wakeup.control)  # runs once the loop waits in the gather
+    await asyncio.sleep(0.1)
+    assert not running.done(), running.done() and running.exception()
+    assert claimer.claims == 0, "nothing claimed while the notification was not looked at"
+    wakeup.stop()
+    await asyncio.wait_for(running, 5)
+
+
 def test_a_busy_claimer_claims_once_a_batch_fits_but_never_waits_for_more_than_half_its_buffer() -> None:
     def claimer_with(**changes: Any) -> Claimer:
         claimer, _, _ = make_claimer(SETTINGS.replace(concurrency=10, **changes), 10)

@@ -322,6 +322,8 @@ class Claimer:
                 gather = self.gather_target()
                 if more and (executors.running() or executors.waiting()) and free < gather:
                     free = await self._gather_slots(gather)
+                    if free <= 0:  # a control notification came meanwhile (see _room): no claim of nothing
+                        continue
                 if not more and self.until_idle and self._claimed_busy:
                     # The empty claim ran beside running jobs (it claimed ahead): a job they enqueue or unblock may
                     # have committed after its snapshot, so idle is only judged by a claim made with nothing running.
