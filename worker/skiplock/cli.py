@@ -435,8 +435,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             settings = load_settings(args)
         configure_logging(settings.log_level, settings.log_format, settings.dsn)
-        if settings.dsn:
-            check_dsn(settings.dsn)
         if getattr(args, "queue", None) is not None:
             check_queue_name(args.queue)
         return COMMANDS[args.command](args, settings)
@@ -451,20 +449,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_PROBLEMS
     except KeyboardInterrupt:
         return 130
-
-
-def check_dsn(dsn: str) -> None:
-    """A DSN libpq cannot parse is a configuration error (exit 2), found before any connection is tried."""
-    from psycopg import ProgrammingError
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        conninfo_to_dict(dsn)
-    except ProgrammingError:
-        # libpq's parse error quotes parts of the DSN (a password among them): never echo it
-        raise ConfigError(
-            "the DSN is malformed (expected a URI such as postgresql://user@host:5432/db, or key=value pairs)"
-        ) from None
 
 
 def warn(message: str) -> None:
