@@ -362,7 +362,7 @@ class Statements:
     ) -> tuple[Call[EnqueueResult | None], Call[EnqueueResult]]:
         """The insert, and the look-up to run when it returns nothing (a concurrent insert with the same key
         committed after this statement's snapshot). ``trace_context``: the enqueue's span, written with the job
-        (the ``_traced`` twin of the statement; ``skiplock.tracing``)."""
+        (the ``traced`` variant of the statement; ``skiplock.tracing``)."""
         params = enqueue_params(self.settings, queue, payload, options)
         by_name = params.get("by_name", False)
         if trace_context is not None:
