@@ -601,12 +601,11 @@ async def test_a_long_job_with_short_heartbeats_logs_no_lease_loss_and_a_stolen_
 
 async def test_a_failing_callback_does_not_stop_the_worker(settings, pg_dsn, schema):
     ran: list[int] = []
-    worker = Worker(settings=fast(settings), handler=lambda job: ran.append(job.id))
 
     def broken(job, outcome):
         raise RuntimeError("observer bug")
 
-    worker.observe = broken
+    worker = Worker(settings=fast(settings), handler=lambda job: ran.append(job.id), observe=broken)
     ids = insert(pg_dsn, schema, "default", [{} for _ in range(5)])
     async with worker:
         await await_for(lambda: all(s[0] == "done" for s in statuses(pg_dsn, schema, ids).values()), timeout=15,

@@ -79,7 +79,6 @@ def run_jobs(
     Safe to call from sync tests and from inside a running event loop (it runs the worker in a thread then)."""
     s = _settings(settings, dsn)
     s = s.replace(listen=False, metrics_port=0, poll_seconds=min(s.poll_seconds, 0.05), queues=queues or s.queues)
-    worker = Worker(app, settings=s, handler=handler)
     last: dict[int, tuple[Job, Outcome]] = {}
     ran = 0
 
@@ -90,7 +89,7 @@ def run_jobs(
         if ran == max_jobs:  # the jobs still running finish; the claimed ones not started are handed back
             worker.request_stop()
 
-    worker.observe = observe
+    worker = Worker(app, settings=s, handler=handler, observe=observe)
     timed_out = False
 
     async def main() -> None:
