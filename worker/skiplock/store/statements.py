@@ -511,6 +511,9 @@ class Statements:
     def get(self, job_id: int) -> Call[dict[str, Any] | None]:
         return Call(self.q.job_get, {"id": job_id}, lambda r: r.rows[0] if r.rows else None)
 
+    def list_enqueued(self, task: str | None, queue: str | None, status: str | None) -> Call[list[dict[str, Any]]]:
+        return Call(self.q.job_list_enqueued, {"task": task, "queue": queue, "status": status}, lambda r: r.rows)
+
     def list_failed(self, queue: str | None, limit: int) -> Call[list[dict[str, Any]]]:
         return Call(self.q.job_list_failed, {"queue": queue, "limit": limit}, lambda r: r.rows)
 
