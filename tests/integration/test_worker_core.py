@@ -206,6 +206,15 @@ def test_run_jobs_runs_due_jobs_inline_and_reports_them(settings, pg_dsn, schema
     assert len(enqueued(settings=settings, status="done")) == 2
 
 
+def test_enqueued_with_conn_reads_inside_that_transaction(settings, pg_dsn, schema):
+    with psycopg.connect(pg_dsn) as conn:  # a transaction left open: its insert is not committed
+        row = conn.execute(f'INSERT INTO "{schema}".jobs (queue, payload) VALUES (%s, %s) RETURNING id', ("q", "{}"))
+        job_id = row.fetchall()[0][0]
+        assert [j["id"] for j in enqueued(settings=settings, conn=conn)] == [job_id]
+        assert enqueued(settings=settings) == [], "not committed: another connection sees nothing"
+        conn.rollback()
+
+
 def test_run_jobs_stops_at_its_bound(settings, pg_dsn, schema):
     app = App()
 
