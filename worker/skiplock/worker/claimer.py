@@ -24,7 +24,7 @@ from typing import Protocol
 
 from skiplock.job import Job
 from skiplock.metrics import BoundMetrics, WorkerMetrics
-from skiplock.store.statements import per_queue_limit
+from skiplock.store.statements import Claim, per_queue_limit
 from skiplock.store.worker import ClaimStore
 from skiplock.worker import drain, flow
 from skiplock.worker.scope import Scope
@@ -416,18 +416,17 @@ class Claimer:
         self, done: list[Job], want: int, after: Job | None, shares: list[int] | None
     ) -> tuple[set[int], list[Job]] | None:
         """The hot path, on the connection the store keeps between claims."""
-        result = await self._store.complete_and_claim(
-            done,
+        claim = Claim(
             self._queues,
-            limit=want,
-            worker=self._identity,
-            lease_seconds=self._settings.lease_seconds,
-            leases=self._leases_by_task,
-            rotate=self._rotate,
-            limited=self._limited,
-            after=after,
-            shares=shares,
+            self._identity,
+            self._settings.lease_seconds,
+            self._leases_by_task,
+            self._limited,
+            self._rotate,
+            after,
+            shares,
         )
+        result = await self._store.complete_and_claim(done, claim, want)
         if result is not None and want > 1 and self._busy(want, shares, result[1]):  # see CLAIM_PLANS
             await self._store.stream_claims()
         return result
