@@ -8,7 +8,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -31,7 +31,7 @@ from skiplock.job import (
 )
 from skiplock.limits import TaskLimits
 from skiplock.metrics import BoundMetrics, WorkerMetrics
-from skiplock.store.statements import Failure, Recovered, Statements
+from skiplock.store.statements import Claim, Failure, Recovered, Statements
 from skiplock.worker import serve_queues
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import Completer, failure_for
@@ -262,20 +262,7 @@ class FakeStore:
         return []
 
     # the claimer
-    async def complete_and_claim(
-        self,
-        done: Sequence[Job],
-        queues: Sequence[str],
-        *,
-        limit: int,
-        worker: str,
-        lease_seconds: float | None = None,
-        leases: Mapping[str, float] | None = None,
-        rotate: int = 0,
-        limited: bool = True,
-        after: Job | None = None,
-        shares: Sequence[int] | None = None,
-    ) -> tuple[set[int], list[Job]]:
+    async def complete_and_claim(self, done: Sequence[Job], claim: Claim, limit: int) -> tuple[set[int], list[Job]]:
         self.carried.append([j.id for j in done])
         jobs = self.claims.pop(0) if self.claims else []
         return {j.id for j in done}, jobs[:limit]
