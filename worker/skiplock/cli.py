@@ -900,8 +900,10 @@ async def _run_worker(worker: Any) -> int:
             os._exit(130)
         worker.request_stop()
 
+    # A worker started with SIGINT ignored (a background job of a script, the demo's workers) keeps ignoring it.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            loop.add_signal_handler(sig, on_signal, sig)
     code: int = await worker.run()
     if getattr(worker, "abandoned_threads", None):
         logging.shutdown()
