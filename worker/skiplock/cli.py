@@ -149,7 +149,8 @@ def _add_common(parser: argparse.ArgumentParser, *, after: bool) -> None:
 
 
 def _help(k: Knob) -> str:
-    default = "" if k.default in (None, "", ()) or k.type is bool else f"; default {k.default}"
+    shown = duration.format_duration(k.default) if _is_duration(k) and k.default else k.default
+    default = "" if k.default in (None, "", ()) or k.type is bool else f"; default {shown}"
     text = k.help.rstrip(".")
     if text.split()[0] not in PROPER_NOUNS:
         text = text[:1].lower() + text[1:]
