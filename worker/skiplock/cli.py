@@ -149,7 +149,8 @@ def _add_common(parser: argparse.ArgumentParser, *, after: bool) -> None:
 
 
 def _help(k: Knob) -> str:
-    default = "" if k.default in (None, "", ()) or k.type is bool else f"; default {k.default}"
+    shown = duration.format_duration(k.default) if _is_duration(k) and k.default else k.default
+    default = "" if k.default in (None, "", ()) or k.type is bool else f"; default {shown}"
     text = k.help.rstrip(".")
     if text.split()[0] not in PROPER_NOUNS:
         text = text[:1].lower() + text[1:]
@@ -884,8 +885,10 @@ async def _run_worker(worker: Any) -> int:
             os._exit(130)
         worker.request_stop()
 
+    # A worker started with SIGINT ignored (a background job of a script, the demo's workers) keeps ignoring it.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            loop.add_signal_handler(sig, on_signal, sig)
     code: int = await worker.run()
     if getattr(worker, "abandoned_threads", None):
         logging.shutdown()
