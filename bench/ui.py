@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     out = HERE / "results" / f"ui-{datetime.now(UTC):%Y%m%dT%H%M%S}.jsonl"
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
+    print(f"json lines: {out}")
     return 0 if summary["all_within_budget"] else 1
 
 
