@@ -26,7 +26,7 @@ from skiplock_operator.database import PERMISSION_DENIED, DatabaseProblem
 from skiplock_operator.k8s import KubeApiError
 from skiplock_operator.pause import Pause
 from skiplock_operator.runtime import Condition, Daemon, Runtime, SecretProblem, database_conditions, wait, write_status
-from skiplock_operator.spec import JobQueueSpec
+from skiplock_operator.spec import InvalidSpecError, JobQueueSpec, parse_spec, policy_violations
 
 DUE_MARGIN_SECONDS = 0.05
 """Poll this long after a delayed job's visible_at, so the job is ready when the poll looks."""
@@ -128,6 +128,7 @@ class Autoscaler(Daemon):
         """One poll; returns the seconds to wait before the next one."""
         spec = self.allowed()
         if spec is None:
+            await self.stop_forbidden()
             return self.IDLE_SECONDS
         interval = spec.scaling.polling_interval_seconds
         try:
@@ -165,6 +166,20 @@ class Autoscaler(Daemon):
             extra={"scaleIn": scale_in} if scale_in is not None else {},
         )
         return poll.wake_in(spec)
+
+    async def stop_forbidden(self) -> None:
+        """A spec the policy forbids (the policy may have tightened since its Deployment was made) runs no worker:
+        the Deployment is scaled to zero, with a Warning Event (the reconcile handler sets the condition)."""
+        try:
+            spec = parse_spec(self.body.get("spec"))
+        except InvalidSpecError:
+            return  # an invalid spec keeps what runs: the reconcile handler reports it
+        violations = policy_violations(spec, self.rt.config.policy)
+        if violations and await workload.stop(self.rt, self.body):
+            self.rt.metrics.current_replicas.labels(*self.key).set(0)
+            message = f"worker Deployment scaled to 0 (the operator's policy forbids it): {'; '.join(violations)}"
+            kopf.event(self.body, type="Warning", reason=status.POLICY_VIOLATION, message=message)
+            self.logger.warning(message)
 
     async def observe(self, spec: JobQueueSpec, dsn: str) -> Poll:
         """Read the queues, the next due time and the connection budget; apply ``spec.paused``."""

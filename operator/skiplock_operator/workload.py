@@ -90,6 +90,16 @@ async def scale(rt: Runtime, key: Key, replicas: int) -> None:
     await rt.kube.scale_deployment(key[0], resources.deployment_name(key[1]), replicas)
 
 
+async def stop(rt: Runtime, body: Mapping[str, Any]) -> bool:
+    """Scale the worker Deployment to zero if this JobQueue controls it and it runs; True when it did."""
+    namespace, name = key_of(body)
+    actual = await rt.kube.get_deployment(namespace, resources.deployment_name(name))
+    if actual is None or controller_uid(actual) != str(body["metadata"].get("uid")) or replicas_of(actual) == 0:
+        return False
+    await scale(rt, (namespace, name), 0)
+    return True
+
+
 async def delete(rt: Runtime, body: Mapping[str, Any]) -> None:
     """Delete the worker Deployment if this JobQueue controls it (with a UID precondition)."""
     namespace, name = key_of(body)
