@@ -506,25 +506,35 @@ WHERE paused AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 ORDER BY queue;
 
 -- name: job_purge
--- One batch of a purge: up to `limit` done, failed and cancelled jobs each, older than that status's age in seconds (NULL: none of that status), of one queue or all; run in the transaction that took the schema's purge lock; returns the status of each row deleted.
-WITH done AS (
-    SELECT id FROM {schema}.jobs
-    WHERE status = 'done' AND %(done_seconds)s::float8 IS NOT NULL
-      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(done_seconds)s::float8)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+-- One batch of a purge: up to `limit` done, failed and cancelled jobs each, older than that status's age in seconds (NULL: none of that status), of one queue or all (each queue's oldest from that status's own index, the queues from finished_queues()); run in the transaction that took the schema's purge lock; returns the status of each row deleted.
+WITH q AS MATERIALIZED (
+    SELECT %(queue)s::text AS queue WHERE %(queue)s::text IS NOT NULL
+    UNION ALL
+    SELECT f.queue FROM {schema}.finished_queues() AS f(queue) WHERE %(queue)s::text IS NULL
+), done AS (
+    SELECT d.id FROM q CROSS JOIN LATERAL (
+        SELECT id FROM {schema}.jobs
+        WHERE status = 'done' AND queue = q.queue AND %(done_seconds)s::float8 IS NOT NULL
+          AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(done_seconds)s::float8)
+        ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS d
+    LIMIT %(limit)s
 ), failed AS (
-    SELECT id FROM {schema}.jobs
-    WHERE status = 'failed' AND %(failed_seconds)s::float8 IS NOT NULL
-      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(failed_seconds)s::float8)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    SELECT d.id FROM q CROSS JOIN LATERAL (
+        SELECT id FROM {schema}.jobs
+        WHERE status = 'failed' AND queue = q.queue AND %(failed_seconds)s::float8 IS NOT NULL
+          AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(failed_seconds)s::float8)
+        ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS d
+    LIMIT %(limit)s
 ), cancelled AS (
-    SELECT id FROM {schema}.jobs
-    WHERE status = 'cancelled' AND %(cancelled_seconds)s::float8 IS NOT NULL
-      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(cancelled_seconds)s::float8)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    SELECT d.id FROM q CROSS JOIN LATERAL (
+        SELECT id FROM {schema}.jobs
+        WHERE status = 'cancelled' AND queue = q.queue AND %(cancelled_seconds)s::float8 IS NOT NULL
+          AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(cancelled_seconds)s::float8)
+        ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS d
+    LIMIT %(limit)s
 )
 DELETE FROM {schema}.jobs AS j
 USING (SELECT id FROM done UNION ALL SELECT id FROM failed UNION ALL SELECT id FROM cancelled) AS doomed
