@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
+import uuid
 from typing import Any
 
 import psycopg
@@ -206,3 +211,40 @@ async def test_async_wait(settings: Settings, aqueue: AsyncQueue) -> None:
     assert await job.wait_async(timeout=5) == {"sum": 3}
     with pytest.raises(TypeError, match="wait_async"):
         job.wait()
+
+
+def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_") and k != "DATABASE_URL"}
+    env |= {"SKIPLOCK_DSN": settings.require_dsn(), "SKIPLOCK_SCHEMA": settings.schema}
+    return subprocess.run(  # noqa: PLW1510 - exit codes are asserted
+        [sys.executable, "-m", "skiplock", *args], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_cli_enqueue_after_show_and_cancel_workflow(settings: Settings, queue: Queue) -> None:
+    app = flow_app([])
+    a = queue.enqueue("flow", {"a": 1, "b": 2}, task="flow.add")
+    b = queue.enqueue("flow", {"a": 1, "b": 1}, task="flow.add", delay=3600)
+    out = cli(settings, "enqueue", "--queue", "flow", "--task", "flow.collect", "--payload", "{}",
+              "--after", str(a.id), "--after", str(b.id))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    child = int(out.stdout.split()[0])
+    run_jobs(app, settings=settings)
+    shown = cli(settings, "show", str(child), "--json")
+    assert shown.returncode == 0, shown.stderr
+    row = json.loads(shown.stdout)
+    assert row["status"] == "waiting" and row["waiting_on"] == 1
+    assert row["parents"] == [{"id": a.id, "status": "done"}, {"id": b.id, "status": "pending"}]
+    text = cli(settings, "show", str(a.id)).stdout
+    assert '{"sum": 3}' in text and f"{child} (waiting)" in text
+    bad = cli(settings, "enqueue", "--queue", "flow", "--payload", "{}", "--after", "999999")
+    assert bad.returncode != 0 and "do not exist: 999999" in bad.stderr
+
+    flow = uuid.uuid4()
+    first = queue.enqueue("flow", {}, workflow_id=str(flow))
+    second = queue.enqueue("flow", {}, after=[first.id], workflow_id=str(flow))
+    out = cli(settings, "cancel", "--workflow", str(flow))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("cancelled 2 job(s)")
+    assert status(queue, first.id) == status(queue, second.id) == "cancelled"
+    assert cli(settings, "cancel", "--workflow", str(flow)).returncode == 1  # nothing left to cancel

@@ -259,6 +259,11 @@ class Queue:
         """The jobs of a workflow that have not ended."""
         return self._run(links.workflow_ids(self._s.q, workflow_id))
 
+    def cancel_workflow(self, workflow_id: str, *, reason: str = "workflow cancelled") -> list[int]:
+        """Cancel every job of a workflow that has not ended (running ones through :meth:`cancel`'s path)."""
+        ids = self.workflow_jobs(workflow_id)
+        return self.cancel(ids=ids, reason=reason) if ids else []
+
     def statuses(self, ids: Sequence[int]) -> dict[int, str]:
         """The status of each existing job of ``ids``."""
         return self._run(self._s.statuses(ids))
@@ -551,6 +556,10 @@ class AsyncQueue:
 
     async def workflow_jobs(self, workflow_id: str) -> list[int]:
         return await self._run(links.workflow_ids(self._s.q, workflow_id))
+
+    async def cancel_workflow(self, workflow_id: str, *, reason: str = "workflow cancelled") -> list[int]:
+        ids = await self.workflow_jobs(workflow_id)
+        return await self.cancel(ids=ids, reason=reason) if ids else []
 
     async def statuses(self, ids: Sequence[int]) -> dict[int, str]:
         return await self._run(self._s.statuses(ids))
