@@ -18,6 +18,7 @@ from skiplock.app import App
 from skiplock.errors import EnqueueError, JobFailedError, NonRetryableError
 from skiplock.settings import Settings
 from skiplock.testing import run_jobs
+from support.pg import wait_for
 
 
 def status(queue: Queue, job_id: int) -> str:
@@ -248,3 +249,60 @@ def test_cli_enqueue_after_show_and_cancel_workflow(settings: Settings, queue: Q
     assert out.stdout.startswith("cancelled 2 job(s)")
     assert status(queue, first.id) == status(queue, second.id) == "cancelled"
     assert cli(settings, "cancel", "--workflow", str(flow)).returncode == 1  # nothing left to cancel
+
+
+def steps_app(calls: list[Any]) -> App:
+    app = App("steps")
+    fast = {"backoff_base_seconds": 0.01, "backoff_cap_seconds": 0.01}
+
+    def call_psp(order: int) -> dict[str, str]:
+        calls.append(order)
+        return {"receipt": f"r-{order}"}
+
+    @app.task(queue="steps", name="steps.charge", **fast)  # type: ignore[arg-type]
+    def charge(job: Job) -> Any:
+        receipt = job.step("call_psp", call_psp, job.payload["order"])
+        assert job.conn is not None
+        job.conn.execute("SELECT 1")  # the job's own transaction: rolled back below, the step is not
+        if job.attempts == 1:
+            raise RuntimeError("crashed after charging")
+        return receipt
+
+    @app.task(queue="steps", name="steps.acharge", **fast)  # type: ignore[arg-type]
+    async def acharge(job: Job) -> Any:
+        async def call(order: int) -> dict[str, str]:
+            return call_psp(order)
+
+        receipt = await job.step_async("call_psp", call, job.payload["order"])
+        if job.attempts == 1:
+            raise RuntimeError("crashed after charging")
+        return receipt
+
+    return app
+
+
+@pytest.mark.parametrize("task", ["steps.charge", "steps.acharge"])
+def test_a_step_runs_once_and_a_retry_gets_its_stored_value(settings: Settings, queue: Queue, task: str) -> None:
+    calls: list[Any] = []
+    app = steps_app(calls)
+    job = queue.enqueue("steps", {"order": 42}, task=task)
+    wait_for(lambda: run_jobs(app, settings=settings) and status(queue, job.id) == "done", timeout=30, what="retried")
+    row = queue.get(job.id)
+    assert row is not None and row["attempts"] == 2
+    assert calls == [42], "the second attempt got the stored value without calling the step again"
+    assert row["result"] == {"receipt": "r-42"}
+    assert queue.relatives(job.id)["steps"] == {"call_psp": {"receipt": "r-42"}}
+    shown = cli(settings, "show", str(job.id)).stdout
+    assert 'call_psp: {"receipt": "r-42"}' in shown
+    assert queue.purge(older_than_seconds=0) == 1
+    with queue.pool.connection() as conn:  # the steps went with their job
+        left = conn.execute(f'SELECT count(*) FROM "{settings.schema}".job_steps').fetchone()
+    assert left == (0,)
+
+
+def test_step_and_parent_results_need_a_worker() -> None:
+    job = Job(1, "q", {}, 1, 1)
+    with pytest.raises(RuntimeError, match="needs a job run by a skiplock worker"):
+        job.step("x", lambda: 1)
+    with pytest.raises(RuntimeError, match="needs a job run by a skiplock worker"):
+        _ = job.parent_results
