@@ -383,7 +383,8 @@ RETURNING j.id, j.queue, j.status, j.attempts;
 -- name: job_get
 -- One job by id, every column (CLI show and tests).
 SELECT id, queue, task, payload, status, priority, attempts, max_attempts, visible_at, locked_by, locked_at,
-       lease_expires_at, timeout_seconds, last_error, errors, idempotency_key, created_at, updated_at
+       lease_expires_at, timeout_seconds, last_error, errors, idempotency_key, created_at, updated_at,
+       result, waiting_on, workflow_id
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_get_many
@@ -439,10 +440,10 @@ RETURNING j.id, j.queue
 SELECT r.id, r.queue, (SELECT count(*) FROM woke) AS notified FROM retried AS r;
 
 -- name: job_cancel
--- Cancel pending and running jobs (by ids, or a queue, optionally one task) at once, locking in id order: a running handler's completion is then refused by the fence, and the workers are told on the control channel.
+-- Cancel waiting, pending and running jobs (by ids, or a queue, optionally one task) at once, locking in id order: a running handler's completion is then refused by the fence, and the workers are told on the control channel.
 WITH picked AS (
     SELECT id, status FROM {schema}.jobs
-    WHERE status IN ('pending', 'processing')
+    WHERE status IN ('pending', 'processing', 'waiting')
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
       AND (%(task)s::text IS NULL OR task = %(task)s)
