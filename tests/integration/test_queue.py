@@ -15,7 +15,7 @@ import pytest
 from skiplock import AsyncQueue, Job, PayloadError, Queue, Settings
 from skiplock.errors import ConfigError, DatabaseUnavailableError, NonRetryableError
 from skiplock.sql import Queries, queries_for
-from skiplock.store.statements import Failure, complete_and_claim_params
+from skiplock.store.statements import Claim, Failure, complete_and_claim_params
 from support.procs import claim_all
 from support.store import AsyncWorkerCalls, WorkerCalls
 
@@ -656,7 +656,7 @@ def test_a_claim_of_several_queues_on_a_large_table_is_never_compiled(queue: Que
         )
         conn.execute(f'ANALYZE "{schema}".jobs')
         conn.execute("SET jit_above_cost = 0")  # as if the estimate were large enough, on any table
-        params = complete_and_claim_params([], ["a", "b"], 200, "w", None, lease_seconds=60.0, shares=[199, 1])
+        params = complete_and_claim_params([], Claim(["a", "b"], "w", shares=[199, 1]), 200, None, lease_seconds=60.0)
         query = queries_for(queue.settings.schema).job_complete_and_claim_unlimited
 
         def plan() -> str:
