@@ -282,7 +282,7 @@ class Worker:
                 tasks += upkeep
             self.metrics.listener_enabled.set(1 if s.listen else 0)
             if s.listen and not until_idle:
-                self.listener = listener(s, self.queues, wakeup, self.metrics)
+                self.listener = listener(s, self.queues, wakeup, self.metrics, store.statements)
                 tasks.append(asyncio.create_task(self.listener.run(), name="listener"))
             if exporter is not None:
                 exporter.start()
