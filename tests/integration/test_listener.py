@@ -84,3 +84,31 @@ async def test_the_listener_comes_back_within_a_second_of_the_database_after_a_l
         with pytest.raises(asyncio.CancelledError):
             await task
 
+
+
+async def test_a_probe_that_succeeded_before_is_repeated_a_second_later_not_a_minute(
+    pg_dsn: str, role_dsn: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe that gets no answer once the listener has proven itself (a server still recovering from a restart)
+    is no PgBouncer in transaction mode: before, it was retried a minute later, polling only meanwhile."""
+    role, dsn = role_dsn
+    answers = iter([True, False])  # the first probe is answered, the one after a reconnect is not; then real ones
+    real = Listener._probe
+
+    async def probe(self: Listener, conn: psycopg.AsyncConnection[object]) -> bool:
+        answer = next(answers, None)
+        return answer if answer is not None else await real(self, conn)
+
+    monkeypatch.setattr(Listener, "_probe", probe)
+    states: list[bool] = []
+    listener = Listener(dsn, f"c_{uuid.uuid4().hex[:10]}", "q", lambda: None, on_state=states.append)
+    task = asyncio.create_task(listener.run())
+    try:
+        await await_for(lambda: listener.connected, timeout=10, what="the listener's first connection")
+        assert await asyncio.to_thread(terminate, pg_dsn, role) >= 1
+        await await_for(lambda: states.count(True) == 2, timeout=8, what="the listener back after a missed probe")
+        assert not listener.unsupported
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
