@@ -1,4 +1,4 @@
--- name: 0016_control_channel
+-- name: 0018_control_channel
 -- The control channel's name (cancel, pause, drain notifications): random per schema and readable only by the schema's roles, so another tenant of the database cannot guess it to flood the workers.
 
 -- Any role may NOTIFY or LISTEN on any channel of a database: a name derived from the schema (`<schema>_control`
