@@ -172,3 +172,28 @@ async def insert_task(aq: AsyncQueue, queue: str, task: str) -> int:
         row = await cur.fetchone()
     assert row is not None
     return int(row[0])
+
+
+async def test_a_worker_role_that_cannot_read_the_name_still_listens_for_wake_ups(
+    pg_dsn, schema, settings, caplog: pytest.LogCaptureFixture
+):
+    """An upgrade that migrated but did not re-run ``skiplock grant``: the worker says so once, and its listener
+    still takes wake-ups (before, it failed on every connection and the worker only polled)."""
+    with login_roles(pg_dsn, schema) as roles:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            apply_grants(conn, schema, worker=roles.worker)
+            conn.execute(
+                sql.SQL("REVOKE SELECT ON {} FROM {}").format(
+                    sql.Identifier(schema, "control_channel"), sql.Identifier(roles.worker)
+                )
+            )
+        ran: list[int] = []
+        s = settings.replace(dsn=roles.dsn(pg_dsn, roles.worker), poll_seconds=30, lease_seconds=60)
+        worker = Worker(settings=s, handler=lambda job: ran.append(job.id))
+        async with worker, await AsyncQueue.open(settings=settings) as aq:
+            await await_for(lambda: worker.listener is not None and worker.listener.connected, timeout=15,
+                            what="the listener connected")  # fmt: skip
+            job = (await aq.enqueue("default", {})).id
+            await await_for(lambda: ran == [job], timeout=10, what="the job woken by NOTIFY (the poll is 30 s)")
+    warnings = [r for r in caplog.records if getattr(r, "action", None) == "control_channel_unreadable"]
+    assert len(warnings) == 1 and "skiplock grant" in warnings[0].getMessage()

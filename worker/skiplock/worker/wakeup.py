@@ -10,6 +10,7 @@ holds no job and owns no seam: events and a few flags, each written by one party
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from skiplock.store.run import aexecute
 from skiplock.store.statements import Statements
 from skiplock.worker.pools import APPLICATION_NAME
 
+log = logging.getLogger(__name__)
 CONTROL_WORDS = ("cancel", "pause")
 """Payloads of the control channel (its name is read from the schema's ``control_channel`` table): what the
 workers recheck."""
@@ -123,8 +125,24 @@ def listener(
     """The worker's LISTEN connection: NOTIFY on its queues wakes the claim loop, the control channel (same
     connection, its name read there at each connection) wakes the leases and the claimer; its state is exported."""
 
+    warned = False
+
     async def control(conn: psycopg.AsyncConnection[Any]) -> Channels:
-        return {await aexecute(conn, statements.control_channel()): (CONTROL_WORDS, wakeup.control)}
+        nonlocal warned
+        try:
+            name = await aexecute(conn, statements.control_channel())
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable) as exc:
+            # wake-ups must not be lost with the controls: listen to the queues, let heartbeats and polls find controls
+            if not warned:
+                warned = True
+                log.warning(
+                    "cannot read the control channel's name (%s; run `skiplock grant` after `skiplock migrate`): "
+                    "cancels, pauses and drains are seen by heartbeats and polls only",
+                    type(exc).__name__,
+                    extra={"action": "control_channel_unreadable"},
+                )
+            return {}
+        return {name: (CONTROL_WORDS, wakeup.control)}
 
     def state(up: bool) -> None:
         metrics.listener_connected.set(1 if up else 0)
