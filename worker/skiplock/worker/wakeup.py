@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -120,10 +120,16 @@ class Wakeup:
 
 
 def listener(
-    settings: Settings, queues: Sequence[str], wakeup: Wakeup, metrics: WorkerMetrics, statements: Statements
+    settings: Settings,
+    queues: Sequence[str],
+    wakeup: Wakeup,
+    metrics: WorkerMetrics,
+    statements: Statements,
+    on_up: Callable[[], None] = lambda: None,
 ) -> Listener:
     """The worker's LISTEN connection: NOTIFY on its queues wakes the claim loop, the control channel (same
-    connection, its name read there at each connection) wakes the leases and the claimer; its state is exported."""
+    connection, its name read there at each connection) wakes the leases and the claimer; its state is exported,
+    and ``on_up`` is told each time it is connected (the database answers)."""
 
     warned = False
 
@@ -148,6 +154,7 @@ def listener(
         metrics.listener_connected.set(1 if up else 0)
         if up:
             metrics.listener_enabled.set(1)  # a later probe proved it after all
+            on_up()
 
     return Listener(
         settings.require_dsn(),
