@@ -121,6 +121,8 @@ def grant_sql(
     flow = sql.SQL(", ").join(sql.Identifier(schema, t) for t in ("task_limits", "task_slots"))
     registry = sql.Identifier(schema, "tasks")  # task queues and defaults: registered by workers, read by producers
     audit = sql.Identifier(schema, "ui_audit")  # the web UI's actions: written by the ui role
+    control = sql.Identifier(schema, "control_channel")  # its random name: read by workers (LISTEN) and the ui (NOTIFY)
+    drains = sql.Identifier(schema, "drains")  # the operator's drain requests: read by the workers
     out: list[sql.Composed] = []
     if operator is not None:
         op = sql.Identifier(operator)
@@ -136,16 +138,18 @@ def grant_sql(
             sql.SQL("ALTER FUNCTION {}() OWNER TO {}").format(sql.Identifier(schema, "jobs_free_slot"), op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(registry, op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(audit, op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(control, op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(drains, op),
         ]
     out.append(sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM PUBLIC").format(jobs, versions, queues, schedules))
     out.append(sql.SQL("REVOKE ALL ON {}, {} FROM PUBLIC").format(flow, audit))
-    out.append(sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(registry))
+    out.append(sql.SQL("REVOKE ALL ON {}, {}, {} FROM PUBLIC").format(registry, control, drains))
     members = [sql.Identifier(r) for r in dict.fromkeys(r for r in (producer, worker, ui) if r is not None)]
     for member in members:  # converge: start from nothing, then grant exactly
         out += [
             sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM {}").format(jobs, versions, queues, schedules, member),
             sql.SQL("REVOKE ALL ON {}, {} FROM {}").format(flow, audit, member),
-            sql.SQL("REVOKE ALL ON {} FROM {}").format(registry, member),
+            sql.SQL("REVOKE ALL ON {}, {}, {} FROM {}").format(registry, control, drains, member),
             sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(s, member),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, member),
             sql.SQL("GRANT SELECT ON {} TO {}").format(versions, member),
@@ -166,6 +170,7 @@ def grant_sql(
             sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(schedules, w),  # registers its schedules
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(flow, w),
             sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(registry, w),  # registers its tasks
+            sql.SQL("GRANT SELECT ON {}, {} TO {}").format(control, drains, w),  # what the controls say
         ]
     if ui is not None:
         u = sql.Identifier(ui)
@@ -174,6 +179,7 @@ def grant_sql(
             sql.SQL("GRANT SELECT ON {} TO {}").format(flow, u),
             sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(UI_JOB_COLUMNS), jobs, u),
             sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(queues, u),  # pause, resume
+            sql.SQL("GRANT SELECT ON {} TO {}").format(control, u),  # pause, cancel tell the workers
             sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(audit, u),
             sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(UI_AUDIT_COLUMNS), audit, u),
         ]

@@ -136,6 +136,7 @@ class Queries:
     queue_stats: LiteralString
     queue_done_recently: LiteralString
     queue_set_paused: LiteralString
+    control_channel_read: LiteralString
     session_generic_plans: LiteralString
     session_reset_plans: LiteralString
     session_forget_plans: LiteralString

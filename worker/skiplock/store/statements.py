@@ -520,7 +520,6 @@ class Statements:
         params = selection_params(ids, queue, now) | {
             "task": task,
             "reason": reason,
-            "control_channel": self.settings.control_channel,
         }
         return Call(self.q.job_cancel, params, _ids)
 
@@ -538,10 +537,13 @@ class Statements:
             "queue": check_queue_name(queue),
             "paused": paused,
             "now": now,
-            "control_channel": self.settings.control_channel,
             "channel": self.settings.channel,
         }
         return Call(self.q.queue_set_paused, params, lambda r: None)
+
+    def control_channel(self) -> Call[str]:
+        """The schema's control channel (cancel, pause, drain): a random name only the schema's roles can read."""
+        return Call(self.q.control_channel_read, None, lambda r: str(r.rows[0]["name"]))
 
     def paused(self, queues: Sequence[str] | None) -> Call[list[str]]:
         params = {"queues": list(queues) if queues is not None else None}
@@ -673,7 +675,6 @@ class Statements:
             "workers": list(pods),
             "reason": reason,
             "now": None,
-            "control_channel": self.settings.control_channel,
         }
         return Call(self.q.drain_request if draining else self.q.drain_cancel, params, lambda r: None)
 

@@ -457,7 +457,7 @@ WITH picked AS (
     WHERE j.id = picked.id
     RETURNING j.id, j.queue, picked.status AS was
 ), told AS (
-    SELECT pg_notify(%(control_channel)s, 'cancel') WHERE EXISTS (SELECT 1 FROM cancelled WHERE was = 'processing')
+    SELECT pg_notify((SELECT name FROM {schema}.control_channel), 'cancel') WHERE EXISTS (SELECT 1 FROM cancelled WHERE was = 'processing')
 )
 SELECT c.id, c.queue, c.was, (SELECT count(*) FROM told) AS told FROM cancelled AS c ORDER BY c.id;
 
@@ -475,10 +475,14 @@ WITH upsert AS (
     ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, updated_at = excluded.updated_at
     RETURNING q.queue, q.paused
 ), told AS (
-    SELECT pg_notify(%(control_channel)s, 'pause') UNION ALL
+    SELECT pg_notify((SELECT name FROM {schema}.control_channel), 'pause') UNION ALL
     SELECT pg_notify(%(channel)s, %(queue)s) WHERE NOT %(paused)s
 )
 SELECT u.queue, u.paused, (SELECT count(*) FROM told) AS told FROM upsert AS u;
+
+-- name: control_channel_read
+-- The name of this schema's control channel (random, readable by the schema's roles only: the control_channel migration); each worker's listener reads it when it connects.
+SELECT name FROM {schema}.control_channel;
 
 -- name: session_generic_plans
 -- The claimer's connection keeps one generic plan per claim statement (a custom plan is planned again at each claim, and PostgreSQL keeps choosing custom ones once the table has statistics: ADR 0007).
