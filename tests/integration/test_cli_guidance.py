@@ -76,7 +76,8 @@ def test_a_typo_gets_one_error_style_and_a_suggestion(pg_dsn, schema, args, sugg
 def test_a_malformed_dsn_is_configuration_exit_2_not_unavailable(dsn):
     out = run("stats", dsn=dsn)
     assert out.returncode == 2, out
-    assert out.stderr.startswith("skiplock: error: the DSN is malformed") and "\t" not in out.stderr
+    assert out.stderr.startswith("skiplock: error: invalid settings: the DSN is malformed (setting dsn")
+    assert "\t" not in out.stderr
 
 
 def test_an_unreachable_database_is_exit_3_on_one_line():
