@@ -14,10 +14,10 @@ from pathlib import Path
 
 import jsonschema
 import psycopg
-import psycopg.conninfo
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from support.pg import wait_for
 
@@ -156,8 +156,14 @@ def test_the_kubernetes_manifest_and_helm_values_fit_the_crd(shop_modules):
         jsonschema.validate(spec, spec_schema)
         assert spec["app"] == "examples.app.tasks:app"
         assert sorted(spec["queues"]) == sorted(shop_modules.tasks.app.queues), "it serves every queue of the app"
-    secret = yaml.safe_load((ROOT / "examples/app/k8s/secret.yaml").read_text(encoding="utf-8"))
-    assert manifest["spec"]["dsnSecretRef"]["name"] == secret["metadata"]["name"]
+    secrets = {
+        d["metadata"]["name"]: d["stringData"]["dsn"]
+        for d in yaml.safe_load_all((ROOT / "examples/app/k8s/secret.yaml").read_text(encoding="utf-8"))
+    }
+    for spec in (manifest["spec"], values["jobQueue"]["spec"]):
+        workers, operator = secrets[spec["dsnSecretRef"]["name"]], secrets[spec["operatorDsnSecretRef"]["name"]]
+        users = conninfo_to_dict(workers)["user"], conninfo_to_dict(operator)["user"]
+        assert users == ("shop_worker", "shop_owner"), "the workers' role is not the owner the operator uses"
 
 
 def test_each_process_runs_as_its_own_role_as_the_readme_says(shop, receiver, pg_dsn, testing, monkeypatch):
@@ -168,9 +174,7 @@ def test_each_process_runs_as_its_own_role_as_the_readme_says(shop, receiver, pg
     assert "python -m examples.app.db --api-role shop_api --worker-role shop_worker" in readme
     suffix = os.urandom(4).hex()  # roles are cluster-wide: names of this run only
     api, worker_role = f"shop_api_{suffix}", f"shop_worker_{suffix}"
-    dsns = {
-        role: psycopg.conninfo.make_conninfo(pg_dsn, user=role, password=f"pw-{suffix}") for role in (api, worker_role)
-    }
+    dsns = {role: make_conninfo(pg_dsn, user=role, password=f"pw-{suffix}") for role in (api, worker_role)}
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         for role in (api, worker_role):
             conn.execute(
