@@ -155,3 +155,23 @@ def test_every_command_and_option_has_help_and_commands_come_in_a_sensible_order
     assert not [h for h in help_texts if h[0].isupper() and h.split()[0] not in ("PostgreSQL", "JSON", "Python")]
     out = run("enqueue", "--help")
     assert out.returncode == 0 and "--payload-file PATH" in out.stdout and "--delay DURATION" in out.stdout
+
+
+@pytest.mark.parametrize("ignored", [False, True])
+def test_a_worker_started_with_sigint_ignored_keeps_ignoring_it(pg_dsn, schema, ignored):
+    """SIGINT, then SIGTERM: a worker that handles SIGINT takes the SIGTERM as a second signal and exits at once
+    (130); one started with SIGINT ignored (a script's background job, the demo's workers) drains once (0)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.default_int_handler)
+    try:  # the child inherits SIG_IGN, as from a shell that starts it in the background
+        w = WorkerProcess(pg_dsn, schema, "q", None, app="support.raising_app:app", poll_seconds=0.2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        wait_for(lambda: "worker started" in w.output(), timeout=30, what="the worker to start")
+        w.signal(signal.SIGINT)
+        w.signal(signal.SIGTERM)
+        code = w.wait(30)
+    finally:
+        w.stop()
+    assert code == (0 if ignored else 130), w.output()
+    assert ("second signal" in w.output()) is not ignored, w.output()
