@@ -95,6 +95,8 @@ def test_durations_take_units_everywhere(pg_dsn, schema):
     assert run("stats", "--lease", "2m", dsn=pg_dsn, schema=schema).returncode == 0
     bad = run("worker", "--lease", "soon", "--app", "support.raising_app:app", dsn=pg_dsn, schema=schema)
     assert bad.returncode == 2 and "'soon' is not a duration like 90, 90s, 15m" in bad.stderr
+    too_long = run("enqueue", "--queue", "q", "--payload", "{}", "--timeout", "400d", dsn=pg_dsn, schema=schema)
+    assert too_long.returncode == 2 and "'400d' must be a duration > 0 and <= 365d (a year)" in too_long.stderr
     shown = " ".join(run("worker", "--help").stdout.split())
     assert "(SKIPLOCK_RETAIN_DONE_SECONDS; default 7d)" in shown and "(SKIPLOCK_LEASE_SECONDS; default 60s)" in shown
     assert "604800" not in shown, "defaults are shown with units, as they are typed"
