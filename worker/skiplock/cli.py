@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from skiplock import __version__, duration, render
 from skiplock.errors import ConfigError, DatabaseUnavailableError, PayloadError, SchemaNotReadyError, SkiplockError
+from skiplock.job import TIMEOUT_SECONDS_MAX
 from skiplock.knobs import KNOBS, Knob
 from skiplock.logs import configure_logging
 from skiplock.settings import Settings, redact
@@ -118,15 +119,19 @@ def _delay(text: str) -> float:
     """A duration (units allowed) of at most the enqueue bound."""
     value = parse_duration(text)
     if not 0 <= value <= MAX_DELAY_SECONDS:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a duration >= 0 and <= {MAX_DELAY_SECONDS:g} s")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a duration >= 0 and <= {duration.format_duration(MAX_DELAY_SECONDS)}"
+        )
     return value
 
 
 def _timeout(text: str) -> float:
     """A duration (units allowed) within the timeout bound the database checks too."""
     value = _positive_duration(text)
-    if problem := timeout_problem(value, "the timeout"):
-        raise argparse.ArgumentTypeError(problem)
+    if timeout_problem(value, "the timeout"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a duration > 0 and <= {duration.format_duration(TIMEOUT_SECONDS_MAX)} (a year)"
+        )
     return value
 
 

@@ -84,10 +84,18 @@ def job(row: dict[str, Any]) -> str:
     lines.append(f"errors ({len(errors)}, oldest first):" if errors else "errors: none")
     for e in errors:
         attempt = f"attempt {e.get('attempt')}/{row.get('max_attempts')}"
-        lines.append(f"  {attempt} at {e.get('at')} on {e.get('worker') or '-'}: {e.get('error')}")
+        lines.append(f"  {attempt} at {_instant(e.get('at'))} on {e.get('worker') or '-'}: {e.get('error')}")
         if tb := e.get("traceback"):
             lines.extend("      " + x for x in str(tb).splitlines())
     return "\n".join(lines)
+
+
+def _instant(text: Any) -> str:
+    """An error history's time (ISO text from the JSON), to the second like the job's own timestamps."""
+    try:
+        return datetime.fromisoformat(str(text)).isoformat(timespec="seconds")
+    except ValueError:
+        return str(text)
 
 
 def show_value(value: Any) -> str:
