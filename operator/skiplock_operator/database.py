@@ -3,9 +3,10 @@
 What happens here: migrate a schema, read queue stats and the next due time of delayed jobs, read the
 server's connection limits, pause and resume queues (``spec.paused``), and purge old jobs in batches (the
 scheduled retention). Each (DSN, schema) has its own lock, so a tenant whose database hangs stalls
-only the JobQueues that share that very DSN; connects are bounded per namespace as well. No caller waits for
-that lock longer than ``timeout``, and a caller that waited while the connection failed gets the same verdict at
-once: however many JobQueues share a database, each sees an outage within the one bound.
+only the JobQueues that share that very DSN; each JobQueue has its own connect slot, and host names are
+resolved by :class:`Resolver` on the operator's own small thread pool (never the pool that runs the Kubernetes
+calls). No caller waits for that lock longer than ``timeout``, and a caller that waited while the connection failed
+gets the same verdict at once: however many JobQueues share a database, each sees an outage within the one bound.
 
 Every call is bounded by ``timeout``. When a query outlives it, the socket is shut down from our side and
 the connection dropped: no cancel request is sent over a link that may be dead (that waits for its own
@@ -17,6 +18,7 @@ text a Secret held), so none of them reaches a status, an Event or a log line.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ipaddress
 import logging
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from skiplock import DatabaseUnavailableError, QueueStats
 from skiplock.migrate import amigrate
@@ -78,8 +80,8 @@ SHARED_REASONS = frozenset(
     {CONNECT_REFUSED, CONNECT_TIMEOUT, HOST_UNKNOWN, CONNECT_FAILED, QUERY_TIMEOUT, CONNECTION_LOST}
 )
 """Failures of the link itself: a caller that waited for the connection meanwhile reports the same at once."""
-CONNECT_SLOTS_PER_NAMESPACE = 2
-"""At most this many connects in flight per namespace: one tenant's slow databases cannot hold them all."""
+LOOKUPS_PER_NAMESPACE = 2
+"""Threads of the resolver per namespace: a tenant whose DNS hangs holds at most these, and only its own."""
 
 
 class DatabaseProblem(DatabaseUnavailableError):
@@ -164,6 +166,59 @@ def check_dsn(dsn: str, allowed_hosts: Sequence[str]) -> None:
         raise DatabaseProblem(HOST_NOT_ALLOWED)
 
 
+class Resolver:
+    """Host names to addresses for the connects (``hostaddr``), so psycopg resolves nothing itself. Each namespace
+    has its own LOOKUPS_PER_NAMESPACE threads, and each lookup is bounded by ``timeout`` (one that is still queued
+    then is dropped; one that hangs keeps its thread). A blackholed DNS costs the tenant whose names it serves,
+    never another namespace and never the event loop's default executor, which runs every Kubernetes call."""
+
+    def __init__(self, timeout: float) -> None:
+        self._timeout = timeout
+        self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+
+    async def hostaddr(self, namespace: str, dsn: str) -> str | None:
+        """The ``hostaddr`` list for ``dsn`` (one address per host, in order), or None when there is nothing to
+        resolve (no host, a socket path, or ``hostaddr`` given). Raises DatabaseProblem (HostUnknown)."""
+        params = conninfo_to_dict(dsn)
+        hosts = [h.strip() for h in str(params.get("host") or "").split(",")]
+        if params.get("hostaddr") or not all(hosts) or any(h.startswith("/") for h in hosts):
+            return None
+        names = [h for h in hosts if not _is_ip(h)]
+        if not names:
+            return None
+        port = str(params.get("port") or "5432").split(",")[0]
+        pool = self._pools.get(namespace)
+        if pool is None:
+            pool = self._pools[namespace] = concurrent.futures.ThreadPoolExecutor(
+                max_workers=LOOKUPS_PER_NAMESPACE, thread_name_prefix="skiplock-resolve"
+            )
+        loop = asyncio.get_running_loop()
+        found: dict[str, str] = {}
+        try:
+            async with asyncio.timeout(self._timeout):
+                for name in dict.fromkeys(names):
+                    answers = await loop.run_in_executor(
+                        pool, socket.getaddrinfo, name, port, 0, socket.SOCK_STREAM, socket.IPPROTO_TCP
+                    )
+                    found[name] = str(answers[0][4][0])
+        except (TimeoutError, OSError, IndexError):
+            raise DatabaseProblem(HOST_UNKNOWN) from None
+        return ",".join(found.get(h, h) for h in hosts)
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._pools.clear()
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def sever(conn: psycopg.AsyncConnection[Any]) -> None:
     """Shut the socket down under a pending read: the read fails at once, and psycopg sends no cancel."""
     with contextlib.suppress(Exception):
@@ -190,14 +245,14 @@ class Databases:
         *,
         timeout: float = 5.0,
         allowed_hosts: Sequence[str] = (),
-        connect_slots: int = CONNECT_SLOTS_PER_NAMESPACE,
     ) -> None:
         self._timeout = timeout
         self._allowed_hosts = tuple(allowed_hosts)
-        self._connect_slots = connect_slots
+        self._resolver = Resolver(timeout)
         self._entries: dict[PoolKey, _Entry] = {}
         self._users: dict[Hashable, PoolKey] = {}
-        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._slots: dict[Hashable, asyncio.Semaphore] = {}
+        self._pinned: dict[str, str] = {}
         self._retiring: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
@@ -230,18 +285,25 @@ class Databases:
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
 
-    def _namespace_slots(self, user: Hashable) -> asyncio.Semaphore:
-        namespace = str(user[0]) if isinstance(user, tuple) and user else ""
-        return self._slots.setdefault(namespace, asyncio.Semaphore(self._connect_slots))
+    def pinned(self, dsn: str) -> str:
+        """``dsn`` with the addresses its last connect resolved (``hostaddr``), so another connection to it (the
+        LISTEN one) resolves nothing; ``dsn`` itself before any connect."""
+        hostaddr = self._pinned.get(dsn)
+        return make_conninfo(dsn, hostaddr=hostaddr) if hostaddr else dsn
 
     async def _connect(self, user: Hashable, dsn: str) -> psycopg.AsyncConnection[Any]:
+        """One JobQueue connects at a time (its own slot: another JobQueue's hanging connects never delay it)."""
         check_dsn(dsn, self._allowed_hosts)
         seconds = max(2, round(self._timeout))
-        async with self._namespace_slots(user):
+        namespace = str(user[0]) if isinstance(user, tuple) and user else ""
+        async with self._slots.setdefault(user, asyncio.Semaphore(1)):
             try:
                 async with asyncio.timeout(seconds + 1):  # psycopg's connect_timeout fires first
+                    hostaddr = await self._resolver.hostaddr(namespace, dsn)
+                    if hostaddr:
+                        self._pinned[dsn] = hostaddr
                     conn = await psycopg.AsyncConnection.connect(
-                        dsn,
+                        make_conninfo(dsn, hostaddr=hostaddr) if hostaddr else dsn,
                         connect_timeout=seconds,
                         application_name="skiplock-operator",
                         keepalives=1,
@@ -485,11 +547,13 @@ class Databases:
             await self._call(user, (dsn, schema), write)
 
     async def release(self, user: Hashable) -> None:
+        self._slots.pop(user, None)
         key = self._users.pop(user, None)
         if key is not None:
             self._close_unused(key)
 
     async def close(self) -> None:
+        self._resolver.close()
         for task in list(self._retiring):
             task.cancel()
         entries = list(self._entries.values())
