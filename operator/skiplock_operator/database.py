@@ -26,7 +26,7 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -35,11 +35,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from skiplock import DatabaseUnavailableError, QueueStats
 from skiplock.migrate import amigrate
-from skiplock.schedule import STALE_SECONDS, Fired
+from skiplock.schedule import STALE_SECONDS, Fired, fire_params, scope_params
 from skiplock.settings import Settings
 from skiplock.store.purge import apurge_batch
 from skiplock.store.run import aexecute
-from skiplock.store.schedules import fire_due
 from skiplock.store.statements import FlowCursor, PurgePolicy, Statements
 from skiplock_operator.scaling import connection_budget
 
@@ -80,6 +79,9 @@ SHARED_REASONS = frozenset(
     {CONNECT_REFUSED, CONNECT_TIMEOUT, HOST_UNKNOWN, CONNECT_FAILED, QUERY_TIMEOUT, CONNECTION_LOST}
 )
 """Failures of the link itself: a caller that waited for the connection meanwhile reports the same at once."""
+SCHEDULE_COMPUTE_SECONDS = 0.5
+"""Longest a schedules round computes ticks (cron arithmetic, on its namespace's schedule thread, never the event
+loop); the due schedules left wait for the next round, which comes at once."""
 LOOKUPS_PER_NAMESPACE = 2
 """Threads of the resolver per namespace: a tenant whose DNS hangs holds at most these, and only its own."""
 
@@ -229,6 +231,33 @@ def sever(conn: psycopg.AsyncConnection[Any]) -> None:
             sock.close()
 
 
+@dataclass(frozen=True)
+class ScheduleRound:
+    """What one schedules round did: the ticks fired, the seconds until the next is due (0: more are due now),
+    and the schedules that could not fire (a row the jobs table or the cron arithmetic refuses: park them)."""
+
+    fired: list[Fired]
+    next_due: float | None
+    failed: list[str]
+
+
+def compute_ticks(
+    rows: Sequence[dict[str, Any]], channel: str, budget_seconds: float
+) -> list[tuple[dict[str, Any], tuple[dict[str, Any], int] | None]]:
+    """Each due row with its ``schedule_fire`` parameters and skipped ticks (None: it cannot fire), until
+    ``budget_seconds`` are spent (at least one row). Pure and CPU-bound: run it off the event loop."""
+    out: list[tuple[dict[str, Any], tuple[dict[str, Any], int] | None]] = []
+    started = time.monotonic()
+    for row in rows:
+        if out and time.monotonic() - started > budget_seconds:
+            break
+        try:
+            out.append((row, fire_params(row, channel)))
+        except Exception:  # a row written by hand (bad cron, zone, bounds): it alone fails
+            out.append((row, None))
+    return out
+
+
 @dataclass
 class _Entry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -253,6 +282,7 @@ class Databases:
         self._users: dict[Hashable, PoolKey] = {}
         self._slots: dict[Hashable, asyncio.Semaphore] = {}
         self._pinned: dict[str, str] = {}
+        self._schedule_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._retiring: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
@@ -432,16 +462,55 @@ class Databases:
         return await self._call(user, (dsn, schema), read)
 
     async def fire_schedules(
-        self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], channel: str
-    ) -> tuple[list[Fired], float | None]:
-        """Fire the due schedules of ``queues`` (see :mod:`skiplock.schedule`); the seconds until the next one."""
+        self,
+        user: Hashable,
+        dsn: str,
+        schema: str,
+        queues: Sequence[str],
+        channel: str,
+        *,
+        parked: Collection[str] = (),
+    ) -> ScheduleRound:
+        """Fire the due schedules of ``queues`` but ``parked`` (see :mod:`skiplock.schedule`): at most the 100 the
+        query returns and SCHEDULE_COMPUTE_SECONDS of cron arithmetic per round, computed on the namespace's own
+        schedule thread; each tick in its own savepoint, so a row the jobs table refuses fails alone."""
         s = _statements(schema)
+        scope = scope_params(None, queues)
+        pool = self._schedule_pool(user)
+        loop = asyncio.get_running_loop()
 
-        async def fire(conn: psycopg.AsyncConnection[Any], _: _Entry) -> tuple[list[Fired], float | None]:
+        async def fire(conn: psycopg.AsyncConnection[Any], _: _Entry) -> ScheduleRound:
+            fired: list[Fired] = []
+            failed: list[str] = []
             async with conn.transaction():
-                return await fire_due(conn, s, queues=queues, channel=channel)
+                due = [r for r in await aexecute(conn, s.schedule_due(scope)) if r["name"] not in parked]
+                ticks = await loop.run_in_executor(pool, compute_ticks, due, channel, SCHEDULE_COMPUTE_SECONDS)
+                for row, computed in ticks:
+                    if computed is None:
+                        failed.append(row["name"])
+                        continue
+                    params, missed = computed
+                    try:
+                        async with conn.transaction():  # a savepoint per tick
+                            job_id = await aexecute(conn, s.schedule_fire(params))
+                    except (psycopg.DataError, psycopg.IntegrityError):
+                        failed.append(row["name"])
+                        continue
+                    fired.append(Fired(row["name"], row["task"], params["tick"], job_id, missed if job_id else 0))
+                next_due = 0.0 if len(ticks) < len(due) else await aexecute(conn, s.schedule_next_due(scope))
+            return ScheduleRound(fired, next_due, failed)
 
         return await self._call(user, (dsn, schema), fire)
+
+    def _schedule_pool(self, user: Hashable) -> concurrent.futures.ThreadPoolExecutor:
+        """One thread per namespace for schedule arithmetic: a tenant's late cron rows cost only its own rounds."""
+        namespace = str(user[0]) if isinstance(user, tuple) and user else ""
+        pool = self._schedule_pools.get(namespace)
+        if pool is None:
+            pool = self._schedule_pools[namespace] = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="skiplock-schedule"
+            )
+        return pool
 
     async def default_budget(self, user: Hashable, dsn: str, schema: str) -> int:
         """The budget ``connectionBudget: 0`` stands for (see :func:`skiplock_operator.scaling.connection_budget`)."""
@@ -554,6 +623,8 @@ class Databases:
 
     async def close(self) -> None:
         self._resolver.close()
+        for pool in self._schedule_pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
         for task in list(self._retiring):
             task.cancel()
         entries = list(self._entries.values())
