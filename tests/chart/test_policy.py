@@ -318,8 +318,16 @@ def test_cluster_mode_puts_worker_policies_where_listed(render: Render) -> None:
 
 
 def test_bad_cidr_is_refused(template: Template) -> None:
-    proc = template("--set", "networkPolicy.enabled=true", "--set", "networkPolicy.postgres.cidrs={10.0.0.0}")
+    proc = template(*MULTI, "--set", "networkPolicy.postgres.cidrs={10.0.0.0}")
     assert proc.returncode != 0 and "cidrs" in proc.stderr
+
+
+def test_network_policies_need_who_may_reach_the_metrics_ports(template: Template) -> None:
+    """Issue 37, item 5: with no metricsFrom the metrics and probe ports took connections from any pod (a slowloris
+    from a neighbour made the kubelet's probes fail); the chart now refuses that install."""
+    proc = template("--set", "networkPolicy.enabled=true")
+    assert proc.returncode != 0 and "networkPolicy.metricsFrom" in proc.stderr
+    assert template(*MULTI).returncode == 0
 
 
 def test_security_docs_name_every_operator_setting_the_chart_renders(render: Render) -> None:
