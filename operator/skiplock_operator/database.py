@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import ipaddress
 import logging
 import os
@@ -138,6 +139,7 @@ def dsn_hosts(dsn: str) -> tuple[str, ...]:
     return tuple(hosts)
 
 
+@functools.lru_cache(maxsize=1024)
 def server_key(dsn: str) -> str:
     """The database server a DSN names (hosts and port), the unit of the connection cap: ``max_connections`` is
     the server's, shared by every database and role on it. Raises DSNInvalid."""

@@ -97,11 +97,14 @@ class Wakeups:
         if current is not None and current != key:
             await self.unsubscribe(user)
         shared = self._shared.get(key)
-        if shared is not None and shared.queues.get(user) == wanted:
+        if shared is not None and shared.queues.get(user) == wanted and connect_dsn in (None, shared.connect_dsn):
             return
         if shared is not None:
             shared.queues[user], shared.events[user] = wanted, event
-            if not shared.wanted() <= shared.serving:  # a queue more: listen for the new set
+            if connect_dsn and connect_dsn != shared.connect_dsn:  # the host's address changed: dial the new one
+                shared.connect_dsn = connect_dsn
+                await self._restart(key)
+            elif not shared.wanted() <= shared.serving:  # a queue more: listen for the new set
                 await self._restart(key)
             elif shared.listener.connected:
                 event.set()  # a job may have arrived between the last poll and now: look once more
