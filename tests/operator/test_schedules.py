@@ -178,3 +178,23 @@ async def test_late_cron_rows_are_computed_off_the_event_loop_a_bounded_amount_p
         await task
         await dbs.close()
     assert max(gaps) < 0.25, f"the event loop stalled {max(gaps):.2f}s during a schedules round"
+
+
+async def test_the_operator_parks_a_bad_row_and_keeps_firing_the_others(
+    pg_dsn: str, schema: str, cluster: Cluster
+) -> None:
+    add_schedule(pg_dsn, schema, "bad", max_attempts=0)
+    add_schedule(pg_dsn, schema, "good")
+    await cluster.apply_secret("db", pg_dsn)
+    labels = {"namespace": NAMESPACE, "jobqueue": "parking"}
+    async with running_operator(cluster) as metrics:
+        await cluster.create_jobqueue("parking", jobqueue_spec("sched", schema, pollingIntervalSeconds=60))
+        await await_for(lambda: good_ticks(pg_dsn, schema) >= 3, timeout=20, what="three ticks of the good row")
+        failed = metric(metrics, "skiplock_operator_schedule_ticks_total", **labels, result="failed")
+    assert failed == 1, "the bad row was tried again within its parking time (or never reported)"
+
+
+def good_ticks(dsn: str, schema: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(f"SELECT count(*) FROM \"{schema}\".jobs WHERE queue = 'sched'").fetchone()
+    return int(row[0]) if row else 0
