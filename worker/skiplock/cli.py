@@ -390,6 +390,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ROLE",
         help="role of `skiplock ui`: reads everything, retries, cancels, pauses, writes ui_audit",
     )
+    gr.add_argument(
+        "--connection-limit",
+        action="append",
+        default=[],
+        metavar="ROLE=N",
+        help="set the role's CONNECTION LIMIT (repeatable; -1: none); a worker role needs replicas x (concurrency + 6)",
+    )
     gr.add_argument("--dry-run", action="store_true", help="print the statements, change nothing")
 
     ui = command("ui", "serve the web UI (needs skiplock[ui]; read-only without a token)")
@@ -955,15 +962,18 @@ def cmd_grant(args: argparse.Namespace, settings: Settings) -> int:
     from skiplock.store.run import check_connect
 
     roles = {"producer": args.producer, "worker": args.worker, "operator": args.operator, "ui": args.ui}
+    limits = grant.parse_connection_limits(args.connection_limit)
     if args.dry_run:
-        for statement in grant.grant_sql(settings.schema, **roles):
+        for statement in grant.grant_sql(settings.schema, **roles, connection_limits=limits):
             print(statement.as_string(None) + ";")
         return EXIT_OK
     dsn = settings.require_dsn()
     check_connect(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        done = grant.apply_grants(conn, settings.schema, **roles)
+        done = grant.apply_grants(conn, settings.schema, **roles, connection_limits=limits)
     print(f"applied {len(done)} statement(s) on schema {settings.schema!r}")
+    if args.worker and args.worker not in limits:
+        print(grant.connection_limit_hint(args.worker))
     return EXIT_OK
 
 

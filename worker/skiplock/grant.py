@@ -37,10 +37,17 @@ also how a role loses a right.
   INSERT, UPDATE`` on ``queues`` (pause and resume); ``SELECT, INSERT`` on ``ui_audit`` and ``UPDATE`` of its
   count and detail only (an action's progress: an audit row's actor, action and time cannot be rewritten). No
   ``INSERT`` or ``DELETE`` of jobs, no change of a payload, task, queue or key, no DDL.
+
+Connection limits: ``connection_limits`` sets ``ALTER ROLE ... CONNECTION LIMIT n`` on the named roles, the bound
+the server itself enforces whoever connects (the operator's per-server cap covers only the workers it runs). For a
+worker role, :func:`recommended_connection_limit` gives what its replicas can hold: ``replicas x (concurrency +``
+:data:`~skiplock.settings.WORKER_EXTRA_CONNECTIONS` ``)``; several tenants' limits should add up to less than the
+server's ``max_connections`` minus its reserved connections.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -48,7 +55,7 @@ from psycopg import sql
 
 from skiplock.errors import ConfigError
 from skiplock.migrate import check_version, current_version
-from skiplock.settings import Settings
+from skiplock.settings import WORKER_EXTRA_CONNECTIONS, Settings
 from skiplock.store.run import execute
 from skiplock.store.statements import Statements
 
@@ -92,14 +99,46 @@ UI_AUDIT_COLUMNS = ("job_count", "detail")
 """The audit columns the ui role may update: an action's progress (its count, its keyset cursor)."""
 
 
+def recommended_connection_limit(replicas: int, concurrency: int) -> int:
+    """The ``CONNECTION LIMIT`` a worker role needs for ``replicas`` workers of ``concurrency`` each."""
+    if replicas < 0 or concurrency < 1:
+        raise ConfigError("grant: replicas must be >= 0 and concurrency >= 1")
+    return replicas * (concurrency + WORKER_EXTRA_CONNECTIONS)
+
+
+def parse_connection_limits(items: list[str]) -> dict[str, int]:
+    """``ROLE=N`` items (the CLI's ``--connection-limit``) as a mapping; raises ConfigError."""
+    out: dict[str, int] = {}
+    for item in items:
+        role, sep, value = item.rpartition("=")
+        try:
+            out[role] = int(value)
+        except ValueError:
+            role = ""
+        if not sep or not role:
+            raise ConfigError(f"grant: --connection-limit wants ROLE=N (got {item!r})")
+    return out
+
+
+def connection_limit_hint(worker: str) -> str:
+    """The recommendation printed when the worker role gets no limit."""
+    example = recommended_connection_limit(10, 4)
+    return (
+        f"hint: cap the worker role's connections on the server: --connection-limit {worker}=N with "
+        f"N = replicas x (concurrency + {WORKER_EXTRA_CONNECTIONS}), e.g. {example} for 10 replicas of concurrency 4"
+    )
+
+
 def grant_sql(
     schema: str,
     producer: str | None = None,
     worker: str | None = None,
     operator: str | None = None,
     ui: str | None = None,
+    connection_limits: Mapping[str, int] | None = None,
 ) -> list[sql.Composed]:
-    """The statements that give each named role exactly its privileges on ``schema`` (None: leave it alone)."""
+    """The statements that give each named role exactly its privileges on ``schema`` (None: leave it alone), and
+    ``CONNECTION LIMIT`` per role in ``connection_limits`` (role name -> limit, -1: none; roles named here only)."""
     if producer is None and worker is None and operator is None and ui is None:
         raise ConfigError("grant: name at least one role (producer, worker, operator or ui)")
     for label, role in (("producer", producer), ("worker", worker), ("operator", operator), ("ui", ui)):
@@ -111,6 +150,13 @@ def grant_sql(
         )
     if operator is not None and schema == "public":
         raise ConfigError("grant: will not hand the shared 'public' schema to the operator; keep skiplock in its own")
+
+    limits = dict(connection_limits or {})
+    for role, limit in limits.items():
+        if role not in (producer, worker, operator, ui):
+            raise ConfigError(f"grant: a connection limit for {role!r}, which is not one of the roles named")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < -1:
+            raise ConfigError(f"grant: the connection limit of {role!r} must be an integer >= -1 (-1: no limit)")
 
     s = sql.Identifier(schema)
     jobs = sql.Identifier(schema, "jobs")
@@ -183,6 +229,8 @@ def grant_sql(
             sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(audit, u),
             sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(UI_AUDIT_COLUMNS), audit, u),
         ]
+    for role, limit in limits.items():
+        out.append(sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}").format(sql.Identifier(role), sql.Literal(limit)))
     return out
 
 
@@ -198,6 +246,7 @@ def apply_grants(
     worker: str | None = None,
     operator: str | None = None,
     ui: str | None = None,
+    connection_limits: Mapping[str, int] | None = None,
 ) -> list[str]:
     """Run :func:`grant_sql` in one transaction; returns the statements as text (for ``--dry-run`` style output).
 
@@ -206,7 +255,7 @@ def apply_grants(
     """
     names = [r for r in (producer, worker, operator, ui) if r is not None]
     with conn.transaction():
-        statements = grant_sql(schema, producer, worker, operator, ui)
+        statements = grant_sql(schema, producer, worker, operator, ui, connection_limits)
         s = Statements(Settings(schema=schema))
         found = execute(conn, s.roles_existing(names))
         missing = [r for r in names if r not in found]
