@@ -148,17 +148,38 @@ WHERE j.status = 'failed' AND j.failure_fingerprint = %(fingerprint)s
 ORDER BY j.id
 LIMIT %(limit)s;
 
--- name: ui_filter_ids
--- The next batch of jobs in one of `statuses` matching a filter, above the keyset cursor `after` and at most `upto` (the newest id when the action started): what a bulk action by filter changes in one transaction.
-SELECT j.id FROM {schema}.jobs AS j
-WHERE j.status = ANY(%(statuses)s::text[]) AND j.id > %(after)s AND j.id <= %(upto)s
-  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
-  AND (%(task)s::text IS NULL OR j.task = %(task)s)
-  AND (%(text)s::text IS NULL OR j.last_error ILIKE %(text)s)
-  AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s)
-  AND (%(until)s::timestamptz IS NULL OR j.created_at < %(until)s)
-ORDER BY j.id
-LIMIT %(limit)s;
+-- name: ui_filter_batch
+-- The next batch of a bulk action by filter. Its window: at most `scan` jobs above the keyset cursor `after` and at most `upto` (the newest id when the action started) in the statuses the action changes (`retry`: failed and cancelled, else pending and processing), each status read in id order through its own partial index (a status list would read the primary key through every done job). Of the window, the first `limit` jobs matching the filter (`ids`), the cursor after this batch (`after`), and whether no job is left above it (`finished`).
+WITH w AS (
+    SELECT * FROM (
+        (SELECT j.id, j.queue, j.task, j.last_error, j.created_at FROM {schema}.jobs AS j
+         WHERE %(retry)s AND j.status = 'failed' AND j.id > %(after)s AND j.id <= %(upto)s ORDER BY j.id LIMIT %(scan)s)
+        UNION ALL
+        (SELECT j.id, j.queue, j.task, j.last_error, j.created_at FROM {schema}.jobs AS j
+         WHERE %(retry)s AND j.status = 'cancelled' AND j.id > %(after)s AND j.id <= %(upto)s ORDER BY j.id LIMIT %(scan)s)
+        UNION ALL
+        (SELECT j.id, j.queue, j.task, j.last_error, j.created_at FROM {schema}.jobs AS j
+         WHERE NOT %(retry)s AND j.status = 'pending' AND j.id > %(after)s AND j.id <= %(upto)s ORDER BY j.id LIMIT %(scan)s)
+        UNION ALL
+        (SELECT j.id, j.queue, j.task, j.last_error, j.created_at FROM {schema}.jobs AS j
+         WHERE NOT %(retry)s AND j.status = 'processing' AND j.id > %(after)s AND j.id <= %(upto)s ORDER BY j.id LIMIT %(scan)s)
+    ) AS u
+    ORDER BY u.id
+    LIMIT %(scan)s
+), hits AS (
+    SELECT w.id FROM w
+    WHERE (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+      AND (%(task)s::text IS NULL OR w.task = %(task)s)
+      AND (%(text)s::text IS NULL OR w.last_error ILIKE %(text)s)
+      AND (%(since)s::timestamptz IS NULL OR w.created_at >= %(since)s)
+      AND (%(until)s::timestamptz IS NULL OR w.created_at < %(until)s)
+    ORDER BY w.id
+    LIMIT %(limit)s
+)
+SELECT coalesce((SELECT array_agg(h.id ORDER BY h.id) FROM hits AS h), '{{}}'::bigint[]) AS ids,
+       CASE WHEN (SELECT count(*) FROM hits) >= %(limit)s THEN (SELECT max(h.id) FROM hits AS h)
+            ELSE coalesce((SELECT max(w.id) FROM w), %(after)s) END AS after,
+       (SELECT count(*) FROM w) < %(scan)s AND (SELECT count(*) FROM hits) < %(limit)s AS finished;
 
 -- name: ui_newest_id
 -- The newest job id (a bulk action never reaches past it: jobs enqueued while it runs are left alone).
