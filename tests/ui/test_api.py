@@ -327,7 +327,7 @@ def test_bulk_actions_by_filter(client: TestClient, queue: Queue, pg_dsn: str, s
 def test_a_bulk_action_by_filter_walks_bounded_windows_of_every_status_it_changes(
     client: TestClient, queue: Queue, pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_ui, "SCAN", 3)  # windows of 3 candidates, batches of 2 matches: many transactions
+    monkeypatch.setattr(store_ui, "BULK_SCAN", 3)  # windows of 3 candidates, batches of 2 matches: many batches
     monkeypatch.setattr(store_ui, "BATCH", 2)
     monkeypatch.setattr(store_ui, "BULK_SECONDS", 0.0)  # one batch a request: each answer is a 202 until the end
 

@@ -35,6 +35,9 @@ BULK_SECONDS = 0.1
 continues where it stopped (its detail says ``finished``)."""
 SCAN = 10_000
 """Rows of the primary key (or of the failed jobs' index) one page of the job list reads at most."""
+BULK_SCAN = 2_000
+"""Jobs of the statuses it changes one batch of a bulk action by filter reads at most (with its changes, one batch
+stays well within a request's time; bench/ui.py)."""
 DONE_CAP = 100_000
 """Done jobs counted per queue for "done in the last minute" (past it the UI shows the cap and a "+")."""
 STATEMENT_TIMEOUT_MS = 5_000
@@ -529,7 +532,7 @@ class UiStore:
             return Batch(ids, max(ids) if ids else d["after"], len(ids) < BATCH)
         assert f is not None
         call = self.u.filter_batch(
-            f, retry=verb.startswith("retry"), after=d["after"], upto=d["upto"], scan=SCAN, limit=BATCH
+            f, retry=verb.startswith("retry"), after=d["after"], upto=d["upto"], scan=BULK_SCAN, limit=BATCH
         )
         return await aexecute(conn, call)
 
