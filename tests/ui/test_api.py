@@ -204,6 +204,19 @@ def test_retry_and_cancel_a_job_write_one_audit_row_each_and_a_second_click_repe
     assert [e["action"] for e in client.get("/api/audit").json()["entries"]] == ["cancel", "retry"]
 
 
+def test_jobs_waiting_for_their_parents_are_counted_and_listed(client: TestClient, queue: Queue) -> None:
+    parent = queue.enqueue("flow", {"step": 1}).id
+    children = [queue.enqueue("flow", {"step": 2}, after=[parent]).id for _ in range(2)]
+    assert queue.statuses(children) == {c: "waiting" for c in children}
+    (row,) = client.get("/api/queues").json()["queues"]
+    assert (row["queue"], row["waiting"], row["ready"]) == ("flow", 2, 1)
+    listed = client.get("/api/jobs?status=waiting").json()["jobs"]
+    assert [j["id"] for j in listed] == sorted(children, reverse=True)
+    page = client.get("/queues").text
+    assert 'data-k="waiting"><a href="/jobs?queue=flow&amp;status=waiting">2</a>' in page
+    assert "<option selected>waiting</option>" in client.get("/jobs?status=waiting").text
+
+
 def test_pause_and_resume_show_on_the_queues(client: TestClient, queue: Queue) -> None:
     queue.enqueue("mail", {})
     assert client.post("/api/queues/mail/pause", headers=AUTH).json()["action"]["action"] == "pause"

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
+from skiplock.job import STATUSES
 from skiplock.ui.auth import csrf_token
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
@@ -66,6 +67,7 @@ def number(value: Any) -> str:
 
 
 templates.env.filters.update(ago=ago, when=when, number=number)
+templates.env.globals["statuses"] = STATUSES
 
 
 def page(request: Request, name: str, context: dict[str, Any], *, status: int = 200) -> Response:

@@ -1,6 +1,10 @@
 -- name: ui_queue_stats
--- Each queue's (by name after the keyset cursor `after`, at most `limit` of them) ready, delayed, processing, stalled and failed jobs, oldest ready job and next due, and whether it is paused: from index-only scans of the partial indexes of pending and failed jobs and the few processing rows (queue_stats reads every failed row's heap page).
-WITH pending AS (
+-- Each queue's (by name after the keyset cursor `after`, at most `limit` of them) waiting (for their parents), ready, delayed, processing, stalled and failed jobs, oldest ready job and next due, and whether it is paused: from index-only scans of the partial indexes of waiting, pending and failed jobs and the few processing rows (queue_stats reads every failed row's heap page).
+WITH waiting AS (
+    SELECT j.queue, count(*) AS waiting FROM {schema}.jobs AS j
+    WHERE j.status = 'waiting' AND j.queue > %(after)s
+    GROUP BY j.queue
+), pending AS (
     SELECT j.queue,
            count(*) FILTER (WHERE j.visible_at <= now()) AS ready,
            count(*) FILTER (WHERE j.visible_at > now()) AS delayed,
@@ -19,11 +23,12 @@ WITH pending AS (
     WHERE j.status = 'failed' AND j.queue > %(after)s
     GROUP BY j.queue
 )
-SELECT queue, coalesce(p.ready, 0) AS ready, coalesce(p.delayed, 0) AS delayed,
+SELECT queue, coalesce(w.waiting, 0) AS waiting, coalesce(p.ready, 0) AS ready, coalesce(p.delayed, 0) AS delayed,
        coalesce(r.processing, 0) AS processing, coalesce(r.stalled, 0) AS stalled, coalesce(f.failed, 0) AS failed,
        coalesce(extract(epoch FROM now() - p.oldest_ready), 0)::float8 AS oldest_ready_age_seconds, p.next_due,
        coalesce(q.paused, false) AS paused
-FROM pending AS p
+FROM waiting AS w
+FULL JOIN pending AS p USING (queue)
 FULL JOIN processing AS r USING (queue)
 FULL JOIN failed AS f USING (queue)
 FULL JOIN (SELECT c.queue, c.paused FROM {schema}.queues AS c WHERE c.queue > %(after)s) AS q USING (queue)
