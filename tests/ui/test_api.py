@@ -141,7 +141,7 @@ def test_with_a_token_actions_need_the_bearer(client: TestClient, pg_dsn: str, s
         ("/api/jobs/abc/retry", None, 400, "job id must be an integer"),
         ("/api/jobs/99999999/cancel", None, 404, "no job 99999999"),
         ("/api/jobs/{pending}/retry", None, 409, "only failed or cancelled jobs can be retried"),
-        ("/api/jobs/{failed}/cancel", None, 409, "only pending or running jobs can be cancelled"),
+        ("/api/jobs/{failed}/cancel", None, 409, "only waiting, pending or running jobs can be cancelled"),
         ("/api/jobs/cancel", {"queue": "default", "tsk": "send"}, 400, "unknown filter 'tsk'"),
         ("/api/jobs/retry", {"queue": "default", "group": "{fp}"}, 400, "unknown filter 'group'"),
         ("/api/jobs/retry", {"queue": "default", "since": "yesterday"}, 400, "since must be an ISO 8601 time"),
@@ -215,6 +215,9 @@ def test_jobs_waiting_for_their_parents_are_counted_and_listed(client: TestClien
     page = client.get("/queues").text
     assert 'data-k="waiting"><a href="/jobs?queue=flow&amp;status=waiting">2</a>' in page
     assert "<option selected>waiting</option>" in client.get("/jobs?status=waiting").text
+    assert "/jobs/%d/cancel" % children[0] in client.get(f"/jobs/{children[0]}").text
+    stopped = client.post(f"/api/jobs/{children[0]}/cancel", headers=AUTH).json()["action"]
+    assert stopped["job_count"] == 1 and queue.statuses(children) == {children[0]: "cancelled", children[1]: "waiting"}
 
 
 def test_pause_and_resume_show_on_the_queues(client: TestClient, queue: Queue) -> None:
@@ -369,6 +372,7 @@ def test_a_bulk_action_by_filter_walks_bounded_windows_of_every_status_it_change
     running = [j.id for j in queue.claim("mail", limit=3, worker="w-test")]  # three run, the rest stay pending
     live = timeouts + cancelled + [queue.enqueue("mail", {"n": n}).id for n in range(4)]
     other = queue.enqueue("other", {}).id
+    live += [queue.enqueue("mail", {"n": n}, after=[other]).id for n in range(3)]  # waiting for a job of "other"
     stopped = bulk("cancel", {"queue": "mail"})
     assert stopped["detail"]["finished"] is True and stopped["job_count"] == len(live)
     assert len(running) == 3 and set(running) <= set(live)

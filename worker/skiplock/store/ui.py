@@ -394,8 +394,8 @@ class UiStore:
     async def cancel_job(self, job_id: int, *, actor: str, key: str) -> dict[str, Any]:
         async def act(conn: psycopg.AsyncConnection[Any]) -> int:
             status = await self._job_status(conn, job_id)
-            if status not in ("pending", "processing"):
-                raise ActionError(f"job {job_id} is {status}: only pending or running jobs can be cancelled")
+            if status not in ("waiting", "pending", "processing"):
+                raise ActionError(f"job {job_id} is {status}: only waiting, pending or running jobs can be cancelled")
             cancelled = await aexecute(conn, self.s.cancel([job_id], None, f"from the UI by {actor}", None))
             return len(cancelled)
 

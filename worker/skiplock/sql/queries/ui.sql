@@ -154,7 +154,7 @@ ORDER BY j.id
 LIMIT %(limit)s;
 
 -- name: ui_filter_batch
--- The next batch of a bulk action by filter. Its window: at most `scan` jobs above the keyset cursor `after` and at most `upto` (the newest id when the action started) in the statuses the action changes (`retry`: failed and cancelled, else pending and processing), each status read in id order through its own partial index (a status list would read the primary key through every done job). Of the window, the first `limit` jobs matching the filter (`ids`), the cursor after this batch (`after`), and whether no job is left above it (`finished`).
+-- The next batch of a bulk action by filter. Its window: at most `scan` jobs above the keyset cursor `after` and at most `upto` (the newest id when the action started) in the statuses the action changes (`retry`: failed and cancelled, else waiting, pending and processing), each status read in id order through its own partial index (a status list would read the primary key through every done job). Of the window, the first `limit` jobs matching the filter (`ids`), the cursor after this batch (`after`), and whether no job is left above it (`finished`).
 WITH w AS (
     SELECT * FROM (
         (SELECT j.id, j.queue, j.task, j.last_error, j.created_at FROM {schema}.jobs AS j
@@ -168,6 +168,9 @@ WITH w AS (
         UNION ALL
         (SELECT j.id, j.queue, j.task, j.last_error, j.created_at FROM {schema}.jobs AS j
          WHERE NOT %(retry)s AND j.status = 'processing' AND j.id > %(after)s AND j.id <= %(upto)s ORDER BY j.id LIMIT %(scan)s)
+        UNION ALL
+        (SELECT j.id, j.queue, j.task, j.last_error, j.created_at FROM {schema}.jobs AS j
+         WHERE NOT %(retry)s AND j.status = 'waiting' AND j.id > %(after)s AND j.id <= %(upto)s ORDER BY j.id LIMIT %(scan)s)
     ) AS u
     ORDER BY u.id
     LIMIT %(scan)s
