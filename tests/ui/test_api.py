@@ -215,7 +215,7 @@ def test_jobs_waiting_for_their_parents_are_counted_and_listed(client: TestClien
     page = client.get("/queues").text
     assert 'data-k="waiting"><a href="/jobs?queue=flow&amp;status=waiting">2</a>' in page
     assert "<option selected>waiting</option>" in client.get("/jobs?status=waiting").text
-    assert "/jobs/%d/cancel" % children[0] in client.get(f"/jobs/{children[0]}").text
+    assert f"/jobs/{children[0]}/cancel" in client.get(f"/jobs/{children[0]}").text
     stopped = client.post(f"/api/jobs/{children[0]}/cancel", headers=AUTH).json()["action"]
     assert stopped["job_count"] == 1 and queue.statuses(children) == {children[0]: "cancelled", children[1]: "waiting"}
 
