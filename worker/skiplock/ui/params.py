@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from skiplock.job import STATUSES
 from skiplock.store.ui import JobFilter
 
+STATUSES = ("waiting", "pending", "processing", "done", "failed", "cancelled")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 MAX_TEXT = 200

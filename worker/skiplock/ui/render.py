@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
-from skiplock.job import STATUSES
 from skiplock.ui.auth import csrf_token
+from skiplock.ui.params import STATUSES
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 
