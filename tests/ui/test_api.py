@@ -196,7 +196,7 @@ def test_retry_and_cancel_a_job_write_one_audit_row_each_and_a_second_click_repe
     assert cancelled["action"] == "cancel" and cancelled["job_count"] == 1
     assert queue.statuses([failed]) == {failed: "cancelled"}
     refused = client.post(f"/api/jobs/{failed}/cancel", headers=AUTH)
-    assert refused.status_code == 409 and "only pending or running jobs" in refused.json()["error"]
+    assert refused.status_code == 409 and "only waiting, pending or running jobs" in refused.json()["error"]
     assert client.post("/api/jobs/424242/cancel", headers=AUTH).status_code == 404
     assert client.post("/api/jobs/x1/cancel", headers=AUTH).status_code == 400
     rows = audit_rows(pg_dsn, schema)
