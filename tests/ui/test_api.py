@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from skiplock import Queue
 from skiplock.sql import queries_for
 from skiplock.store import ui as store_ui
-from ui.conftest import AUTH, add_failed, audit_rows
+from ui.conftest import AUTH, TOKEN, add_failed, audit_rows
 
 POSTS = [
     "/api/jobs/{job}/retry",
@@ -442,6 +442,14 @@ def test_hide_payloads_shows_only_sizes(make_client: Callable[..., TestClient], 
     assert "secret@example.com" not in hidden.get(f"/jobs/{failed}").text
     assert "secret@example.com" not in hidden.get("/jobs").text
     assert "secret@example.com" not in hidden.get("/api/failures").text
+    for url in ("/api/jobs?q=secret@example.com", "/jobs?q=secret"):  # a search would tell what the errors hold
+        r = hidden.get(url)
+        assert r.status_code == 400 and "off with --hide-payloads" in r.text
+    assert 'name="q"' not in hidden.get("/jobs").text
+    acting = make_client(hide_payloads=True, token=TOKEN)
+    r = acting.post("/api/jobs/retry", headers=AUTH, json={"queue": "default", "q": "secret"})
+    assert r.status_code == 400 and audit_rows(pg_dsn, schema) == []
+    assert [j["id"] for j in acting.get("/api/jobs?status=failed").json()["jobs"]] == [failed]
 
 
 def test_a_trusted_proxy_header_is_honoured_only_when_configured(
