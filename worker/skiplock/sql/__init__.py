@@ -205,7 +205,7 @@ class Queries:
     ui_failure_groups: LiteralString
     ui_failure_group: LiteralString
     ui_group_ids: LiteralString
-    ui_filter_ids: LiteralString
+    ui_filter_batch: LiteralString
     ui_newest_id: LiteralString
     ui_discard_failed: LiteralString
     ui_workers: LiteralString
