@@ -32,6 +32,7 @@ QUERY_FILES = (
     "ui.sql",
     "autoscale.sql",
     "tasks.sql",
+    "workflows.sql",
 )
 
 
@@ -215,6 +216,17 @@ class Queries:
     ui_audit_get: LiteralString
     ui_audit_progress: LiteralString
     ui_session: LiteralString
+    job_link: LiteralString
+    job_set_workflow: LiteralString
+    job_complete_results: LiteralString
+    job_complete_one_result: LiteralString
+    job_await: LiteralString
+    job_outcome: LiteralString
+    job_parent_results: LiteralString
+    job_relatives: LiteralString
+    job_step_get: LiteralString
+    job_step_put: LiteralString
+    job_workflow_ids: LiteralString
 
     def __init__(self, schema: str) -> None:
         self.schema = schema

@@ -28,6 +28,7 @@ from skiplock.limits import TaskLimits
 from skiplock.metrics import WorkerMetrics
 from skiplock.settings import CONTROL_CONNECTIONS, Settings, redact
 from skiplock.store.call import Call
+from skiplock.store.links import complete_results
 from skiplock.store.purge import apurge_batch
 from skiplock.store.run import aexecute
 from skiplock.store.schedules import ScheduleSession
@@ -65,6 +66,7 @@ class CompleterStore(Protocol):
     async def backoff(self, stopping: asyncio.Event) -> None: ...
     async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
     async def complete(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
+    async def complete_results(self, done: Sequence[tuple[Job, str]], *, worker: str) -> set[int] | None: ...
     async def fail(self, failures: Sequence[Failure], *, worker: str) -> dict[int, str] | None: ...
     async def snooze(self, jobs: Sequence[Job], delays: Sequence[float], *, worker: str) -> set[int] | None: ...
     async def cancelled_among(
@@ -400,6 +402,9 @@ class PgWorkerStore:
 
     async def complete(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None:
         return await self._run("complete", self.statements.complete(jobs, worker, None))
+
+    async def complete_results(self, done: Sequence[tuple[Job, str]], *, worker: str) -> set[int] | None:
+        return await self._run("complete", complete_results(self.statements.q, done, worker))
 
     async def fail(self, failures: Sequence[Failure], *, worker: str) -> dict[int, str] | None:
         return await self._run("fail", self.statements.fail(failures, worker, None))

@@ -98,6 +98,8 @@ class DoneJobs(Protocol):
 
     @property
     def pending(self) -> int: ...
+    @property
+    def ended_alone(self) -> int: ...
     def take_done(self) -> list[Job]: ...
     def give_back(self, jobs: list[Job]) -> None: ...
     async def settle(self, done: list[Job], completed: set[int]) -> None: ...
@@ -171,7 +173,8 @@ class Claimer:
         self._rate = 0.0  # jobs started per second, recent
         self._window_start = time.monotonic()
         self._window_count = 0
-        self._claimed_busy = False  # the last claim was made while jobs ran or waited in the buffer
+        self._flushes_seen = 0  # the completer's own flushes when the last claim was made
+        self._claimed_busy = False  # the last claim was made while jobs ran, waited in the buffer or were completed
         self.claims = 0
         self.empty_claims = 0
         self.replans = 0  # times the control connections were replaced for a grown table
@@ -322,12 +325,16 @@ class Claimer:
                 gather = self.gather_target()
                 if more and (executors.running() or executors.waiting()) and free < gather:
                     free = await self._gather_slots(gather)
+                    if free <= 0:  # a control notification came meanwhile (see _room): no claim of nothing
+                        continue
                 if not more and self.until_idle and self._claimed_busy:
                     # The empty claim ran beside running jobs (it claimed ahead): a job they enqueue or unblock may
                     # have committed after its snapshot, so idle is only judged by a claim made with nothing running.
                     await asyncio.sleep(UNTIL_IDLE_RECHECK_SECONDS)
                 elif not more:
                     idle = not executors.running() and not executors.waiting() and not self._completer.pending
+                    # completions written without a claim since the last one may have released dependents
+                    idle = idle and self._completer.ended_alone == self._flushes_seen
                     if self.until_idle and idle:
                         stopping.set()
                         break
@@ -348,8 +355,10 @@ class Claimer:
 
     async def _claim(self, want: int) -> bool:
         """One claim carrying the finished jobs; True when it filled the batch (more work is waiting)."""
-        self._claimed_busy = bool(self._executors.running() or self._executors.waiting())
         done = self._completer.take_done()
+        self._flushes_seen = self._completer.ended_alone
+        # a claim carrying completions may release their dependents, which commit with it, after its snapshot
+        self._claimed_busy = bool(self._executors.running() or self._executors.waiting() or done)
         started = time.monotonic()
         after = self._after if started < self._after_until else None
         shares = self.shares(want)

@@ -49,6 +49,7 @@ class Entry:
     # done, failed, timed_out, snoozed, cancelled, lease_lost or handed_back (the completer decides the rest)
     written: bool = False  # done: completed in the handler's own transaction (else the completer writes it)
     error: BaseException | None = None  # what the handler raised (failed, timed_out, snoozed)
+    result: str | None = None  # done: the handler's return value as JSON (None: it returned None)
     finished: float = 0.0  # time.monotonic() when the handler returned
 
     def is_set(self) -> bool:

@@ -383,7 +383,8 @@ RETURNING j.id, j.queue, j.status, j.attempts;
 -- name: job_get
 -- One job by id, every column (CLI show and tests).
 SELECT id, queue, task, payload, status, priority, attempts, max_attempts, visible_at, locked_by, locked_at,
-       lease_expires_at, timeout_seconds, last_error, errors, idempotency_key, created_at, updated_at
+       lease_expires_at, timeout_seconds, last_error, errors, idempotency_key, created_at, updated_at,
+       result, waiting_on, workflow_id
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_get_many
@@ -439,10 +440,10 @@ RETURNING j.id, j.queue
 SELECT r.id, r.queue, (SELECT count(*) FROM woke) AS notified FROM retried AS r;
 
 -- name: job_cancel
--- Cancel pending and running jobs (by ids, or a queue, optionally one task) at once, locking in id order: a running handler's completion is then refused by the fence, and the workers are told on the control channel.
+-- Cancel waiting, pending and running jobs (by ids, or a queue, optionally one task) at once, locking in id order: a running handler's completion is then refused by the fence, and the workers are told on the control channel.
 WITH picked AS (
     SELECT id, status FROM {schema}.jobs
-    WHERE status IN ('pending', 'processing')
+    WHERE status IN ('pending', 'processing', 'waiting')
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
       AND (%(task)s::text IS NULL OR task = %(task)s)
@@ -506,25 +507,35 @@ WHERE paused AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 ORDER BY queue;
 
 -- name: job_purge
--- One batch of a purge: up to `limit` done, failed and cancelled jobs each, older than that status's age in seconds (NULL: none of that status), of one queue or all; run in the transaction that took the schema's purge lock; returns the status of each row deleted.
-WITH done AS (
-    SELECT id FROM {schema}.jobs
-    WHERE status = 'done' AND %(done_seconds)s::float8 IS NOT NULL
-      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(done_seconds)s::float8)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+-- One batch of a purge: up to `limit` done, failed and cancelled jobs each, older than that status's age in seconds (NULL: none of that status), of one queue or all (each queue's oldest from that status's own index, the queues from finished_queues()); run in the transaction that took the schema's purge lock; returns the status of each row deleted.
+WITH q AS MATERIALIZED (
+    SELECT %(queue)s::text AS queue WHERE %(queue)s::text IS NOT NULL
+    UNION ALL
+    SELECT f.queue FROM {schema}.finished_queues() AS f(queue) WHERE %(queue)s::text IS NULL
+), done AS (
+    SELECT d.id FROM q CROSS JOIN LATERAL (
+        SELECT id FROM {schema}.jobs
+        WHERE status = 'done' AND queue = q.queue AND %(done_seconds)s::float8 IS NOT NULL
+          AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(done_seconds)s::float8)
+        ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS d
+    LIMIT %(limit)s
 ), failed AS (
-    SELECT id FROM {schema}.jobs
-    WHERE status = 'failed' AND %(failed_seconds)s::float8 IS NOT NULL
-      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(failed_seconds)s::float8)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    SELECT d.id FROM q CROSS JOIN LATERAL (
+        SELECT id FROM {schema}.jobs
+        WHERE status = 'failed' AND queue = q.queue AND %(failed_seconds)s::float8 IS NOT NULL
+          AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(failed_seconds)s::float8)
+        ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS d
+    LIMIT %(limit)s
 ), cancelled AS (
-    SELECT id FROM {schema}.jobs
-    WHERE status = 'cancelled' AND %(cancelled_seconds)s::float8 IS NOT NULL
-      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(cancelled_seconds)s::float8)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    SELECT d.id FROM q CROSS JOIN LATERAL (
+        SELECT id FROM {schema}.jobs
+        WHERE status = 'cancelled' AND queue = q.queue AND %(cancelled_seconds)s::float8 IS NOT NULL
+          AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(cancelled_seconds)s::float8)
+        ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS d
+    LIMIT %(limit)s
 )
 DELETE FROM {schema}.jobs AS j
 USING (SELECT id FROM done UNION ALL SELECT id FROM failed UNION ALL SELECT id FROM cancelled) AS doomed
