@@ -208,6 +208,7 @@ class Queries:
     ui_audit_get: LiteralString
     ui_audit_progress: LiteralString
     ui_session: LiteralString
+    job_lock_parents: LiteralString
     job_link: LiteralString
     job_set_workflow: LiteralString
     job_complete_results: LiteralString
