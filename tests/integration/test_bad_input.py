@@ -397,9 +397,11 @@ def test_hostile_schema_names_are_quoted_even_past_validation(pg_dsn):
 def test_api_wrong_dsns_raise_database_unavailable(pg_dsn):
     from psycopg.conninfo import make_conninfo
 
-    for dsn in ("postgresql://nobody@127.0.0.1:1/x", "not a dsn", make_conninfo(pg_dsn, dbname="skiplock_no_such")):
+    for dsn in ("postgresql://nobody@127.0.0.1:1/x", make_conninfo(pg_dsn, dbname="skiplock_no_such")):
         with pytest.raises(DatabaseUnavailableError):
             Queue(dsn=dsn, connect_timeout=2)
+    with pytest.raises(ConfigError, match="the DSN is malformed"):  # configuration, as in the CLI; never echoed
+        Queue(dsn="not a dsn", connect_timeout=2)
     with pytest.raises(ConfigError, match="no database given"):
         Queue(settings=Settings.load(env={}))
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from skiplock import Queue
 from skiplock.cli import build_parser
 from skiplock.errors import ConfigError
 from skiplock.knobs import BY_NAME, KNOBS, Knob, crd_field_problems, knob_crd_fields, knob_flags
@@ -278,3 +279,18 @@ def test_the_generator_rewrites_a_hand_edited_knob_field_and_nothing_else() -> N
     regenerated = tool.generate(edited)
     assert "99999" not in regenerated
     assert "(edited)" in regenerated
+
+
+@pytest.mark.parametrize("dsn", ["sup3rsecret", "host=h password=sup3rsecret junk", "postgresql://u:sup3rsecret@[::1"])
+def test_a_malformed_dsn_is_a_config_error_that_never_shows_the_dsn(dsn):
+    """Issue 37, item 11: a DSN Secret holding something else reached libpq, whose parse error quotes it
+    (`missing "=" after "<value>"`), and the library printed that whole. Settings refuses it, naming the setting."""
+    for build in (
+        lambda: Settings(dsn=dsn),
+        lambda: Settings.from_env(env={"SKIPLOCK_DSN": dsn}),
+        lambda: Settings.from_env(env={"DATABASE_URL": dsn}),
+        lambda: Queue(dsn=dsn),
+    ):
+        with pytest.raises(ConfigError, match=r"the DSN is malformed \(setting dsn: ") as caught:
+            build()
+        assert "sup3rsecret" not in str(caught.value) and "missing" not in str(caught.value)

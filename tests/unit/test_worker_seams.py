@@ -8,7 +8,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -31,7 +31,7 @@ from skiplock.job import (
 )
 from skiplock.limits import TaskLimits
 from skiplock.metrics import BoundMetrics, WorkerMetrics
-from skiplock.store.statements import Failure, Recovered, Statements
+from skiplock.store.statements import Claim, Failure, Recovered, Statements
 from skiplock.worker import serve_queues
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import Completer, failure_for
@@ -267,20 +267,7 @@ class FakeStore:
         return []
 
     # the claimer
-    async def complete_and_claim(
-        self,
-        done: Sequence[Job],
-        queues: Sequence[str],
-        *,
-        limit: int,
-        worker: str,
-        lease_seconds: float | None = None,
-        leases: Mapping[str, float] | None = None,
-        rotate: int = 0,
-        limited: bool = True,
-        after: Job | None = None,
-        shares: Sequence[int] | None = None,
-    ) -> tuple[set[int], list[Job]]:
+    async def complete_and_claim(self, done: Sequence[Job], claim: Claim, limit: int) -> tuple[set[int], list[Job]]:
         self.carried.append([j.id for j in done])
         jobs = self.claims.pop(0) if self.claims else []
         return {j.id for j in done}, jobs[:limit]
@@ -598,6 +585,22 @@ async def test_the_claim_loop_carries_done_jobs_admits_what_it_claims_and_stops_
     assert store.carried[0] == [3], "the first claim carried the finished job"
     assert [j.id for j in room.ran] == [7, 8], "claimed jobs admitted, then started"
     assert wakeup.stopping.is_set() and claimer.claims >= 2 and claimer.empty_claims >= 1
+
+
+async def test_a_control_notification_during_the_gather_for_a_batch_claims_nothing_and_crashes_nothing() -> None:
+    """Before: the gather came back with no room (a control notification not looked at yet holds claims, see
+    ``Claimer._room``) and the loop claimed a batch of 0, whose "full batch" bookkeeping raised IndexError and ended
+    the worker: any NOTIFY on the control channel at the wrong moment."""
+    claimer, room, wakeup = make_claimer(SETTINGS.replace(concurrency=4, batch=4), capacity=4)
+    room.busy = 3  # one slot free, the batch wants four: the loop gathers room for a few milliseconds
+    loop = asyncio.get_running_loop()
+    running = asyncio.create_task(claimer.run())
+    loop.call_soon(wakeup.control)  # runs once the loop waits in the gather
+    await asyncio.sleep(0.1)
+    assert not running.done(), running.done() and running.exception()
+    assert claimer.claims == 0, "nothing claimed while the notification was not looked at"
+    wakeup.stop()
+    await asyncio.wait_for(running, 5)
 
 
 def test_a_busy_claimer_claims_once_a_batch_fits_but_never_waits_for_more_than_half_its_buffer() -> None:

@@ -149,7 +149,8 @@ def _add_common(parser: argparse.ArgumentParser, *, after: bool) -> None:
 
 
 def _help(k: Knob) -> str:
-    default = "" if k.default in (None, "", ()) or k.type is bool else f"; default {k.default}"
+    shown = duration.format_duration(k.default) if _is_duration(k) and k.default else k.default
+    default = "" if k.default in (None, "", ()) or k.type is bool else f"; default {shown}"
     text = k.help.rstrip(".")
     if text.split()[0] not in PROPER_NOUNS:
         text = text[:1].lower() + text[1:]
@@ -449,8 +450,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             settings = load_settings(args)
         configure_logging(settings.log_level, settings.log_format, settings.dsn)
-        if settings.dsn:
-            check_dsn(settings.dsn)
         if getattr(args, "queue", None) is not None:
             check_queue_name(args.queue)
         return COMMANDS[args.command](args, settings)
@@ -465,20 +464,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_PROBLEMS
     except KeyboardInterrupt:
         return 130
-
-
-def check_dsn(dsn: str) -> None:
-    """A DSN libpq cannot parse is a configuration error (exit 2), found before any connection is tried."""
-    from psycopg import ProgrammingError
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        conninfo_to_dict(dsn)
-    except ProgrammingError:
-        # libpq's parse error quotes parts of the DSN (a password among them): never echo it
-        raise ConfigError(
-            "the DSN is malformed (expected a URI such as postgresql://user@host:5432/db, or key=value pairs)"
-        ) from None
 
 
 def warn(message: str) -> None:
@@ -927,8 +912,10 @@ async def _run_worker(worker: Any) -> int:
             os._exit(130)
         worker.request_stop()
 
+    # A worker started with SIGINT ignored (a background job of a script, the demo's workers) keeps ignoring it.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            loop.add_signal_handler(sig, on_signal, sig)
     code: int = await worker.run()
     if getattr(worker, "abandoned_threads", None):
         logging.shutdown()

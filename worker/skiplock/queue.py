@@ -29,7 +29,7 @@ from skiplock.store.copy import CopyJobs, acopy_jobs, copy_jobs
 from skiplock.store.links import link, lock_parents, split_links
 from skiplock.store.purge import apurge_batch, more_left, purge_batch
 from skiplock.store.run import NOT_CONNECTED, AsyncRunner, Runner, unavailable
-from skiplock.store.statements import PURGE_BATCH, Failure, PurgePolicy, Statements
+from skiplock.store.statements import PURGE_BATCH, Claim, Failure, PurgePolicy, Statements
 from skiplock.store.tasks import TaskDefaults
 from skiplock.store.validation import (
     TASK_NAME_MAX,
@@ -229,7 +229,7 @@ class Queue:
         """Lease up to ``limit`` visible jobs of one queue or several (round-robin), each for ``lease_seconds``
         (default the settings' lease): the deadline is stored in the row. A job whose lease runs out is recovered
         by any worker (``skiplock worker``); finish each claimed job with :meth:`complete` or :meth:`fail`."""
-        return self._run(self._s.complete_and_claim((), queue, limit, worker, now, lease_seconds))[1]
+        return self._run(self._s.complete_and_claim((), Claim(queue, worker, lease_seconds), limit, now))[1]
 
     def complete(
         self,
@@ -551,7 +551,7 @@ class AsyncQueue:
         now: datetime | None = None,
         lease_seconds: float | None = None,
     ) -> list[Job]:
-        return (await self._run(self._s.complete_and_claim((), queue, limit, worker, now, lease_seconds)))[1]
+        return (await self._run(self._s.complete_and_claim((), Claim(queue, worker, lease_seconds), limit, now)))[1]
 
     async def complete(
         self,

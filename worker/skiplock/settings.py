@@ -135,6 +135,13 @@ class Settings:
         problems = knob_problems({f.name: getattr(self, f.name) for f in fields(self)})
         if len(set(self.queues)) != len(self.queues):
             problems.append(f"queues {list(self.queues)} name a queue twice")
+        if self.dsn and not _parses_as_conninfo(self.dsn):
+            # libpq's parse error quotes the DSN (`missing "=" after "<value>"`), a password among it: name the
+            # setting only, never the value or that error
+            problems.append(
+                "the DSN is malformed (setting dsn: --dsn, --dsn-file, SKIPLOCK_DSN or DATABASE_URL; its value is not "
+                "shown): expected a URI such as postgresql://user@host:5432/db, or key=value pairs"
+            )
         if problems:  # the rules below compare numbers: only once each is valid on its own
             raise ConfigError("invalid settings: " + "; ".join(problems))
         if self.backoff_cap_seconds < self.backoff_base_seconds:
@@ -180,6 +187,18 @@ class Settings:
     def __repr__(self) -> str:
         shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "dsn")
         return f"Settings(dsn={self.masked_dsn!r}, {shown})"
+
+
+def _parses_as_conninfo(dsn: str) -> bool:
+    """Whether libpq can parse ``dsn`` (a pure parse: nothing is resolved or connected)."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except ProgrammingError:
+        return False
+    return True
 
 
 _TRUE = {"1", "true", "yes", "on"}

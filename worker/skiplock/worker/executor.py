@@ -182,9 +182,8 @@ async def _finish_async(
 
 RUNNER_STREAK = 50
 """Jobs an async runner runs back to back before it lets the loop run its other callbacks (claims, results, leases).
-A job that awaits lets them run anyway; this bounds a run of jobs that never await (50 no-op jobs take about 0.2 ms).
-Each yield costs a collection of results and a look by the claim loop: yielding every 10 jobs cost a tenth more
-instructions a job than every 50."""
+A job that awaits lets them run anyway; this bounds a run of jobs that never await. Each yield costs a collection
+of results and a look by the claim loop (the streak's measurement: bench/HISTORY.md, "Behind the code")."""
 
 
 class AsyncExecutor:
@@ -592,7 +591,7 @@ class Executors:
                 continue
             visible = job.visible_at
             delta = (now - visible).total_seconds() if visible is not None else 0.0
-            waited = delta if delta > 0.0 else 0.0  # not max(): it parses keyword arguments, 500 instructions a call
+            waited = delta if delta > 0.0 else 0.0  # not max(), which parses keyword arguments
             entries.append(Entry(job, target, claimed, waited))
         bound = self._bound
         if jobs:
