@@ -86,7 +86,8 @@ def test_child_waits_for_every_parent_and_sees_their_results(settings: Settings,
     b = queue.enqueue("flow", {"a": 3, "b": 4}, task="flow.add")
     child = queue.enqueue("flow", {}, task="flow.collect", after=[a.id, b.id])
     assert status(queue, child.id) == "waiting"
-    assert queue.stats("flow")[0].ready == 2  # the waiting child is no backlog
+    [stats] = queue.stats("flow")
+    assert (stats.ready, stats.waiting) == (2, 1)  # the waiting child is no backlog
     run_jobs(app, settings=settings)
     assert [name for name, _ in log] == ["add", "add", "collect"]
     assert child.wait(timeout=5) == sorted([str(a.id), str(b.id)])
