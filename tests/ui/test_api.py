@@ -139,7 +139,7 @@ def test_with_a_token_actions_need_the_bearer(client: TestClient, pg_dsn: str, s
         ("/api/jobs/abc/retry", None, 400, "job id must be an integer"),
         ("/api/jobs/99999999/cancel", None, 404, "no job 99999999"),
         ("/api/jobs/{pending}/retry", None, 409, "only failed or cancelled jobs can be retried"),
-        ("/api/jobs/{failed}/cancel", None, 409, "only pending or running jobs can be cancelled"),
+        ("/api/jobs/{failed}/cancel", None, 409, "only waiting, pending or running jobs can be cancelled"),
         ("/api/jobs/cancel", {"queue": "default", "tsk": "send"}, 400, "unknown filter 'tsk'"),
         ("/api/jobs/retry", {"queue": "default", "group": "{fp}"}, 400, "unknown filter 'group'"),
         ("/api/jobs/retry", {"queue": "default", "since": "yesterday"}, 400, "since must be an ISO 8601 time"),
@@ -194,7 +194,7 @@ def test_retry_and_cancel_a_job_write_one_audit_row_each_and_a_second_click_repe
     assert cancelled["action"] == "cancel" and cancelled["job_count"] == 1
     assert queue.statuses([failed]) == {failed: "cancelled"}
     refused = client.post(f"/api/jobs/{failed}/cancel", headers=AUTH)
-    assert refused.status_code == 409 and "only pending or running jobs" in refused.json()["error"]
+    assert refused.status_code == 409 and "only waiting, pending or running jobs" in refused.json()["error"]
     assert client.post("/api/jobs/424242/cancel", headers=AUTH).status_code == 404
     assert client.post("/api/jobs/x1/cancel", headers=AUTH).status_code == 400
     rows = audit_rows(pg_dsn, schema)
@@ -483,3 +483,24 @@ def test_queues_workers_and_limits_are_keyset_paginated(
     limits_page = client.get("/limits?limit=2").text
     assert 'href="/limits?after=t2&amp;limit=2"' in limits_page
     assert 'href="/limits?waiting_after=q1&amp;limit=2"' in limits_page
+
+
+def test_the_job_page_shows_result_parents_and_children(
+    client: TestClient, make_client: Callable[..., TestClient], queue: Queue, pg_dsn: str, schema: str
+) -> None:
+    parent = queue.enqueue("default", {"order": 1}).id
+    child = queue.enqueue("default", {"order": 2}, after=[parent]).id
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the parent ends as a worker would, with a result
+        conn.execute(
+            f"""UPDATE "{schema}".jobs SET status = 'done', result = '{{"receipt": "r-1"}}' WHERE id = %s""", [parent]
+        )
+    job = client.get(f"/api/jobs/{parent}").json()["job"]
+    assert job["result"] == {"receipt": "r-1"} and job["children"] == [
+        {"kind": "child", "id": child, "status": "pending"}
+    ]
+    waiting = client.get(f"/api/jobs/{child}").json()["job"]
+    assert waiting["parents"] == [{"kind": "parent", "id": parent, "status": "done"}] and waiting["waiting_on"] == 0
+    html = client.get(f"/jobs/{parent}").text
+    assert "r-1" in html and f'/jobs/{child}"' in html
+    hidden = make_client(hide_payloads=True).get(f"/api/jobs/{parent}").json()["job"]
+    assert hidden["result"] is None and hidden["result_hidden"] is True

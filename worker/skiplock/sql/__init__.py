@@ -201,6 +201,7 @@ class Queries:
     ui_window_end: LiteralString
     ui_failed_window_end: LiteralString
     ui_job: LiteralString
+    ui_job_relatives: LiteralString
     ui_failure_groups: LiteralString
     ui_failure_group: LiteralString
     ui_group_ids: LiteralString
