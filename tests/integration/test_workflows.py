@@ -138,8 +138,11 @@ def test_unknown_parent_is_an_enqueue_error_and_nothing_is_written(settings: Set
         with pytest.raises(EnqueueError):  # in the caller's transaction: rolled back to before the enqueue
             queue.enqueue("flow", {}, after=[999999], conn=conn)
         conn.execute(f'SELECT 1 FROM "{settings.schema}".jobs')  # the transaction is still usable
-    assert [j.id for j in queue.claim("flow", limit=10, worker="w")] == [parent.id]
+    assert [j.id for j in queue.claim("flow", limit=1, worker="w")] == [parent.id]
     assert queue.relatives(parent.id) == {"parents": [], "children": [], "steps": {}}
+    keyed = queue.enqueue("flow", {}, idempotency_key="k1")
+    with pytest.raises(EnqueueError, match="cannot wait for itself"):  # the key finds a parent: a cycle
+        queue.enqueue("flow", {}, idempotency_key="k1", after=[keyed.id])
     with pytest.raises(EnqueueError, match="cannot be unique"):
         queue.enqueue("flow", {}, after=[parent.id], unique_key="k")
     with pytest.raises(EnqueueError, match="list of job ids"):

@@ -26,7 +26,7 @@ from skiplock.schedule import STALE_SECONDS, Schedule
 from skiplock.settings import Settings
 from skiplock.store import links, schedules, waiter
 from skiplock.store.copy import CopyJobs, acopy_jobs, copy_jobs
-from skiplock.store.links import link, lock_parents, split_links
+from skiplock.store.links import check_not_own_parent, link, lock_parents, split_links
 from skiplock.store.purge import apurge_batch, more_left, purge_batch
 from skiplock.store.run import NOT_CONNECTED, AsyncRunner, Runner, unavailable
 from skiplock.store.statements import PURGE_BATCH, Claim, Failure, PurgePolicy, Statements
@@ -150,6 +150,7 @@ class Queue:
             if links.parents:
                 self._run(lock_parents(self._s.q, links), on)  # nothing is inserted when one is missing
             result = self._insert(queue, payload, on, rest)
+            check_not_own_parent(result, links)
             if not result.duplicate:  # a duplicate keeps the parents it has
                 self._run(link(self._s.q, [result.id], links), on)
         return result.bound(self)
@@ -476,6 +477,7 @@ class AsyncQueue:
             if links.parents:
                 await self._run(lock_parents(self._s.q, links), on)
             result = await self._insert(queue, payload, on, rest)
+            check_not_own_parent(result, links)
             if not result.duplicate:
                 await self._run(link(self._s.q, [result.id], links), on)
         return result.bound(self)

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from skiplock.errors import EnqueueError, JobFailedError, PayloadError, ResultError
-from skiplock.job import Job
+from skiplock.job import EnqueueResult, Job
 from skiplock.sql import Queries
 from skiplock.store.call import Call, Result
 from skiplock.store.validation import _shown, encode_payload
@@ -72,6 +72,15 @@ def lock_parents(q: Queries, links: Links) -> Call[None]:
     return Call(
         q.job_lock_parents, {"parents": list(links.parents)}, lambda r: _check_found(links, (x["id"] for x in r.rows))
     )
+
+
+def check_not_own_parent(result: EnqueueResult, links: Links) -> None:
+    """The only cycle an enqueue can name: its idempotency key found an existing job that is among its parents."""
+    if result.duplicate and result.id in links.parents:
+        raise EnqueueError(
+            f"after= names job {result.id}, which is the job this enqueue's idempotency key found: a job cannot wait "
+            "for itself (a cycle)"
+        )
 
 
 def link(q: Queries, children: Sequence[int], links: Links) -> Call[None]:
