@@ -582,3 +582,24 @@ def test_queues_workers_and_limits_are_keyset_paginated(
     limits_page = client.get("/limits?limit=2").text
     assert 'href="/limits?after=t2&amp;limit=2"' in limits_page
     assert 'href="/limits?waiting_after=q1&amp;limit=2"' in limits_page
+
+
+def test_the_job_page_shows_result_parents_and_children(
+    client: TestClient, make_client: Callable[..., TestClient], queue: Queue, pg_dsn: str, schema: str
+) -> None:
+    parent = queue.enqueue("default", {"order": 1}).id
+    child = queue.enqueue("default", {"order": 2}, after=[parent]).id
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the parent ends as a worker would, with a result
+        conn.execute(
+            f"""UPDATE "{schema}".jobs SET status = 'done', result = '{{"receipt": "r-1"}}' WHERE id = %s""", [parent]
+        )
+    job = client.get(f"/api/jobs/{parent}").json()["job"]
+    assert job["result"] == {"receipt": "r-1"} and job["children"] == [
+        {"kind": "child", "id": child, "status": "pending"}
+    ]
+    waiting = client.get(f"/api/jobs/{child}").json()["job"]
+    assert waiting["parents"] == [{"kind": "parent", "id": parent, "status": "done"}] and waiting["waiting_on"] == 0
+    html = client.get(f"/jobs/{parent}").text
+    assert "r-1" in html and f'/jobs/{child}"' in html
+    hidden = make_client(hide_payloads=True).get(f"/api/jobs/{parent}").json()["job"]
+    assert hidden["result"] is None and hidden["result_hidden"] is True

@@ -202,6 +202,7 @@ class Queries:
     ui_window_end: LiteralString
     ui_failed_window_end: LiteralString
     ui_job: LiteralString
+    ui_job_relatives: LiteralString
     ui_failure_groups: LiteralString
     ui_failure_group: LiteralString
     ui_group_ids: LiteralString
@@ -217,6 +218,7 @@ class Queries:
     ui_audit_get: LiteralString
     ui_audit_progress: LiteralString
     ui_session: LiteralString
+    job_lock_parents: LiteralString
     job_link: LiteralString
     job_set_workflow: LiteralString
     job_complete_results: LiteralString

@@ -43,6 +43,8 @@ DONE_CAP = 100_000
 STATEMENT_TIMEOUT_MS = 5_000
 """A UI statement that runs longer is stopped by the server (nothing it reads is worth more)."""
 MAX_GROUPS = 10_000
+RELATIVES_SHOWN = 50
+"""Parents and children a job page lists (a callback of a large fan-in has thousands)."""
 """Distinct failure fingerprints the groups page walks at most (past them a group is not listed)."""
 MAX_CANARY = 1_000
 RECENT_DONE = 1_000
@@ -157,6 +159,9 @@ class UiStatements:
 
     def job(self, job_id: int) -> Call[dict[str, Any] | None]:
         return Call(self.q.ui_job, {"id": job_id}, _row)
+
+    def job_relatives(self, job_id: int, limit: int) -> Call[list[dict[str, Any]]]:
+        return Call(self.q.ui_job_relatives, {"id": job_id, "limit": limit}, _rows)
 
     def table_estimate(self) -> Call[int]:
         table = f'"{self.settings.schema}".jobs'
@@ -287,6 +292,9 @@ class UiStore:
         row = await self.run(self.u.job(job_id))
         if row is None:
             raise NotFoundError(f"no job {job_id}")
+        relatives = await self.run(self.u.job_relatives(job_id, RELATIVES_SHOWN))
+        for kind in ("parent", "child"):
+            row["parents" if kind == "parent" else "children"] = [r for r in relatives if r["kind"] == kind]
         return row
 
     async def estimate(self) -> int:

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from skiplock.store.ui import ActionError, JobFilter, UiStore
+from skiplock.store.ui import RELATIVES_SHOWN, ActionError, JobFilter, UiStore
 from skiplock.store.validation import check_queue_name
 from skiplock.ui import params as p
 from skiplock.ui.auth import Denied, api_actor
@@ -31,6 +31,9 @@ def hide(row: dict[str, Any], config: UiConfig) -> dict[str, Any]:
     if "payload" in out:
         out["payload"] = None
         out["payload_hidden"] = True
+    if out.get("result") is not None:
+        out["result"] = None
+        out["result_hidden"] = True
     if out.get("normalised") is not None:  # a group keeps only its error's type: the message may name a person
         out["normalised"] = str(out["normalised"]).split(":", 1)[0] + ": (message hidden)"
     for key in ("last_error", "sample_error"):
@@ -95,7 +98,7 @@ async def read_jobs(request: Request) -> dict[str, Any]:
 async def read_job(request: Request) -> dict[str, Any]:
     job_id = p.job_id(request.path_params["job_id"])
     store = await store_of(request)
-    return {"job": hide(await store.job(job_id), config_of(request))}
+    return {"job": hide(await store.job(job_id), config_of(request)), "relatives_shown": RELATIVES_SHOWN}
 
 
 async def read_failures(request: Request) -> dict[str, Any]:

@@ -100,8 +100,19 @@ SELECT min(w.id) AS id, count(*) AS rows FROM (
 SELECT id, queue, task, payload, octet_length(payload::text) AS payload_bytes, status, priority, attempts,
        max_attempts, visible_at, locked_by, locked_at, lease_expires_at, timeout_seconds, last_error, errors,
        idempotency_key, unique_key, serial_key, created_at, updated_at,
-       CASE WHEN status = 'failed' THEN failure_fingerprint END AS fingerprint
+       CASE WHEN status = 'failed' THEN failure_fingerprint END AS fingerprint,
+       result, waiting_on, workflow_id
 FROM {schema}.jobs WHERE id = %(id)s;
+
+-- name: ui_job_relatives
+-- The first `limit` parents and children of a job (lowest ids first) with their status (a purged parent: the status it ended with), for the job page.
+(SELECT 'parent' AS kind, d.parent AS id, coalesce(p.status, d.parent_status) AS status
+ FROM {schema}.job_dependencies AS d LEFT JOIN {schema}.jobs AS p ON p.id = d.parent
+ WHERE d.child = %(id)s ORDER BY d.parent LIMIT %(limit)s)
+UNION ALL
+(SELECT 'child', d.child, c.status
+ FROM {schema}.job_dependencies AS d JOIN {schema}.jobs AS c ON c.id = d.child
+ WHERE d.parent = %(id)s ORDER BY d.parent, d.child LIMIT %(limit)s);
 
 -- name: ui_failure_groups
 -- Failed jobs grouped by fingerprint, largest first (keyset by jobs, fingerprint): count, first and last failure, a sample (the newest job). The distinct fingerprints are walked in the fingerprint index (one probe each), each group counted by an index-only scan of it: no failed row's heap page is read (a plain GROUP BY is planned on the failed jobs' id index, reading one heap page per failed job).
