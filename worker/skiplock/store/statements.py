@@ -6,7 +6,6 @@ a ``Call`` on a connection, sync or async, so every caller sends the same SQL wi
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import operator
 from collections import Counter
@@ -214,12 +213,6 @@ class Recovered:
 
 def stats_from_row(row: dict[str, Any]) -> QueueStats:
     return QueueStats(**row)
-
-
-def retention_lock_key(schema: str) -> int:
-    """A stable signed 64-bit advisory-lock key for the purges of one schema (every purge takes it)."""
-    digest = hashlib.blake2b(f"skiplock.retention:{schema}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 @dataclass(frozen=True)
@@ -608,7 +601,7 @@ class Statements:
     def purge_lock(self, *, wait: bool) -> Call[bool]:
         """The schema's purge lock for the current transaction: waited for (``wait``), or taken only if free."""
         query = self.q.retention_xact_lock if wait else self.q.retention_try_xact_lock
-        return Call(query, {"key": retention_lock_key(self.settings.schema)}, lambda r: bool(r.rows[0]["locked"]))
+        return Call(query, {}, lambda r: bool(r.rows[0]["locked"]))
 
     def purge(self, policy: PurgePolicy, limit: int, now: datetime | None) -> Call[Counter[str]]:
         """One batch of a purge (run after :meth:`purge_lock`, in its transaction): the rows deleted by status."""
