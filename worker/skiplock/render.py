@@ -71,7 +71,10 @@ def job(row: dict[str, Any]) -> str:
             "updated_at", "last_error")  # fmt: skip
     width = max(map(len, keys))
     lines = [f"{k.ljust(width)}  {show_value(row.get(k))}" for k in keys]
-    lines.append(f"{'payload'.ljust(width)}  {json.dumps(row.get('payload'), ensure_ascii=False)}")
+    if error := row.get("payload_error"):  # nested too deep for Python to read: the reason and its start only
+        lines.append(f"{'payload'.ljust(width)}  {error}; it begins: {row.get('payload_text')}...")
+    else:
+        lines.append(f"{'payload'.ljust(width)}  {json.dumps(row.get('payload'), ensure_ascii=False)}")
     errors = row.get("errors") or []
     lines.append(f"errors ({len(errors)}, oldest first):" if errors else "errors: none")
     for e in errors:

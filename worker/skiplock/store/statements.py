@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from skiplock.backoff import backoff_seconds
 from skiplock.errors import EnqueueError, NonRetryableError, format_error, format_traceback
-from skiplock.job import CLAIM_ROW, EnqueueManyResult, EnqueueResult, Job, QueueStats, job_from_claim
+from skiplock.job import CLAIM_ROW, EnqueueManyResult, EnqueueResult, Job, QueueStats, decode_payload, job_from_claim
 from skiplock.limits import TaskLimits, register_params
 from skiplock.settings import Settings
 from skiplock.sql import Queries, queries_for
@@ -209,6 +209,25 @@ class Recovered:
     queue: str
     status: str
     attempts: int
+
+
+PAYLOAD_PREVIEW_CHARS = 200
+"""How much of a payload that cannot be decoded a fetched job keeps (``payload_text``)."""
+
+
+def with_payload(row: dict[str, Any]) -> dict[str, Any]:
+    """A fetched job whose payload came as text: decoded; or, when Python cannot read it (nested thousands of levels
+    deep), ``payload`` None with ``payload_error`` (the reason and the size) and the start of its text."""
+    payload, error = decode_payload(row["payload"])
+    if error is None:
+        return {**row, "payload": payload}
+    text = row["payload"]
+    return {
+        **row,
+        "payload": None,
+        "payload_error": f"{error} ({len(text):,} characters)",
+        "payload_text": text[:PAYLOAD_PREVIEW_CHARS],
+    }
 
 
 def stats_from_row(row: dict[str, Any]) -> QueueStats:
@@ -502,7 +521,7 @@ class Statements:
         return Call(self.q.queue_stats, params, lambda r: [stats_from_row(x) for x in r.rows])
 
     def get(self, job_id: int) -> Call[dict[str, Any] | None]:
-        return Call(self.q.job_get, {"id": job_id}, lambda r: r.rows[0] if r.rows else None)
+        return Call(self.q.job_get, {"id": job_id}, lambda r: with_payload(r.rows[0]) if r.rows else None)
 
     def list_failed(self, queue: str | None, limit: int) -> Call[list[dict[str, Any]]]:
         return Call(self.q.job_list_failed, {"queue": queue, "limit": limit}, lambda r: r.rows)

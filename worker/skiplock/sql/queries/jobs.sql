@@ -287,8 +287,8 @@ WHERE j.id = expired.id
 RETURNING j.id, j.queue, j.status, j.attempts;
 
 -- name: job_get
--- One job by id, every column (CLI show and tests).
-SELECT id, queue, task, payload, status, priority, attempts, max_attempts, visible_at, locked_by, locked_at,
+-- One job by id, every column (CLI show and tests); the payload as text, decoded in Python (one nested too deep to read is shown, not raised).
+SELECT id, queue, task, payload::text AS payload, status, priority, attempts, max_attempts, visible_at, locked_by, locked_at,
        lease_expires_at, timeout_seconds, last_error, errors, idempotency_key, created_at, updated_at
 FROM {schema}.jobs WHERE id = %(id)s;
 
