@@ -566,8 +566,10 @@ def test_show_renders_a_payload_nested_too_deep_for_python_clearly_and_briefly(p
     plain SQL; jsonb takes it). It shows the reason, the size and the start of the payload, and --json answers too."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         row = conn.execute(
-            sql.SQL("INSERT INTO {} (queue, payload) VALUES ('q', (repeat('[', 5000) || repeat(']', 5000))::jsonb) "
-                    "RETURNING id").format(sql.Identifier(schema, "jobs"))
+            sql.SQL(
+                "INSERT INTO {} (queue, payload) VALUES ('q', (repeat('[', 5000) || repeat(']', 5000))::jsonb) "
+                "RETURNING id"
+            ).format(sql.Identifier(schema, "jobs"))
         ).fetchone()
     assert row is not None
     env = {"SKIPLOCK_DSN": pg_dsn, "SKIPLOCK_SCHEMA": schema}

@@ -42,8 +42,10 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> MigrationReport:
     """Bring ``schema`` up to the latest version. ``conn`` must not be in a transaction; it is left idle."""
     q = queries_for(schema)
     _bootstrap(conn, schema)
+    with conn.transaction():  # a transaction of its own: the connection is left idle, autocommit or not
+        versions = conn.execute(q.schema_versions).fetchall()
     applied: list[str] = []
-    for m in _pending(migrations(), {r[0] for r in conn.execute(q.schema_versions).fetchall()}):
+    for m in _pending(migrations(), {r[0] for r in versions}):
         with conn.transaction():
             conn.execute(q.schema_lock)
             done = {r[0] for r in conn.execute(q.schema_versions).fetchall()}
@@ -60,8 +62,9 @@ async def amigrate(conn: psycopg.AsyncConnection[Any], schema: str) -> Migration
     """Async twin of :func:`migrate` (the operator runs it before any worker starts)."""
     q = queries_for(schema)
     await _abootstrap(conn, schema)
+    async with conn.transaction():
+        versions = await (await conn.execute(q.schema_versions)).fetchall()
     applied: list[str] = []
-    versions = await (await conn.execute(q.schema_versions)).fetchall()
     for m in _pending(migrations(), {r[0] for r in versions}):
         async with conn.transaction():
             await conn.execute(q.schema_lock)

@@ -41,6 +41,8 @@ def schedules(rows: Sequence[Mapping[str, Any]]) -> str:
         if r["cron"] and r["timezone"] != "UTC":
             when += f" ({r['timezone']})"
         nxt = "stale: not fired" if r["stale"] else utc(r["next_run_at"])
+        if r.get("parked"):  # the reason in full: skiplock schedules --json
+            nxt = "parked: not fired (" + r["parked"][:60] + ")"
         body.append((r["name"], r["queue"], when, nxt, utc(r["last_run_at"]) if r["last_run_at"] else "-"))
     return table(("name", "queue", "when", "next_run_utc", "last_run_utc"), body)
 

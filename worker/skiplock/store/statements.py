@@ -743,6 +743,10 @@ class Statements:
         """Enqueue one tick's job; its id, or None when the tick was taken meanwhile."""
         return Call(self.q.schedule_fire, params, lambda r: r.rows[0]["id"] if r.rows else None)
 
+    def schedule_park(self, name: str, reason: str) -> Call[None]:
+        """Stop firing ``name`` (until its app registers it again), saying why."""
+        return Call(self.q.schedule_park, {"name": name, "reason": reason[:1000]}, lambda r: None)
+
     def schedule_next_due(self, scope: dict[str, Any]) -> Call[float | None]:
         def read(r: Result) -> float | None:
             seconds = r.rows[0]["seconds"] if r.rows else None
