@@ -1,7 +1,8 @@
 """skiplock benchmark suite: ``make bench`` or ``.venv/bin/python bench/run.py [--quick|--full]``.
 
-Side by side in one run: skiplock at its defaults, the ceiling (a tuned plain-SQL loop on the same table, see
-``seed_baseline.py``), pgqueuer (when the ``bench`` extra is installed), and the plain transactional loop.
+Side by side in one run: skiplock at its defaults, two ceilings (a tuned plain-SQL loop on skiplock's own table, and
+the honest one: the same loop on the design source's own table and statements; see ``seed_baseline.py``), pgqueuer
+(when the ``bench`` extra is installed), and the plain transactional loop.
 
 Each case runs ``--repeat`` times (default 3), interleaved (case A, case B, ..., then again), so slow drift on a
 shared machine hits every case alike; the tables show medians, and each ratio is the median over repeats of the
@@ -22,6 +23,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -74,6 +76,7 @@ MODES: dict[str, dict[str, Any]] = {
 }
 EXPORTED: set[str] = set()  # temp dirs holding a `git archive` of worker/, removed at exit
 CEILING = "drain noop [ceiling]"  # a tuned plain-SQL loop: claim 200, pipelined completion, NOTIFY
+HONEST = "drain noop [honest]"  # the same loop on the design source's table, indexes and statements
 PGQUEUER = "drain noop [pgqueuer]"
 TX_CEILING = "drain write [plain tx]"  # per job: BEGIN, INSERT, UPDATE, COMMIT
 FLOW_CASES = (
@@ -86,6 +89,7 @@ GROUPS = ("enqueue", "drain", "transactional", "tablesize", "latency", "scale")
 DRAIN_COLUMNS = (
     ("jobs_per_s", "jobs/s", "{:,.0f}"),
     ("vs_ceiling", "x ceiling", "{:.2f}x"),
+    ("vs_honest", "x honest", "{:.2f}x"),
     ("vs_pgqueuer", "x pgqueuer", "{:.2f}x"),
     ("vs_main", "x main", "{:.2f}x"),
     ("vs_plain", "x plain", "{:.2f}x"),  # flow-control cases: paired with the plain no-op drain
@@ -93,10 +97,12 @@ DRAIN_COLUMNS = (
     ("vs_empty_table", "x empty table", "{:.2f}x"),
     ("worker_cpu_us_per_job", "worker CPU us/job", "{:.0f}"),
     ("pg_cpu_us_per_job", "PG CPU us/job", "{:.0f}"),
+    ("pg_cpu_vs_honest", "PG CPU x honest", "{:.2f}x"),
     ("cpu_us_per_job", "CPU us/job", "{:.0f}"),
     ("commits_per_job", "commits/job", "{:.3f}"),
     ("write_tx_per_job", "write tx/job", "{:.3f}"),
     ("wal_bytes_per_job", "WAL B/job", "{:,.0f}"),
+    ("wal_vs_honest", "WAL x honest", "{:.2f}x"),
     ("worker_rss_mb", "worker peak RSS MB", "{:.0f}"),
 )
 
@@ -116,6 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, help="override N of the drains")
     p.add_argument("--prefill", type=int, help="override the finished rows of the table-size case")
     p.add_argument("--only", nargs="+", choices=GROUPS, help="run only these groups")
+    p.add_argument("--cases", type=re.compile, help="run only the cases whose name matches this regular expression")
     p.add_argument("--no-baseline", action="store_true", help="skip the ceiling loops and pgqueuer")
     p.add_argument("--seed", action="store_true", help="also run the seed's literal PHP loop (slow)")
     p.add_argument("--json-out", type=Path, help="JSON lines file (default bench/results/bench-<time>.jsonl)")
@@ -179,7 +186,7 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
                 scenario.prefill(cfg, big[f"{rows:,}"], rows)
 
     def add(group: str, name: str, fn: Callable[[], dict[str, Any]]) -> None:
-        if group in groups:
+        if group in groups and (a.cases is None or a.cases.search(name)):
             cases.append((group, name, fn))
 
     def skiplock(name: str, handler: str = "noop", group: str = "drain", **kw: Any) -> None:
@@ -191,6 +198,7 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
     skiplock("drain noop")
     if peers:
         add("drain", CEILING, lambda: scenario.drain(cfg, system="ceiling", handler="noop"))
+        add("drain", HONEST, lambda: scenario.drain(cfg, system="honest", handler="noop"))
     if pgq:
         add("drain", PGQUEUER, lambda: scenario.drain(cfg, system="pgqueuer", handler="noop"))
     # the big-table drains run right after the empty-table ones, so their paired ratios compare neighbours in time
@@ -206,6 +214,9 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
     skiplock("drain noop W=4", workers=4)
     if peers:
         add("drain", CEILING + " W=4", lambda: scenario.drain(cfg, system="ceiling", handler="noop", workers=4))
+        add("drain", HONEST + " W=4", lambda: scenario.drain(cfg, system="honest", handler="noop", workers=4))
+    if pgq:
+        add("drain", PGQUEUER + " W=4", lambda: scenario.drain(cfg, system="pgqueuer", handler="noop", workers=4))
     # flow control: what 10 % serial-keyed jobs, and a task with (non-binding) limits, cost the plain drain
     skiplock(FLOW_CASES[0], flow="serial")
     skiplock(FLOW_CASES[1], flow="limited")
@@ -257,14 +268,15 @@ def paired(runs: dict[str, list[dict[str, Any]]], case: str, base: str, key: str
     a, b = runs.get(case), runs.get(base)
     if not a or not b or case == base:
         return None
-    return meter.median([x[key] / y[key] for x, y in zip(a, b, strict=False) if y[key]])
+    ratios = [x[key] / y[key] for x, y in zip(a, b, strict=False) if x.get(key) is not None and y.get(key)]
+    return meter.median(ratios) if ratios else None
 
 
 def add_ratios(med: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]]) -> None:
     for name, m in med.items():
         if not name.startswith("drain"):
             continue
-        peer = any(name.startswith(b) for b in (CEILING, PGQUEUER, TX_CEILING, "drain noop [seed]"))
+        peer = any(name.startswith(b) for b in (CEILING, HONEST, PGQUEUER, TX_CEILING, "drain noop [seed]"))
         if name.endswith("]") and not peer:  # a --compare row against the same case of this tree
             m["vs_main"] = paired(runs, name, main_of(name))
         if main_of(name) in FLOW_CASES:
@@ -275,7 +287,11 @@ def add_ratios(med: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, An
             m["vs_empty_table"] = paired(runs, name, "drain noop")
         elif "C=" not in name:
             m["vs_ceiling"] = paired(runs, name, base_of(name, CEILING))
-            m["vs_pgqueuer"] = paired(runs, name, PGQUEUER) if "W=4" not in name else None
+            m["vs_pgqueuer"] = paired(runs, name, base_of(name, PGQUEUER))
+            honest = base_of(name, HONEST)
+            m["vs_honest"] = paired(runs, name, honest)
+            m["pg_cpu_vs_honest"] = paired(runs, name, honest, "pg_cpu_us_per_job")
+            m["wal_vs_honest"] = paired(runs, name, honest, "wal_bytes_per_job")
         if "[seed]" not in name and "drain noop [seed]" in runs and "noop" in name:
             m["vs_seed"] = paired(runs, name, "drain noop [seed]")
 
@@ -288,7 +304,12 @@ def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
     tables = [n for n in med if n.startswith("drain noop, ") and "finished rows" in n]
     rows = [
         ("drain no-op, defaults, 2 workers vs ceiling", ">= 0.8x", get("drain noop", "vs_ceiling"), 0.8, True),
-        ("drain no-op vs pgqueuer", ">= 1x", get("drain noop", "vs_pgqueuer"), 1.0, True),
+        ("drain no-op vs pgqueuer", ">= 2.5x", get("drain noop", "vs_pgqueuer"), 2.5, True),
+        ("drain no-op, 2 workers vs honest ceiling", ">= 0.8x", get("drain noop", "vs_honest"), 0.8, True),
+        ("drain no-op, 4 workers vs honest ceiling (4)", ">= 0.8x", get("drain noop W=4", "vs_honest"), 0.8, True),
+        ("PostgreSQL CPU per job vs honest ceiling", "<= 1.25x", get("drain noop", "pg_cpu_vs_honest"), 1.25, False),
+        ("WAL per job vs honest ceiling", "<= 1.15x", get("drain noop", "wal_vs_honest"), 1.15, False),
+        ("drain no-op, 4 workers vs 2", ">= 1x", four_vs_two(med), 1.0, True),
         ("drain no-op async vs ceiling", ">= 0.8x", get("drain noop async", "vs_ceiling"), 0.8, True),
         ("drain no-op, 4 workers vs ceiling (4)", ">= 0.8x", get("drain noop W=4", "vs_ceiling"), 0.8, True),
         ("transactional drain vs plain tx loop", ">= 0.6x", get("drain write", "vs_ceiling"), 0.6, True),
@@ -314,11 +335,17 @@ def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
     ]
     out = []
     for name, goal, value, bound, at_least in rows:
-        if value is None and ("backlog" in name or "pgqueuer" in name):
+        if value is None and any(w in name for w in ("backlog", "pgqueuer", "honest", "4 workers vs 2")):
             continue  # a case not run (--full only, the bench extra not installed)
         ok = None if value is None else (value >= bound if at_least else value <= bound)
         out.append({"target": name, "goal": goal, "value": value, "met": ok})
     return out
+
+
+def four_vs_two(med: dict[str, dict[str, Any]]) -> float | None:
+    """Throughput of 4 worker processes over 2 (medians of one run): 4 must not be slower on 2 cores."""
+    two, four = med.get("drain noop", {}).get("jobs_per_s"), med.get("drain noop W=4", {}).get("jobs_per_s")
+    return float(four) / float(two) if two and four else None
 
 
 def fmt(value: Any, pattern: str) -> str:

@@ -34,7 +34,7 @@ from meter import (
 )
 from psycopg import sql
 from psycopg_pool import ConnectionPool
-from seed_baseline import SEED_INDEX
+from seed_baseline import HONEST_SCHEMA, SEED_INDEX
 from server import Server
 
 from skiplock import Queue, Settings
@@ -89,12 +89,27 @@ def connect(cfg: Config, autocommit: bool = True) -> psycopg.Connection[Any]:
     return psycopg.connect(cfg.dsn, autocommit=autocommit, application_name=APP)
 
 
-def new_schema(cfg: Config, tag: str) -> str:
-    """A fresh migrated schema ``bench_<tag>_<hex>`` with the effects table the ``write`` handlers fill."""
+def new_schema(cfg: Config, tag: str, src: str | None = None) -> str:
+    """A fresh migrated schema ``bench_<tag>_<hex>`` with the effects table the ``write`` handlers fill; ``src``
+    (another worker/): migrated by that tree's ``skiplock migrate``, so an A/B of a schema change compares schemas."""
     name = f"bench_{tag}_{uuid.uuid4().hex[:8]}"
+    cfg.schemas.append(name)  # dropped at the end even if the migration fails half-way
+    if src is not None:
+        env = _env({"SKIPLOCK_DSN": cfg.dsn, "SKIPLOCK_SCHEMA": name}, src)
+        subprocess.run([sys.executable, "-m", "skiplock", "migrate"], env=env, check=True, capture_output=True)
     with connect(cfg) as conn:
-        migrate(conn, name)
+        if src is None:
+            migrate(conn, name)
         conn.execute(sql.SQL("CREATE TABLE {}.bench_effects (job_id bigint, attempt int)").format(sql.Identifier(name)))
+    return name
+
+
+def new_honest_schema(cfg: Config) -> str:
+    """A fresh schema ``bench_honest_<hex>`` holding the design source's ``jobs`` table, exactly as it writes it."""
+    name = f"bench_honest_{uuid.uuid4().hex[:8]}"
+    with connect(cfg) as conn, conn.transaction():
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        conn.execute(HONEST_SCHEMA.format(schema=sql.Identifier(name).as_string(conn)).encode())
     cfg.schemas.append(name)
     return name
 
@@ -374,7 +389,7 @@ def drain(
     n = cfg.drain_jobs
     concurrency = concurrency or cfg.concurrency
     own = schema is None  # a drained table left behind gets vacuumed during a later case's run: dropped once measured
-    schema = schema or new_schema(cfg, "drain")
+    schema = schema or (new_honest_schema(cfg) if system == "honest" else new_schema(cfg, "drain", src))
     ident = sql.Identifier(schema)
     logdir = Path(tempfile.mkdtemp(prefix="bench-drain-"))
     with connect(cfg) as conn:
@@ -407,11 +422,16 @@ def drain(
         ours = 0  # transactions of this harness between the two counter reads
         before = db_counters(mon)
         ours += 1
-        with queue_for(cfg, schema) as q, connect(cfg, autocommit=False) as conn:
+        with contextlib.ExitStack() as stack:
+            conn = stack.enter_context(connect(cfg, autocommit=False))
             first_id: int | None = None
-            for start in range(0, n, ENQUEUE_CHUNK):
-                ids = enqueue_chunk(q, conn, range(start, min(n, start + ENQUEUE_CHUNK)), flow)
-                first_id = ids[0] if first_id is None else first_id
+            if system == "honest":  # the design source's INSERT and NOTIFY, on its own table
+                first_id = enqueue_honest(conn, schema, n)
+            else:
+                q = stack.enter_context(queue_for(cfg, schema))
+                for start in range(0, n, ENQUEUE_CHUNK):
+                    ids = enqueue_chunk(q, conn, range(start, min(n, start + ENQUEUE_CHUNK)), flow)
+                    first_id = ids[0] if first_id is None else first_id
             # the clock just before COMMIT, on the same connection: read afterwards on another connection it
             # could come after a fast drain on a loaded machine
             t_commit_row = conn.execute(
@@ -558,6 +578,21 @@ def drain_pgqueuer(cfg: Config, *, workers: int | None = None) -> dict[str, Any]
     return _drain_figures(n, seconds, worker_cpu, pg_cpu0, pg_cpu1, commits, write_tx, after, before, enqueue_wal, rss)
 
 
+def enqueue_honest(conn: psycopg.Connection[Any], schema: str, n: int) -> int:
+    """N jobs into the design source's table and a NOTIFY on the schema's channel, in the caller's transaction; the
+    first job's id."""
+    row = conn.execute(
+        sql.SQL(
+            "WITH j AS (INSERT INTO {}.jobs (queue, payload) SELECT %(q)s, jsonb_build_object('n', g) "
+            "FROM generate_series(1, %(n)s) g RETURNING id) SELECT min(id) FROM j"
+        ).format(sql.Identifier(schema)),
+        {"q": QUEUE, "n": n},
+    ).fetchone()
+    conn.execute("SELECT pg_notify(%s, %s)", (Settings(schema=schema).channel, QUEUE))
+    assert row is not None
+    return int(row[0])
+
+
 def enqueue_chunk(q: Queue, conn: psycopg.Connection[Any], numbers: range, flow: str | None) -> list[int]:
     """One chunk of a drain's jobs: plain, 10 % serial-keyed (keys spread over 200 values), a limited task's, or
     spread evenly over 50 queues."""
@@ -585,7 +620,7 @@ def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, A
     Also counts the workers' commits per job over the window beyond the producer's own (each LISTEN backend commits
     once for each notification it receives, besides the claims), and the claims that found nothing.
     """
-    schema = new_schema(cfg, "lat")
+    schema = new_schema(cfg, "lat", src)
     logdir = Path(tempfile.mkdtemp(prefix="bench-latency-"))
     starts = logdir / "starts"
     starts.mkdir()

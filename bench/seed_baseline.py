@@ -10,6 +10,10 @@ as PDO does), and sleep 1 s when nothing was claimed. Runs until SIGTERM; prints
 ``--style ceiling`` is the ceiling of a no-op drain on the machine: a tuned loop of plain SQL on skiplock's own table
 and claim order (priority, due time, id; skiplock's claim index), no fencing, claims of 200, one completion statement
 per batch sent in one pipeline with the next claim (one round trip per batch), woken by skiplock's NOTIFY when idle.
+``--style honest`` is the honest ceiling: the same loop (claims of 200, the previous batch's completion by ``id = ANY``
+pipelined with the next claim, prepared statements, LISTEN when idle) on the design source's own table, exactly as it
+writes it (``HONEST_SCHEMA``: its columns and its three partial indexes, nothing of skiplock's), with its claim
+statement (``ORDER BY visible_at``) and its completion.
 ``--style txloop`` is the ceiling of a transactional drain: the same claims, then per job one transaction holding the
 handler's INSERT and the job's completion (BEGIN, INSERT, UPDATE, COMMIT).
 """
@@ -72,15 +76,62 @@ RETURNING j.id, j.payload::text, j.attempts
 CEILING_FINISH = "UPDATE {schema}.jobs SET status = 'done', updated_at = now() WHERE id = ANY(%(ids)s)"
 CEILING_FINISH_ONE = "UPDATE {schema}.jobs SET status = 'done', updated_at = now() WHERE id = %(id)s"
 
+# The design source's table and indexes, exactly as it writes them (schema-qualified): the honest ceiling's table.
+HONEST_SCHEMA = """
+CREATE TABLE {schema}.jobs (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue       text        NOT NULL DEFAULT 'default',
+    payload     jsonb       NOT NULL,
+    status      text        NOT NULL DEFAULT 'pending',
+    attempts    int         NOT NULL DEFAULT 0,
+    max_attempts int        NOT NULL DEFAULT 5,
+    visible_at  timestamptz NOT NULL DEFAULT now(),
+    locked_by   text,
+    locked_at   timestamptz,
+    last_error  text,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX jobs_claim_idx ON {schema}.jobs (queue, visible_at) WHERE status = 'pending';
+CREATE INDEX jobs_recover_idx ON {schema}.jobs (locked_at) WHERE status = 'processing';
+CREATE INDEX jobs_done_idx ON {schema}.jobs (updated_at) WHERE status IN ('done', 'failed');
+"""
+# The design source's claim (its LIMIT made a parameter) and its completion, for a batch by ``id = ANY``.
+HONEST_CLAIM = """
+WITH picked AS (
+    SELECT id
+    FROM {schema}.jobs
+    WHERE queue = %(queue)s
+      AND status = 'pending'
+      AND visible_at <= now()
+    ORDER BY visible_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs j
+SET status     = 'processing',
+    attempts   = j.attempts + 1,
+    locked_by  = %(name)s,
+    locked_at  = now(),
+    updated_at = now()
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.queue, j.payload, j.attempts
+"""
+HONEST_FINISH = "UPDATE {schema}.jobs SET status = 'done', updated_at = now() WHERE id = ANY(%(ids)s)"
+
 # The seed's index, plus ``id`` so its ORDER BY (visible_at, id) is served without sorting every pending row.
 SEED_INDEX = (
     "CREATE INDEX IF NOT EXISTS jobs_seed_claim_idx ON {schema}.jobs (queue, visible_at, id) WHERE status = 'pending'"
 )
 
 
-def ceiling(conn: psycopg.Connection[Any], schema: str, queue: str, batch: int, channel: str, stop: Any) -> None:
+def ceiling(
+    conn: psycopg.Connection[Any], schema: str, queue: str, batch: int, channel: str, stop: Any, honest: bool = False
+) -> None:
     """Claim ``batch``; complete the previous batch in the same pipeline (one round trip); LISTEN when idle."""
-    claim, finish = (q.format(schema=schema) for q in (CEILING_CLAIM, CEILING_FINISH))
+    statements = (HONEST_CLAIM, HONEST_FINISH) if honest else (CEILING_CLAIM, CEILING_FINISH)
+    claim, finish = (q.format(schema=schema) for q in statements)
     name = f"{socket.gethostname()}:{os.getpid()}"
     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
     print("ready", flush=True)
@@ -125,6 +176,8 @@ def run(dsn: str, schema: str, queue: str, handler: str, batch: int, poll_second
     claim, finish, effect, tuned = (q.format(schema=quoted) for q in (SEED_CLAIM, SEED_FINISH, EFFECT, TUNED_FINISH))
     name = f"{socket.gethostname()}:{os.getpid()}"
     with psycopg.connect(dsn, autocommit=True, application_name="seed-baseline") as conn:
+        if style == "honest":
+            return ceiling(conn, quoted, queue, batch, f"{schema}_wakeup", lambda: stop, honest=True)
         if style in ("ceiling", "txloop"):
             loop = ceiling if style == "ceiling" else txloop
             return loop(conn, quoted, queue, batch, f"{schema}_wakeup", lambda: stop)
@@ -149,11 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schema", required=True)
     p.add_argument("--queue", default="bench")
     p.add_argument("--handler", choices=["noop", "write"], default="noop")
-    p.add_argument("--style", choices=["seed", "tuned", "ceiling", "txloop"], default="seed")
-    p.add_argument("--batch", type=int, help="jobs per claim (default 10; tuned 100; ceiling and txloop 200)")
+    p.add_argument("--style", choices=["seed", "tuned", "ceiling", "honest", "txloop"], default="seed")
+    p.add_argument("--batch", type=int, help="jobs per claim (default 10; tuned 100; ceiling, honest, txloop 200)")
     p.add_argument("--poll", type=float, default=1.0)
     a = p.parse_args(argv)
-    batch = a.batch or {"tuned": 100, "ceiling": 200, "txloop": 200}.get(a.style, 10)
+    batch = a.batch or {"tuned": 100, "ceiling": 200, "honest": 200, "txloop": 200}.get(a.style, 10)
     run(a.dsn, a.schema, a.queue, a.handler, batch, a.poll, a.style)
     return 0
 

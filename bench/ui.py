@@ -183,6 +183,21 @@ def run(dsn: str, repeat: int) -> list[dict[str, Any]]:
             row = timed_once(c, "POST", f"/api/failures/{small['fingerprint']}/retry", headers=auth)
             row["jobs"] = row["body"]["action"]["job_count"]
             out.append(row)
+        pending = c.get("/api/jobs?status=pending&limit=1").json()["jobs"][0]["id"]
+        out.append(timed_once(c, "POST", f"/api/jobs/{pending}/cancel", headers=auth))
+        other = next(g for g in groups if g["fingerprint"] not in (big, small and small["fingerprint"]))
+        bulks = [
+            (f"/api/failures/{other['fingerprint']}/cancel", None),
+            ("/api/jobs/retry", {"queue": "q3", "q": "KeyError"}),  # 25,000 failed jobs match
+            ("/api/jobs/retry", {"queue": "q2", "q": "KeyError"}),  # none match: every failed job is read
+            ("/api/jobs/cancel", {"queue": "q1", "task": "task3"}),  # live jobs among 5,000,000 done ones
+        ]
+        for url, body in bulks:
+            row = timed_once(c, "POST", url, headers=auth, json=body)
+            row["jobs"] = row["body"]["action"]["job_count"]
+            if body is not None:
+                row["call"] += " " + json.dumps(body)
+            out.append(row)
         out.append(timed(c, "GET", "/api/audit", repeat))
     for row in out:
         row.pop("body", None)
@@ -248,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     out = HERE / "results" / f"ui-{datetime.now(UTC):%Y%m%dT%H%M%S}.jsonl"
     out.parent.mkdir(exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
+    print(f"json lines: {out}")
     return 0 if summary["all_within_budget"] else 1
 
 

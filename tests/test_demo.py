@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,66 @@ def test_demo_without_keep_stops_its_server_and_says_how_to_keep_it(tmp_path: Pa
     assert "run skiplock demo --keep" in demo.stdout
     pgdata = tmp_path / f"skiplock-demo-{os.getuid()}" / "pgdata"
     assert not (pgdata / "postmaster.pid").exists(), "the embedded server was stopped"
+
+
+def _demo_env(tmp_path: Path) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SKIPLOCK_") and k not in ("DATABASE_URL", "XDG_RUNTIME_DIR")
+    }
+    env["TMPDIR"] = str(tmp_path)  # a private data folder for this run's embedded server
+    return env
+
+
+def test_ctrl_c_stops_the_workers_and_the_embedded_server_and_says_so(tmp_path: Path) -> None:
+    # as a terminal's Ctrl-C does: SIGINT to the whole foreground process group (the demo, its workers, the server)
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "skiplock", "demo", "--jobs", "20000", "--workers", "2", "--concurrency", "2"],
+        cwd=tmp_path,
+        env=_demo_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    pgdata = tmp_path / f"skiplock-demo-{os.getuid()}" / "pgdata"
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:  # the first progress line: the workers are draining
+            if line.startswith("["):
+                break
+        else:
+            pytest.fail(f"the demo ended before it drained: {demo.wait()} {demo.stderr and demo.stderr.read()}")
+        spawned = psutil.Process(demo.pid).children(recursive=True)
+        assert len([p for p in spawned if "worker" in p.cmdline()]) == 2, spawned
+        postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
+        os.killpg(demo.pid, signal.SIGINT)
+        out, err = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    assert demo.returncode == 130, out + err
+    assert err.strip().splitlines()[-1] == (
+        "demo stopped (Ctrl-C): the workers and the embedded PostgreSQL were stopped"
+    ), err
+    assert "Traceback" not in err, err
+    wait_for(
+        lambda: not any(psutil.pid_exists(p.pid) for p in spawned) and not psutil.pid_exists(postmaster),
+        timeout=30,
+        what="the workers and the embedded server to be gone",
+    )
+    assert not (pgdata / "postmaster.pid").exists(), "the embedded server was stopped"
+
+
+def test_the_demo_without_its_extra_says_how_to_install_it(tmp_path: Path) -> None:
+    # pgserver made unimportable in the child, as it is where skiplock was installed without [demo]
+    code = "import sys; sys.modules['pgserver'] = None; from skiplock.cli import main; sys.exit(main(['demo']))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=_demo_env(tmp_path), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr == (
+        "skiplock: error: demo: no DSN given and the embedded PostgreSQL is not installed: "
+        "pip install 'skiplock[demo]' (make demo does it), or pass --dsn\n"
+    )

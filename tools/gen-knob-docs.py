@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "worker"))
 
-from skiplock.duration import is_duration_setting  # noqa: E402
+from skiplock.duration import format_duration, is_duration_setting  # noqa: E402
 from skiplock.knobs import KNOBS, Knob  # noqa: E402
 
 TARGET = ROOT / "docs" / "configuration.md"
@@ -53,15 +53,6 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _duration(seconds: float) -> str:
-    """A default duration as a user would type it: ``30s``, ``1h``, ``7d`` (under two minutes, in seconds)."""
-    if seconds >= 120:
-        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-            if seconds % size == 0:
-                return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
-
-
 def _default(k: Knob) -> str:
     if k.default is None:
         return "derived" if k.name in ("heartbeat_seconds", "recover_seconds") else "unset"
@@ -70,7 +61,7 @@ def _default(k: Knob) -> str:
     if k.type is bool:
         return "on" if k.default else "off"
     if is_duration_setting(k.name):
-        return f"`{_duration(k.default)}`"
+        return f"`{format_duration(k.default)}`"
     return f"`{k.default}`"
 
 

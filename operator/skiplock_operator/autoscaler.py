@@ -22,11 +22,11 @@ import kopf
 from skiplock import QueueStats
 from skiplock.store.statements import FlowCursor
 from skiplock_operator import pause, scalein, scaling, status, waittarget, workload
-from skiplock_operator.database import PERMISSION_DENIED, DatabaseProblem
+from skiplock_operator.database import PERMISSION_DENIED, DatabaseProblem, server_key
 from skiplock_operator.k8s import KubeApiError
 from skiplock_operator.pause import Pause
 from skiplock_operator.runtime import Condition, Daemon, Runtime, SecretProblem, database_conditions, wait, write_status
-from skiplock_operator.spec import JobQueueSpec
+from skiplock_operator.spec import InvalidSpecError, JobQueueSpec, parse_spec, policy_violations
 
 DUE_MARGIN_SECONDS = 0.05
 """Poll this long after a delayed job's visible_at, so the job is ready when the poll looks."""
@@ -93,6 +93,8 @@ class Autoscaler(Daemon):
         self.drain_denied = False
         self.flow = waittarget.Estimator()
         self.cursor: FlowCursor | None = None
+        self.server = ""
+        self.limits: tuple[int, int] | None = None
 
     async def run(self, stopped: Any) -> None:
         kick = self.rt.kick(self.key)
@@ -128,6 +130,7 @@ class Autoscaler(Daemon):
         """One poll; returns the seconds to wait before the next one."""
         spec = self.allowed()
         if spec is None:
+            await self.stop_forbidden()
             return self.IDLE_SECONDS
         interval = spec.scaling.polling_interval_seconds
         try:
@@ -137,7 +140,12 @@ class Autoscaler(Daemon):
             return await self.no_dsn(exc, interval)
         except DatabaseProblem as exc:
             return await self.unreachable(exc, interval)
-        deployment = await workload.ensure(self.rt, self.body, spec, budget=poll.budget.connections)
+        per = scaling.connections_per_replica(spec.concurrency)
+        poll = self.live_budget(spec, poll)  # from here to the claim, no await: JobQueues on one server take turns
+        manual = workload.manual_replicas(spec, poll.budget.replicas)
+        if manual is not None:
+            self.rt.claim(self.server, self.key, manual * per)
+        deployment = await workload.ensure(self.rt, self.body, spec, cap=poll.budget.replicas)
         if deployment is None:
             conflict = (status.READY, False, status.DEPLOYMENT_CONFLICT, workload.conflict_message(self.key[1]))
             await write_status(self.rt, self.key, conditions=(conflict,))
@@ -145,9 +153,12 @@ class Autoscaler(Daemon):
         current = workload.replicas_of(deployment)
         self.rt.metrics.current_replicas.labels(*self.key).set(current)
         if not autoscaled(spec):
+            self.rt.claim(self.server, self.key, max(current, manual or 0) * per)
             await self.hold(spec, dsn, poll, deployment, current)
             return interval
+        poll = self.live_budget(spec, poll)
         decision = self.decide(spec, poll, current)
+        self.rt.claim(self.server, self.key, max(current, decision.replicas) * per)  # before the next await
         try:
             replicas, scale_in = await self.safe_scale_in(spec, dsn, current, decision)
         except DatabaseProblem as exc:
@@ -166,6 +177,34 @@ class Autoscaler(Daemon):
         )
         return poll.wake_in(spec)
 
+    def live_budget(self, spec: JobQueueSpec, poll: Poll) -> Poll:
+        """``poll`` with the connection budget as of now: the server's share less the operator's connections and
+        what the other JobQueues on the server claimed. Computed and claimed with no await in between, so
+        JobQueues sharing a server never both take the same free connections."""
+        budget = scaling.connection_budget(
+            spec.scaling.connection_budget,
+            self.limits,
+            spec.concurrency,
+            operator_connections=self.rt.operator_connections(self.server),
+            others=self.rt.claimed_by_others(self.server, self.key),
+        )
+        self.budget = budget
+        return dataclasses.replace(poll, budget=budget)
+
+    async def stop_forbidden(self) -> None:
+        """A spec the policy forbids (the policy may have tightened since its Deployment was made) runs no worker:
+        the Deployment is scaled to zero, with a Warning Event (the reconcile handler sets the condition)."""
+        try:
+            spec = parse_spec(self.body.get("spec"))
+        except InvalidSpecError:
+            return  # an invalid spec keeps what runs: the reconcile handler reports it
+        violations = policy_violations(spec, self.rt.config.policy)
+        if violations and await workload.stop(self.rt, self.body):
+            self.rt.metrics.current_replicas.labels(*self.key).set(0)
+            message = f"worker Deployment scaled to 0 (the operator's policy forbids it): {'; '.join(violations)}"
+            kopf.event(self.body, type="Warning", reason=status.POLICY_VIOLATION, message=message)
+            self.logger.warning(message)
+
     async def observe(self, spec: JobQueueSpec, dsn: str) -> Poll:
         """Read the queues, the next due time and the connection budget; apply ``spec.paused``."""
         rt, queues = self.rt, spec.served_queues
@@ -180,11 +219,10 @@ class Autoscaler(Daemon):
             due_soon, due = await rt.databases.due_soon(self.key, dsn, spec.schema, queues, horizon)
         else:
             due = await rt.databases.next_due_seconds(self.key, dsn, spec.schema, queues)
-        limits = None
-        if not spec.scaling.connection_budget:  # 0: a share of the server's own limit
-            limits = await rt.databases.server_limits(self.key, dsn, spec.schema)
+        self.limits = await rt.databases.server_limits(self.key, dsn, spec.schema)  # one cap per server
         rt.metrics.poll_duration.observe(time.monotonic() - started)
-        self.budget = scaling.connection_budget(spec.scaling.connection_budget, limits, spec.concurrency)
+        self.server = server_key(dsn)
+        self.budget = scaling.connection_budget(spec.scaling.connection_budget, self.limits, spec.concurrency)
         stats, paused = await pause.sync(rt, self.key, self.body, spec, dsn, stats, self.logger)
         rt.metrics.observe_queues(*self.key, stats)
         self.failures = 0
@@ -198,13 +236,20 @@ class Autoscaler(Daemon):
         if spec.paused:
             why = (status.PAUSED, "spec.paused is true: replicas are left alone while the queues are paused")
         elif spec.manual:
+            capped = workload.manual_replicas(spec, poll.budget.replicas)
             why = (
                 status.MANUAL_REPLICAS,
-                f"spec.replicas is {spec.replicas} (kubectl scale): autoscaling is off until it is unset",
+                f"spec.replicas is {spec.replicas} (kubectl scale): autoscaling is off until it is unset"
+                + (
+                    f"; capped at {capped} by the connection budget ({poll.budget.origin})"
+                    if capped != spec.replicas
+                    else ""
+                ),
             )
         else:
             why = (status.AUTOSCALING_DISABLED, "spec.scaling.enabled is false: replicas are left alone")
-        desired = spec.replicas if spec.replicas is not None else current
+        manual = workload.manual_replicas(spec, poll.budget.replicas)
+        desired = manual if manual is not None else current
         condition = (status.SCALING_ACTIVE, False, *why)
         await self.report(
             deployment, poll, current, concurrency=spec.concurrency, desired=desired, conditions=(condition,)
@@ -219,7 +264,8 @@ class Autoscaler(Daemon):
         decision = scaling.decide(
             scaling.Observation(total.ready, total.processing, total.oldest_ready_age_seconds, poll.load),
             current,
-            dataclasses.replace(spec.scaling, connection_budget=poll.budget.connections),
+            # the budget in force (at least 1, so that no connection left caps at 0 replicas, not "no cap")
+            dataclasses.replace(spec.scaling, connection_budget=max(1, poll.budget.connections)),
             concurrency=spec.concurrency,
             now=now,
             history=self.history,

@@ -1,8 +1,9 @@
 """The operator process's own settings (not a JobQueue's): ``run()`` arguments or ``SKIPLOCK_OPERATOR_*``.
 
-The admin's policy lives here too: which images, service accounts, pod annotation keys and database
-hosts a JobQueue may use, and whether it may set scheduling fields. A JobQueue that breaks the policy
-gets ``Ready=False`` reason ``PolicyViolation`` and a Warning Event, and no Deployment change.
+The admin's policy lives here too: which images, service accounts, pod annotation and label keys, environment
+variable names, Secrets, image pull secrets and database hosts a JobQueue may use, and whether it may set
+scheduling fields. A JobQueue that breaks the policy gets ``Ready=False`` reason ``PolicyViolation`` and a Warning
+Event, and its worker Deployment (if any) is scaled to zero.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ VERSION = "v1alpha1"
 PLURAL = "jobqueues"
 KIND = "JobQueue"
 ENV = "SKIPLOCK_OPERATOR_"
+DENIED_ENV_NAMES = ("PYTHON*", "LD_*", "BROWSER")
+"""Environment names a JobQueue may not set unless the admin allows them by exact name: the interpreter's and
+the dynamic loader's switches (``PYTHONWARNINGS`` + ``BROWSER`` runs a shell command, ``LD_PRELOAD`` loads a
+library) run code of the tenant's choice inside an allowed image, before any skiplock code."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,7 +30,8 @@ class Policy:
     """What a JobQueue creator may ask for. An empty tuple means "anything" (say so in the docs)."""
 
     allowed_images: tuple[str, ...] = ()
-    """Image prefixes (``registry.example.com/team-a/``); empty: any image."""
+    """Image prefixes, matched on whole path segments (``registry.example.com/team-a`` allows
+    ``registry.example.com/team-a/app:1``, never ``registry.example.com/team-a-evil/app``); empty: any image."""
 
     allowed_service_accounts: tuple[str, ...] = ()
     """Service account names a JobQueue may set; empty: any (leaving it unset is always allowed)."""
@@ -39,6 +45,23 @@ class Policy:
     allowed_dsn_hosts: tuple[str, ...] = ()
     """Database hosts the operator connects to (exact names, ``.suffix`` domains, IP networks);
     empty: any host."""
+
+    allowed_env_names: tuple[str, ...] = ()
+    """Names ``spec.env`` may set (exact, or a prefix ending in ``*``); empty: any name not denied. An exact
+    entry here also lifts a denial (``PYTHONUNBUFFERED``)."""
+
+    denied_env_names: tuple[str, ...] = DENIED_ENV_NAMES
+    """Names ``spec.env`` may not set (exact, or a prefix ending in ``*``), unless allowed by exact name."""
+
+    allowed_secrets: tuple[str, ...] = ()
+    """Secrets the worker pods may get: ``spec.dsnSecretRef`` and every ``spec.env[].valueFrom.secretKeyRef``
+    (exact names, or a prefix ending in ``*``); empty: any Secret of the namespace."""
+
+    allowed_pod_label_keys: tuple[str, ...] = ()
+    """Pod label keys (exact, or a prefix ending in ``/`` or ``*``); empty: any key."""
+
+    allowed_image_pull_secrets: tuple[str, ...] = ()
+    """Names ``spec.imagePullSecrets`` may list (exact, or a prefix ending in ``*``); empty: any."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,12 +147,20 @@ def _items(env: Mapping[str, str], name: str) -> tuple[str, ...]:
 
 def policy_from_env(env: Mapping[str, str]) -> Policy:
     """``SKIPLOCK_OPERATOR_ALLOWED_IMAGES``, ``..._ALLOWED_SERVICE_ACCOUNTS``, ``..._ALLOWED_ANNOTATION_KEYS``,
-    ``..._ALLOWED_DSN_HOSTS`` (comma-separated) and ``..._ALLOW_SCHEDULING`` (true/false)."""
+    ``..._ALLOWED_POD_LABEL_KEYS``, ``..._ALLOWED_ENV_NAMES``, ``..._DENIED_ENV_NAMES`` (unset: the default denials,
+    empty: none), ``..._ALLOWED_SECRETS``, ``..._ALLOWED_IMAGE_PULL_SECRETS``, ``..._ALLOWED_DSN_HOSTS``
+    (comma-separated) and ``..._ALLOW_SCHEDULING`` (true/false)."""
     scheduling = env.get(ENV + "ALLOW_SCHEDULING", "").strip().lower()
+    denied = _items(env, "DENIED_ENV_NAMES") if ENV + "DENIED_ENV_NAMES" in env else DENIED_ENV_NAMES
     return Policy(
         allowed_images=_items(env, "ALLOWED_IMAGES"),
         allowed_service_accounts=_items(env, "ALLOWED_SERVICE_ACCOUNTS"),
         allowed_pod_annotations=_items(env, "ALLOWED_ANNOTATION_KEYS"),
         allow_scheduling=_flag("allow_scheduling", scheduling) if scheduling else False,
         allowed_dsn_hosts=_items(env, "ALLOWED_DSN_HOSTS"),
+        allowed_env_names=_items(env, "ALLOWED_ENV_NAMES"),
+        denied_env_names=denied,
+        allowed_secrets=_items(env, "ALLOWED_SECRETS"),
+        allowed_pod_label_keys=_items(env, "ALLOWED_POD_LABEL_KEYS"),
+        allowed_image_pull_secrets=_items(env, "ALLOWED_IMAGE_PULL_SECRETS"),
     )

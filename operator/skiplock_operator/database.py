@@ -134,6 +134,14 @@ def dsn_hosts(dsn: str) -> tuple[str, ...]:
     return tuple(hosts)
 
 
+def server_key(dsn: str) -> str:
+    """The database server a DSN names (hosts and port), the unit of the connection cap: ``max_connections`` is
+    the server's, shared by every database and role on it. Raises DSNInvalid."""
+    hosts = ",".join(dsn_hosts(dsn))
+    port = str(conninfo_to_dict(dsn).get("port") or os.environ.get("PGPORT") or "5432")
+    return f"{hosts or 'local'}:{port}"
+
+
 def host_allowed(host: str, allowed: Sequence[str]) -> bool:
     """``allowed`` holds exact names, ``.suffix`` domains and IP networks (``10.0.0.0/8``)."""
     for rule in allowed:
@@ -195,6 +203,14 @@ class Databases:
     def __len__(self) -> int:
         """Open connections."""
         return sum(1 for e in self._entries.values() if e.conn is not None and not e.conn.closed)
+
+    def open_to(self, server: str) -> int:
+        """Open connections to ``server`` (:func:`server_key`)."""
+        return sum(
+            1
+            for (dsn, _), e in self._entries.items()
+            if e.conn is not None and not e.conn.closed and server_key(dsn) == server
+        )
 
     # ------------------------------------------------------------------ plumbing
     def _entry(self, user: Hashable, key: PoolKey) -> _Entry:

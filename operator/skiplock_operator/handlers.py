@@ -59,6 +59,11 @@ def configure(settings: kopf.OperatorSettings, *, peering: str | None, standalon
     # No namespace or CRD watching: the namespaces are named (or all), so the RBAC needs neither
     # namespaces nor customresourcedefinitions; a CRD installed later needs an operator restart.
     settings.scanning.disabled = True
+    # The watches ask the API server for our objects only (kopf's ``labels=`` filters are client-side): the DSN
+    # Secret watch no longer streams every Secret of the watched namespaces, nor the Deployment watch every
+    # Deployment.
+    settings.watching.label_selectors["", "v1", "secrets"] = f"{DSN_LABEL}=true"
+    settings.watching.label_selectors["apps", "v1", "deployments"] = f"{MANAGED_BY}={MANAGER}"
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig, metrics: OperatorMetrics) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 import re
 from collections.abc import Mapping
@@ -31,8 +32,18 @@ def deployment_name(jobqueue: str) -> str:
     return f"{jobqueue}-worker"
 
 
+def instance_label(jobqueue: str) -> str:
+    """The JobQueue's name as a label value. A name that does not fit (over 63 characters) keeps its first 52 and
+    ends in a hash of the whole name, so two names that share their first 63 characters get distinct selectors."""
+    value = label_value(jobqueue)
+    if value == jobqueue:
+        return value
+    digest = hashlib.sha256(jobqueue.encode()).hexdigest()[:10]
+    return f"{value[:52].rstrip('-_.')}-{digest}"
+
+
 def selector_labels(jobqueue: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": label_value(jobqueue)}
+    return {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": instance_label(jobqueue)}
 
 
 def labels(jobqueue: str, spec: JobQueueSpec, version: str) -> dict[str, str]:

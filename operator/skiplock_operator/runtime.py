@@ -52,6 +52,21 @@ class Runtime:
         self.secret_users: dict[Key, set[str]] = {}
         self._kicks: dict[Key, asyncio.Event] = {}
         self._locks: dict[Key, asyncio.Lock] = {}
+        self._claims: dict[str, dict[Key, int]] = {}
+        """Per database server: the connections each JobQueue's workers may hold (the cap across JobQueues)."""
+
+    def claim(self, server: str, key: Key, connections: int) -> None:
+        """Record what this JobQueue's workers hold on ``server`` (the other JobQueues' budgets leave it out)."""
+        for claims in self._claims.values():
+            claims.pop(key, None)
+        self._claims.setdefault(server, {})[key] = connections
+
+    def claimed_by_others(self, server: str, key: Key) -> int:
+        return sum(n for k, n in self._claims.get(server, {}).items() if k != key)
+
+    def operator_connections(self, server: str) -> int:
+        """The operator's own connections to ``server``: its query connections and its listeners."""
+        return self.databases.open_to(server) + self.wakeups.open_to(server)
 
     def kick(self, key: Key) -> asyncio.Event:
         """The event that wakes this JobQueue's autoscaler (NOTIFY, a spec, Deployment or Secret change)."""
@@ -78,6 +93,8 @@ class Runtime:
         self._kicks.pop(key, None)
         self._locks.pop(key, None)
         self.secret_users.pop(key, None)
+        for claims in self._claims.values():
+            claims.pop(key, None)
         self.metrics.forget(*key)
 
     async def close(self) -> None:

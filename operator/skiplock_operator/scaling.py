@@ -85,25 +85,39 @@ class Budget:
     connections: int
     origin: str
     replicas: int
-    """Most replicas it allows (connections // (concurrency + overhead))."""
+    """Most replicas it allows (connections // (concurrency + overhead)); 0 connections left allow none."""
 
     def status(self) -> dict[str, object]:
         return {"connections": self.connections, "maxReplicas": self.replicas, "source": self.origin}
 
 
-def connection_budget(spec_budget: int, limits: tuple[int, int] | None, concurrency: int) -> Budget:
-    """``connectionBudget`` > 0 is the budget as written; 0 (the default) means DEFAULT_BUDGET_PERCENT % of the
-    server's ``max_connections`` minus ``superuser_reserved_connections`` (``limits``), read from the server."""
+def connection_budget(
+    spec_budget: int,
+    limits: tuple[int, int] | None,
+    concurrency: int,
+    *,
+    operator_connections: int = 0,
+    others: int = 0,
+) -> Budget:
+    """The connections this JobQueue's workers may hold. The server's share is DEFAULT_BUDGET_PERCENT % of its
+    ``max_connections`` minus ``superuser_reserved_connections`` (``limits``), less the operator's own connections
+    to that server and what the other JobQueues' workers on it hold (``others``): one cap per database server,
+    across JobQueues. ``connectionBudget`` > 0 can only lower it. Without ``limits`` (not read), the spec's
+    budget as written."""
     per = connections_per_replica(concurrency)
-    if spec_budget > 0 or limits is None:
-        return Budget(spec_budget, f"spec.scaling.connectionBudget {spec_budget}", spec_budget // per)
+    written = f"spec.scaling.connectionBudget {spec_budget}"
+    if limits is None:
+        return Budget(spec_budget, written, spec_budget // per)
     max_connections, reserved = limits
-    connections = max(0, max_connections * DEFAULT_BUDGET_PERCENT // 100 - reserved)
-    origin = (
-        f"connectionBudget 0: {DEFAULT_BUDGET_PERCENT} % of the server's max_connections {max_connections} "
-        f"minus {reserved} reserved"
-    )
-    return Budget(connections, origin, connections // per)
+    share = max(0, max_connections * DEFAULT_BUDGET_PERCENT // 100 - reserved)
+    free = max(0, share - operator_connections - others)
+    origin = f"{DEFAULT_BUDGET_PERCENT} % of the server's max_connections {max_connections} minus {reserved} reserved"
+    if operator_connections or others:
+        origin += f", less {operator_connections} held by the operator and {others} by other JobQueues' workers"
+    if 0 < spec_budget <= free:
+        return Budget(spec_budget, written, spec_budget // per)
+    origin = f"{written}, capped by the server: {origin}" if spec_budget else f"connectionBudget 0: {origin}"
+    return Budget(free, origin, free // per)
 
 
 @dataclass(frozen=True)

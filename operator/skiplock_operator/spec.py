@@ -346,7 +346,7 @@ def check_cross_fields(s: JobQueueSpec) -> None:
 def policy_violations(s: JobQueueSpec, policy: Policy) -> list[str]:
     """What in ``s`` the admin's policy forbids (empty: allowed). Messages name the field, not a secret."""
     out: list[str] = []
-    if policy.allowed_images and not any(s.image.startswith(prefix) for prefix in policy.allowed_images):
+    if policy.allowed_images and not any(image_allowed(s.image, prefix) for prefix in policy.allowed_images):
         out.append(f"spec.image {s.image!r} is not under an allowed image prefix")
     if (
         s.service_account_name
@@ -354,10 +354,30 @@ def policy_violations(s: JobQueueSpec, policy: Policy) -> list[str]:
         and s.service_account_name not in policy.allowed_service_accounts
     ):
         out.append(f"spec.serviceAccountName {s.service_account_name!r} is not allowed")
-    if policy.allowed_pod_annotations:
-        for key in sorted(s.pod_annotations):
-            if not any(_key_allowed(key, rule) for rule in policy.allowed_pod_annotations):
-                out.append(f"spec.podAnnotations key {key!r} is not allowed")
+    for field_name, keys, rules in (
+        ("podAnnotations", s.pod_annotations, policy.allowed_pod_annotations),
+        ("podLabels", s.pod_labels, policy.allowed_pod_label_keys),
+    ):
+        if rules:
+            out.extend(
+                f"spec.{field_name} key {key!r} is not allowed"
+                for key in sorted(keys)
+                if not any(_key_allowed(key, rule) for rule in rules)
+            )
+    for item in s.env:
+        name = str(item.get("name"))
+        if not env_name_allowed(name, policy):
+            out.append(f"spec.env name {name!r} is not allowed by the operator's policy")
+    if policy.allowed_secrets:
+        for where, secret in secret_refs(s):
+            if not any(_key_allowed(secret, rule) for rule in policy.allowed_secrets):
+                out.append(f"{where} names Secret {secret!r}, which is not allowed")
+    if policy.allowed_image_pull_secrets:
+        out.extend(
+            f"spec.imagePullSecrets {name!r} is not allowed"
+            for name in s.image_pull_secrets
+            if not any(_key_allowed(name, rule) for rule in policy.allowed_image_pull_secrets)
+        )
     if not policy.allow_scheduling:
         for name, value in (
             ("nodeSelector", s.node_selector),
@@ -367,6 +387,36 @@ def policy_violations(s: JobQueueSpec, policy: Policy) -> list[str]:
             if value:
                 out.append(f"spec.{name} is not allowed by the operator's policy")
     return out
+
+
+def image_allowed(image: str, prefix: str) -> bool:
+    """Whether ``image`` is under ``prefix`` on whole path segments: ``ghcr.io/acme`` allows ``ghcr.io/acme/app``
+    but not ``ghcr.io/acme-evil/app``; a prefix naming a repository (with a ``/``) also allows its tags and
+    digests (``ghcr.io/acme/app:1``, ``ghcr.io/acme/app@sha256:...``)."""
+    if prefix.endswith("/"):
+        return image.startswith(prefix)
+    bounds = ("/", ":", "@") if "/" in prefix else ("/",)
+    return image == prefix or any(image.startswith(prefix + bound) for bound in bounds)
+
+
+def env_name_allowed(name: str, policy: Policy) -> bool:
+    """Denied names (``PYTHON*``, ``LD_*``, ``BROWSER`` by default) pass only when allowed by exact name."""
+    if name in policy.allowed_env_names:
+        return True
+    if any(_key_allowed(name, rule) for rule in policy.denied_env_names):
+        return False
+    return not policy.allowed_env_names or any(_key_allowed(name, rule) for rule in policy.allowed_env_names)
+
+
+def secret_refs(s: JobQueueSpec) -> list[tuple[str, str]]:
+    """(field, Secret name) of every Secret the worker pods get: the DSN Secret and each env secretKeyRef."""
+    refs = [("spec.dsnSecretRef", s.dsn_secret_name)]
+    for item in s.env:
+        value_from = item.get("valueFrom")
+        ref = value_from.get("secretKeyRef") if isinstance(value_from, Mapping) else None
+        if isinstance(ref, Mapping):
+            refs.append((f"spec.env {item.get('name')!s}", str(ref.get("name"))))
+    return refs
 
 
 def _key_allowed(key: str, rule: str) -> bool:

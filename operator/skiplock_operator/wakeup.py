@@ -1,8 +1,10 @@
 """Wake a JobQueue's autoscaler on NOTIFY: the worker's own :class:`skiplock.listener.Listener`, shared.
 
-One listener per (DSN, channel, queue), shared by every JobQueue that polls that queue; a notification
-(and every reconnect, since notifications sent while it was down are lost) sets the subscribers' events.
-The autoscaler debounces them, and its poll stays the fallback.
+One listener, hence one connection, per (DSN, channel), shared by every JobQueue that polls a queue of that
+channel: it listens for the union of their queues, and a notification of any of them (and every reconnect, since
+notifications sent while it was down are lost) sets the subscribers' events. When the union changes the listener
+restarts with the new set (its reconnect wakes everyone once). The autoscaler debounces the wake-ups, and its
+poll stays the fallback. These connections count in the database server's connection cap (:meth:`open_to`).
 """
 
 from __future__ import annotations
@@ -15,23 +17,29 @@ from collections.abc import Hashable, Iterable
 from psycopg.conninfo import make_conninfo
 
 from skiplock.listener import Listener
+from skiplock_operator.database import server_key
 
 log = logging.getLogger(__name__)
-ListenKey = tuple[str, str, str]
+ListenKey = tuple[str, str]
 CONNECT_TIMEOUT_SECONDS = 5
 
 
 class _Shared:
-    def __init__(self, dsn: str, channel: str, queue: str) -> None:
+    def __init__(self, dsn: str, channel: str, queues: frozenset[str]) -> None:
         self.events: dict[Hashable, asyncio.Event] = {}
+        self.queues: dict[Hashable, frozenset[str]] = {}
+        self.dsn, self.channel, self.serving = dsn, channel, queues
         self.listener = Listener(
             dsn=make_conninfo(dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS),
             channel=channel,
-            queue=queue,
+            queue=sorted(queues),
             wake=self.wake,
             application_name="skiplock-operator-listen",
         )
-        self.task = asyncio.create_task(self._run(), name=f"skiplock-listen-{channel}-{queue}")
+        self.task = asyncio.create_task(self._run(), name=f"skiplock-listen-{channel}")
+
+    def wanted(self) -> frozenset[str]:
+        return frozenset().union(*self.queues.values())
 
     async def _run(self) -> None:
         """The listener, ending quietly on anything but cancellation (kopf re-raises task errors at exit)."""
@@ -55,46 +63,61 @@ class Wakeups:
 
     def __init__(self) -> None:
         self._shared: dict[ListenKey, _Shared] = {}
-        self._users: dict[Hashable, frozenset[ListenKey]] = {}
+        self._users: dict[Hashable, ListenKey] = {}
+
+    def __len__(self) -> int:
+        """Listening connections."""
+        return len(self._shared)
+
+    def open_to(self, server: str) -> int:
+        """Listening connections to ``server`` (:func:`skiplock_operator.database.server_key`)."""
+        return sum(1 for dsn, _ in self._shared if server_key(dsn) == server)
 
     def subscribed(self, user: Hashable) -> bool:
         return user in self._users
 
     def listening(self, user: Hashable) -> bool:
-        keys = self._users.get(user, frozenset())
-        return bool(keys) and all(self._shared[k].listener.connected for k in keys)
+        key = self._users.get(user)
+        return key is not None and self._shared[key].listener.connected
 
     async def subscribe(
         self, user: Hashable, dsn: str, channel: str, queues: Iterable[str], event: asyncio.Event
     ) -> None:
         """Set ``event`` when one of ``queues`` is notified on ``channel`` (``Settings.channel``)."""
-        wanted = frozenset((dsn, channel, q) for q in queues)
-        current = self._users.get(user, frozenset())
-        if wanted == current:
+        key, wanted = (dsn, channel), frozenset(queues)
+        current = self._users.get(user)
+        if current is not None and current != key:
+            await self.unsubscribe(user)
+        shared = self._shared.get(key)
+        if shared is not None and shared.queues.get(user) == wanted:
             return
-        for key in current - wanted:
-            await self._leave(user, key)
-        for key in wanted - current:
-            shared = self._shared.get(key)
-            if shared is None:
-                shared = self._shared[key] = _Shared(*key)
+        if shared is not None:
+            shared.queues[user], shared.events[user] = wanted, event
+            if not shared.wanted() <= shared.serving:  # a queue more: listen for the new set
+                await self._restart(key)
             elif shared.listener.connected:
                 event.set()  # a job may have arrived between the last poll and now: look once more
-            shared.events[user] = event
-        self._users[user] = wanted
+        else:
+            shared = self._shared[key] = _Shared(dsn, channel, wanted)
+            shared.queues[user], shared.events[user] = wanted, event
+        self._users[user] = key
 
-    async def _leave(self, user: Hashable, key: ListenKey) -> None:
-        shared = self._shared.get(key)
-        if shared is None:
+    async def _restart(self, key: ListenKey) -> None:
+        old = self._shared[key]
+        new = self._shared[key] = _Shared(old.dsn, old.channel, old.wanted())
+        new.queues, new.events = old.queues, old.events
+        await old.close()
+
+    async def unsubscribe(self, user: Hashable) -> None:
+        key = self._users.pop(user, None)
+        shared = self._shared.get(key) if key is not None else None
+        if shared is None or key is None:
             return
         shared.events.pop(user, None)
+        shared.queues.pop(user, None)
         if not shared.events:
             del self._shared[key]
             await shared.close()
-
-    async def unsubscribe(self, user: Hashable) -> None:
-        for key in self._users.pop(user, frozenset()):
-            await self._leave(user, key)
 
     async def close(self) -> None:
         shared = list(self._shared.values())

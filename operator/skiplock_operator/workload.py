@@ -13,24 +13,31 @@ from collections.abc import Mapping
 from typing import Any
 
 from skiplock import __version__
-from skiplock_operator import resources, scaling
+from skiplock_operator import resources
 from skiplock_operator.k8s import KubeApiError
 from skiplock_operator.runtime import Key, Runtime, key_of
 from skiplock_operator.spec import JobQueueSpec
 
 
-def initial_replicas(spec: JobQueueSpec, last_desired: Any, budget: int = 0) -> int:
+def initial_replicas(spec: JobQueueSpec, last_desired: Any, cap: int | None = None) -> int:
     """Replicas of a Deployment created now: the manual count, else the last desired one (an operator restart or
-    a re-created Deployment starts where it was), within min/max and the connection budget."""
+    a re-created Deployment starts where it was), within min/max; never above ``cap`` (the connection budget)."""
     s = spec.scaling
     if spec.replicas is not None:
-        return spec.replicas
-    if not s.enabled:
-        return s.min_replicas
-    wanted = last_desired if isinstance(last_desired, int) else s.min_replicas
-    replicas = min(s.max_replicas, max(s.min_replicas, wanted))
-    cap = scaling.budget_cap(dataclasses.replace(s, connection_budget=budget or s.connection_budget), spec.concurrency)
+        replicas = spec.replicas
+    elif not s.enabled:
+        replicas = s.min_replicas
+    else:
+        wanted = last_desired if isinstance(last_desired, int) else s.min_replicas
+        replicas = min(s.max_replicas, max(s.min_replicas, wanted))
     return replicas if cap is None else min(replicas, cap)
+
+
+def manual_replicas(spec: JobQueueSpec, cap: int | None) -> int | None:
+    """``spec.replicas`` within the connection budget (None: not in manual mode)."""
+    if spec.replicas is None:
+        return None
+    return spec.replicas if cap is None else min(spec.replicas, cap)
 
 
 def controller_uid(obj: Mapping[str, Any]) -> str | None:
@@ -55,9 +62,12 @@ def replicas_of(deployment: Mapping[str, Any]) -> int:
     return int((deployment.get("spec") or {}).get("replicas", 1))
 
 
-async def ensure(rt: Runtime, body: Mapping[str, Any], spec: JobQueueSpec, *, budget: int = 0) -> dict[str, Any] | None:
+async def ensure(
+    rt: Runtime, body: Mapping[str, Any], spec: JobQueueSpec, *, cap: int | None = None
+) -> dict[str, Any] | None:
     """Create the worker Deployment or bring it back to the spec (drift); None when a Deployment of that
-    name exists that this JobQueue does not control (nothing is changed then). Else the Deployment."""
+    name exists that this JobQueue does not control (nothing is changed then). Else the Deployment. ``cap``:
+    the most replicas the connection budget allows (manual ``spec.replicas`` included)."""
     namespace, name = key_of(body)
     uid = str(body["metadata"].get("uid"))
     dname = resources.deployment_name(name)
@@ -65,7 +75,7 @@ async def ensure(rt: Runtime, body: Mapping[str, Any], spec: JobQueueSpec, *, bu
         spec = dataclasses.replace(spec, resources=rt.config.default_worker_resources)
     actual = await rt.kube.get_deployment(namespace, dname)
     if actual is None:
-        replicas = initial_replicas(spec, (body.get("status") or {}).get("desiredReplicas"), budget)
+        replicas = initial_replicas(spec, (body.get("status") or {}).get("desiredReplicas"), cap)
         desired = resources.build_deployment(body, spec, replicas=replicas, version=__version__)
         try:
             return await rt.kube.create_deployment(namespace, desired) or desired
@@ -79,8 +89,9 @@ async def ensure(rt: Runtime, body: Mapping[str, Any], spec: JobQueueSpec, *, bu
         return None
     desired = resources.build_deployment(body, spec, replicas=None, version=__version__)
     patch = resources.drift_patch(desired, actual) or {}
-    if spec.manual and not spec.paused and replicas_of(actual) != spec.replicas:
-        patch.setdefault("spec", {})["replicas"] = spec.replicas
+    manual = manual_replicas(spec, cap)
+    if manual is not None and not spec.paused and replicas_of(actual) != manual:
+        patch.setdefault("spec", {})["replicas"] = manual
     if patch:
         return await rt.kube.patch_deployment(namespace, dname, patch) or actual
     return actual
@@ -88,6 +99,16 @@ async def ensure(rt: Runtime, body: Mapping[str, Any], spec: JobQueueSpec, *, bu
 
 async def scale(rt: Runtime, key: Key, replicas: int) -> None:
     await rt.kube.scale_deployment(key[0], resources.deployment_name(key[1]), replicas)
+
+
+async def stop(rt: Runtime, body: Mapping[str, Any]) -> bool:
+    """Scale the worker Deployment to zero if this JobQueue controls it and it runs; True when it did."""
+    namespace, name = key_of(body)
+    actual = await rt.kube.get_deployment(namespace, resources.deployment_name(name))
+    if actual is None or controller_uid(actual) != str(body["metadata"].get("uid")) or replicas_of(actual) == 0:
+        return False
+    await scale(rt, (namespace, name), 0)
+    return True
 
 
 async def delete(rt: Runtime, body: Mapping[str, Any]) -> None:

@@ -25,8 +25,19 @@ def operator_env(docs: list[dict[str, Any]]) -> dict[str, str | None]:
 
 def test_defaults_set_no_list_and_forbid_scheduling_fields(render: Render) -> None:
     env = operator_env(render())
-    for name in ("IMAGES", "SERVICE_ACCOUNTS", "ANNOTATION_KEYS", "DSN_HOSTS"):
+    for name in (
+        "IMAGES",
+        "SERVICE_ACCOUNTS",
+        "ANNOTATION_KEYS",
+        "DSN_HOSTS",
+        "POD_LABEL_KEYS",
+        "ENV_NAMES",
+        "SECRETS",
+    ):
         assert f"SKIPLOCK_OPERATOR_ALLOWED_{name}" not in env, name
+    assert env["SKIPLOCK_OPERATOR_DENIED_ENV_NAMES"] == "PYTHON*,LD_*,BROWSER"  # denied by default
+    none_denied = operator_env(render("--set", "policy.deniedEnvNames=null"))
+    assert none_denied["SKIPLOCK_OPERATOR_DENIED_ENV_NAMES"] == ""  # set and empty: the operator denies none
     assert env["SKIPLOCK_OPERATOR_ALLOW_SCHEDULING"] == "false"
     resources = json.loads(env["SKIPLOCK_OPERATOR_DEFAULT_WORKER_RESOURCES"] or "")
     assert resources == {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
@@ -38,6 +49,11 @@ def test_allow_lists_are_rendered_comma_separated(render: Render) -> None:
     assert env["SKIPLOCK_OPERATOR_ALLOWED_SERVICE_ACCOUNTS"] == "jobs-worker"
     assert env["SKIPLOCK_OPERATOR_ALLOWED_ANNOTATION_KEYS"] == "prometheus.io/scrape,example.com/"
     assert env["SKIPLOCK_OPERATOR_ALLOWED_DSN_HOSTS"] == "db.internal.example.com,10.20.0.5"
+    assert env["SKIPLOCK_OPERATOR_ALLOWED_POD_LABEL_KEYS"] == "team,example.com/"
+    assert env["SKIPLOCK_OPERATOR_ALLOWED_ENV_NAMES"] == "APP_*,PYTHONUNBUFFERED"
+    assert env["SKIPLOCK_OPERATOR_DENIED_ENV_NAMES"] == "PYTHON*,LD_*,BROWSER"
+    assert env["SKIPLOCK_OPERATOR_ALLOWED_SECRETS"] == "db,app-*"
+    assert env["SKIPLOCK_OPERATOR_ALLOWED_IMAGE_PULL_SECRETS"] == "registry-credentials"
     assert json.loads(env["SKIPLOCK_OPERATOR_DEFAULT_WORKER_RESOURCES"] or "") == {
         "requests": {"cpu": "200m", "memory": "256Mi"},
         "limits": {"memory": "1Gi"},
@@ -131,8 +147,24 @@ def test_admission_policy_matches_jobqueues_and_is_bound(render: Render) -> None
         {"serviceAccountName": "jobs-worker"},
         {"podAnnotations": {"prometheus.io/scrape": "true"}},
         {"podAnnotations": {"example.com/team": "a", "example.com/cost": "b"}},
+        {"podLabels": {"team": "a", "example.com/cost": "b"}},
+        {"env": [{"name": "APP_MODE", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]},
+        {"env": [{"name": "APP_KEY", "valueFrom": {"secretKeyRef": {"name": "app-s3", "key": "k"}}}]},
+        {"env": [{"name": "APP_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]},
+        {"imagePullSecrets": [{"name": "registry-credentials"}]},
     ],
-    ids=["plain", "second-prefix-by-digest", "allowed-service-account", "allowed-annotation", "annotation-prefix"],
+    ids=[
+        "plain",
+        "second-prefix-by-digest",
+        "allowed-service-account",
+        "allowed-annotation",
+        "annotation-prefix",
+        "labels",
+        "env-names",
+        "env-secret",
+        "env-field",
+        "pull-secret",
+    ],
 )
 def test_admission_policy_admits_good_jobqueues(render: Render, spec: dict[str, Any]) -> None:
     policy, _ = policy_objects(render)
@@ -147,6 +179,15 @@ def test_admission_policy_admits_good_jobqueues(render: Render, spec: dict[str, 
         ({"image": "docker.io/evil/miner:latest"}, "spec.image"),
         ({"image": "ghcr.io/acme-evil/shop:1.0"}, "spec.image"),  # a prefix, not a substring
         ({"image": "ghcr.io/acm"}, "spec.image"),
+        ({"image": "registry.example.com/jobs-evil/x:1"}, "spec.image"),  # whole path segments
+        ({"env": [{"name": "PYTHONWARNINGS", "value": "x"}]}, "spec.env"),
+        ({"env": [{"name": "BROWSER", "value": "sh -c id"}]}, "spec.env"),
+        ({"env": [{"name": "LD_PRELOAD", "value": "/tmp/x.so"}]}, "spec.env"),
+        ({"env": [{"name": "OTHER", "value": "1"}]}, "spec.env"),
+        ({"env": [{"name": "APP_T", "valueFrom": {"secretKeyRef": {"name": "operator-token", "key": "t"}}}]}, "Secret"),
+        ({"dsnSecretRef": {"name": "admin-db"}}, "Secret"),
+        ({"podLabels": {"sidecar.istio.io/inject": "true"}}, "spec.podLabels"),
+        ({"imagePullSecrets": [{"name": "other-registry"}]}, "spec.imagePullSecrets"),
         ({"serviceAccountName": "cluster-admin-sa"}, "spec.serviceAccountName"),
         ({"podAnnotations": {"sidecar.istio.io/inject": "false"}}, "spec.podAnnotations"),
         ({"podAnnotations": {"prometheus.io/scrape": "1", "prometheus.io/port": "1"}}, "spec.podAnnotations"),
@@ -159,6 +200,15 @@ def test_admission_policy_admits_good_jobqueues(render: Render, spec: dict[str, 
         "foreign-registry",
         "lookalike-prefix",
         "short-image",
+        "sibling-registry-path",
+        "env-pythonwarnings",
+        "env-browser",
+        "env-ld-preload",
+        "env-not-allowed",
+        "env-other-secret",
+        "dsn-other-secret",
+        "label",
+        "pull-secret",
         "service-account",
         "annotation",
         "exact-key-only",
@@ -185,6 +235,31 @@ def test_admission_policy_without_service_account_list_admits_any(render: Render
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert variables["allowedServiceAccounts"] == "[]"  # a CEL list, never null
     assert admission_errors(policy, jobqueue(serviceAccountName="anything")) == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "allowed"),
+    [
+        ({"image": "ghcr.io/acme/shop:1"}, True),
+        ({"image": "ghcr.io/acme-evil/shop:1"}, False),
+        ({"env": [{"name": "PYTHONWARNINGS", "value": "x"}]}, False),
+        ({"env": [{"name": "PYTHONUNBUFFERED", "value": "1"}]}, True),
+        ({"podLabels": {"sidecar.istio.io/inject": "true"}}, False),
+        ({"env": [{"name": "APP_T", "valueFrom": {"secretKeyRef": {"name": "operator-token", "key": "t"}}}]}, False),
+        ({"dsnSecretRef": {"name": "admin-db"}}, False),
+        ({"imagePullSecrets": [{"name": "other-registry"}]}, False),
+    ],
+)
+def test_admission_policy_and_operator_agree(render: Render, spec: dict[str, Any], allowed: bool) -> None:
+    """The CEL and the operator's own check (fed the env the chart renders) refuse the same JobQueues."""
+    from skiplock_operator.config import policy_from_env
+    from skiplock_operator.spec import parse_spec, policy_violations
+
+    env = {k: v for k, v in operator_env(render(*POLICY)).items() if v is not None}
+    policy, _ = policy_objects(render)
+    doc = jobqueue(**spec)
+    assert (admission_errors(policy, doc) == []) is allowed
+    assert (policy_violations(parse_spec(doc["spec"]), policy_from_env(env)) == []) is allowed
 
 
 def test_admission_policy_needs_an_image_list(template: Template) -> None:
@@ -261,6 +336,6 @@ def test_security_docs_name_every_operator_setting_the_chart_renders(render: Ren
     on = [a for f in ("Tolerations", "Affinity", "NodeSelector") for a in ("--set", f"policy.allow{f}=true")]
     names = {name for name in operator_env(render(*POLICY, *on)) if name.startswith("SKIPLOCK_OPERATOR_")}
     names.discard("SKIPLOCK_OPERATOR_METRICS_PORT")
-    assert len(names) == 9
+    assert len(names) == 14
     for name in names:
         assert f"`{name}`" in text, name

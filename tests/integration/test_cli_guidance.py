@@ -95,6 +95,9 @@ def test_durations_take_units_everywhere(pg_dsn, schema):
     assert run("stats", "--lease", "2m", dsn=pg_dsn, schema=schema).returncode == 0
     bad = run("worker", "--lease", "soon", "--app", "support.raising_app:app", dsn=pg_dsn, schema=schema)
     assert bad.returncode == 2 and "'soon' is not a duration like 90, 90s, 15m" in bad.stderr
+    shown = " ".join(run("worker", "--help").stdout.split())
+    assert "(SKIPLOCK_RETAIN_DONE_SECONDS; default 7d)" in shown and "(SKIPLOCK_LEASE_SECONDS; default 60s)" in shown
+    assert "604800" not in shown, "defaults are shown with units, as they are typed"
 
 
 def test_payload_from_a_file_or_stdin_and_a_warning_when_not_an_object(pg_dsn, schema, tmp_path):

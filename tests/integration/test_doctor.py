@@ -63,7 +63,6 @@ def test_expected_indexes_follow_the_migrations() -> None:
         "jobs_pkey",
         "jobs_claim_idx",
         "jobs_failed_idx",
-        "jobs_retention_idx",
         "jobs_idempotency_idx",
         "jobs_lease_deadline_idx",
         "jobs_cancelled_idx",

@@ -17,7 +17,7 @@ from skiplock import Job, Queue, Settings
 from skiplock.errors import EnqueueError
 from skiplock.limits import RateLimit, TaskLimits
 from skiplock.sql import queries_for
-from skiplock.store.statements import Failure, complete_and_claim_params
+from skiplock.store.statements import Claim, Failure, complete_and_claim_params
 from support.store import WorkerCalls
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -259,7 +259,7 @@ def test_the_claim_moves_a_rate_slot_on_by_its_primary_key(queue: Queue, pg_dsn,
     before task_slots has statistics, the rate index (task, free_at) looked as good for that: each of a claim's
     200 slots was found by walking its task's slots, 11 ms of a 20 ms claim at a rate of 10,000/s."""
     limit(queue, concurrency=1000, rate=RateLimit(1000, 1.0))
-    params = complete_and_claim_params([], ["q"], 10, "w1", T0, lease_seconds=60.0)
+    params = complete_and_claim_params([], Claim(["q"], "w1"), 10, T0, lease_seconds=60.0)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         [(rows,)] = conn.execute(
             "SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [f'"{schema}".task_slots']

@@ -146,8 +146,7 @@ async def _cancel_running(settings: Settings, pg_dsn: str, schema: str, *, is_as
 
     async with await AsyncQueue.open(settings=settings) as aq:
         job_id = await _insert_task(aq, "blocks")
-        worker = Worker(app, settings=settings)
-        worker.observe = lambda job, outcome: seen["outcomes"].append((job.id, outcome))
+        worker = Worker(app, settings=settings, observe=lambda job, outcome: seen["outcomes"].append((job.id, outcome)))
         async with worker:
             await await_for(started.is_set, timeout=20, what="handler started")
             cancel_at = time.monotonic()
@@ -220,8 +219,7 @@ async def test_cancel_racing_completion_ends_each_job_done_with_its_effect_or_ca
             ).fetchall()
         ]
     outcomes: dict[int, str] = {}
-    worker = Worker(app, settings=fast(settings, concurrency=8))
-    worker.observe = lambda job, outcome: outcomes.__setitem__(job.id, outcome)
+    worker = Worker(app, settings=fast(settings, concurrency=8), observe=lambda job, o: outcomes.__setitem__(job.id, o))
     said_cancelled: set[int] = set()
     async with worker, await AsyncQueue.open(settings=settings) as aq:
         order = ids[:]
@@ -379,13 +377,13 @@ async def test_a_sync_job_past_its_own_timeout_is_abandoned_its_slot_stuck_until
             lambda: (x := row(pg_dsn, schema, job_id))["status"] == "pending" and x, timeout=10, what="timeout written"
         )
         assert r["errors"][0]["error"].startswith("TimeoutError: the handler ran past")
-        ready, why = worker._ready()
+        ready, why = worker.health.ready()
         assert not ready and "stuck" in why, "every slot is stuck: not ready"
         assert worker.registry.get_sample_value("skiplock_jobs_timed_out_total", {"queue": "q"}) == 1
         release.set()  # the thread returns; its completion is refused and its writes rolled back
         await await_for(lambda: row(pg_dsn, schema, job_id)["status"] == "done", timeout=20, what="retry done")
         assert worker.registry.get_sample_value("skiplock_worker_stuck_slots", stuck) == 0
-        assert worker._ready()[0]
+        assert worker.health.ready()[0]
     assert attempts_written(pg_dsn, schema) == {(job_id, 2)}
     lost = {"queue": "q", "outcome": "lease_lost"}
     assert worker.registry.get_sample_value("skiplock_jobs_finished_total", lost) == 0

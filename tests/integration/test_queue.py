@@ -15,7 +15,7 @@ import pytest
 from skiplock import AsyncQueue, Job, PayloadError, Queue, Settings
 from skiplock.errors import ConfigError, DatabaseUnavailableError, NonRetryableError
 from skiplock.sql import Queries, queries_for
-from skiplock.store.statements import Failure, complete_and_claim_params
+from skiplock.store.statements import Claim, Failure, complete_and_claim_params
 from support.procs import claim_all
 from support.store import AsyncWorkerCalls, WorkerCalls
 
@@ -360,6 +360,45 @@ def test_purge_deletes_old_finished_jobs_in_batches(queue: Queue, pg_dsn):
         queue.purge(older_than_seconds=1, statuses=["pending"])
 
 
+def test_purge_of_all_queues_reaches_every_queue_and_status_through_the_status_indexes(queue: Queue, pg_dsn):
+    """Without a cross-queue retention index, a purge of every queue walks each queue's done, failed and cancelled
+    indexes: a queue holding only failed or only cancelled jobs is purged too, recent jobs stay, and the plan reads
+    the status indexes by queue instead of scanning and sorting all finished rows."""
+    schema = queue.settings.schema
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'''INSERT INTO "{schema}".jobs (queue, payload, status, updated_at)
+                        SELECT q, '{{}}', s, now() - (CASE WHEN g % 3 = 0 THEN 1 ELSE 9 END) * interval '1 day'
+                        FROM (VALUES ('a', 'done'), ('a', 'failed'), ('b', 'failed'), ('c', 'cancelled'), ('d', 'done'))
+                             AS v(q, s), generate_series(1, 15000) AS g''')
+        conn.execute(f'ANALYZE "{schema}".jobs')
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN "
+                + queries_for(schema)
+                .job_purge.replace("%(queue)s", "NULL")
+                .replace("%(now)s", "NULL")
+                .replace("%(limit)s", "500")
+                .replace("%(done_seconds)s", "604800")
+                .replace("%(failed_seconds)s", "604800")
+                .replace("%(cancelled_seconds)s", "604800")
+            )
+        )
+    picks = plan.split("\n  ->  ", 1)[0]  # the CTEs that pick the rows, above the DELETE's own join
+    assert "CTE cancelled" in picks and "Seq Scan" not in picks and "Sort" not in picks, plan
+    assert all(f"Index Scan using jobs_{status}_idx" in picks for status in ("done", "failed", "cancelled")), plan
+    assert queue.purge(older_than_seconds=7 * 86400, statuses=["done", "failed", "cancelled"]) == 5 * 10000
+    with psycopg.connect(pg_dsn) as conn:
+        left = conn.execute(
+            f'SELECT queue, status, count(*) FROM "{schema}".jobs GROUP BY 1, 2 ORDER BY 1, 2'
+        ).fetchall()
+    assert left == [
+        (q, status, 5000)
+        for q, status in (("a", "done"), ("a", "failed"), ("b", "failed"), ("c", "cancelled"), ("d", "done"))
+    ]
+    assert queue.purge(older_than_seconds=7 * 86400, queue="c", statuses=["cancelled"]) == 0
+
+
 # ---------------------------------------------------------------------------------------------- connection
 def test_a_wrong_dsn_fails_fast_with_the_password_masked():
     with pytest.raises(DatabaseUnavailableError) as info:
@@ -617,7 +656,7 @@ def test_a_claim_of_several_queues_on_a_large_table_is_never_compiled(queue: Que
         )
         conn.execute(f'ANALYZE "{schema}".jobs')
         conn.execute("SET jit_above_cost = 0")  # as if the estimate were large enough, on any table
-        params = complete_and_claim_params([], ["a", "b"], 200, "w", None, lease_seconds=60.0, shares=[199, 1])
+        params = complete_and_claim_params([], Claim(["a", "b"], "w", shares=[199, 1]), 200, None, lease_seconds=60.0)
         query = queries_for(queue.settings.schema).job_complete_and_claim_unlimited
 
         def plan() -> str:

@@ -53,9 +53,14 @@ def only(spans: list[ReadableSpan], name: str) -> ReadableSpan:
     return found[0]
 
 
-@pytest.mark.parametrize("handler", ["support.tracing_worker:flaky", "support.tracing_worker:aflaky"])
+@pytest.mark.parametrize(
+    ("target", "task"),
+    [({"handler": "support.tracing_worker:flaky"}, None), ({"app": "support.tracing_worker:app"}, "orders.place")],
+    ids=["sync-handler", "async-app-task"],
+)
 def test_a_request_that_enqueues_continues_into_both_attempts_of_its_job_in_a_worker_process(
-    handler: str,
+    target: dict[str, str],
+    task: str | None,
     provider: tuple[TracerProvider, InMemorySpanExporter],
     settings: Settings,
     pg_dsn: str,
@@ -73,7 +78,7 @@ def test_a_request_that_enqueues_continues_into_both_attempts_of_its_job_in_a_wo
 
         @app.post("/orders/{order}")
         def place_order(order: int) -> dict[str, int]:
-            return {"job": q.enqueue(QUEUE, {"order": order}, max_attempts=3).id}
+            return {"job": q.enqueue(QUEUE, {"order": order}, max_attempts=3, task=task).id}
 
         FastAPIInstrumentor.instrument_app(app, tracer_provider=sdk)
         client = sdk.get_tracer("tests.client").start_span("client call")  # the caller of the web app
@@ -87,7 +92,9 @@ def test_a_request_that_enqueues_continues_into_both_attempts_of_its_job_in_a_wo
 
         spans_file = tmp_path / "worker-spans.jsonl"
         monkeypatch.setenv("TRACE_SPANS_FILE", str(spans_file))
-        worker = WorkerProcess(pg_dsn, schema, QUEUE, handler, backoff_base_seconds=0.2, backoff_jitter=0)
+        options = dict(target)
+        handler = options.pop("handler", None)
+        worker = WorkerProcess(pg_dsn, schema, QUEUE, handler, **options, backoff_base_seconds=0.2, backoff_jitter=0)
         try:
             wait_for(lambda: (q.get(job_id) or {}).get("status") == "done", timeout=60, what="the job done")
         finally:
@@ -101,13 +108,14 @@ def test_a_request_that_enqueues_continues_into_both_attempts_of_its_job_in_a_wo
     assert request.context.trace_id == trace_id and request.parent.span_id == client.get_span_context().span_id
     assert send.kind == trace.SpanKind.PRODUCER and send.parent.span_id == request.context.span_id
     assert send.context.trace_id == trace_id
+    named = {"skiplock.task": task} if task else {}
     assert dict(send.attributes) == {
         "messaging.system": "skiplock",
         "messaging.destination.name": QUEUE,
         "messaging.operation.type": "send",
         "messaging.operation.name": "enqueue",
         "messaging.message.id": str(job_id),
-    }
+    } | named
     assert stored_contexts(pg_dsn, schema)[job_id] == {"traceparent": traceparent(send)}, "in the row, not the payload"
 
     remote = [json.loads(line) for line in spans_file.read_text().splitlines()]
@@ -123,6 +131,7 @@ def test_a_request_that_enqueues_continues_into_both_attempts_of_its_job_in_a_wo
         assert a["attributes"]["messaging.system"] == "skiplock"
         assert a["attributes"]["messaging.destination.name"] == QUEUE
         assert a["attributes"]["messaging.message.id"] == str(job_id)
+        assert a["attributes"].get("skiplock.task") == task, "the job's task, when it has one"
     first, second = attempts
     assert first["attributes"]["skiplock.job.outcome"] == "retried"
     assert first["status"]["status_code"] == "ERROR" and first["attributes"]["error.type"] == "RuntimeError"

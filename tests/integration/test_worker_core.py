@@ -206,6 +206,15 @@ def test_run_jobs_runs_due_jobs_inline_and_reports_them(settings, pg_dsn, schema
     assert len(enqueued(settings=settings, status="done")) == 2
 
 
+def test_enqueued_with_conn_reads_inside_that_transaction(settings, pg_dsn, schema):
+    with psycopg.connect(pg_dsn) as conn:  # a transaction left open: its insert is not committed
+        row = conn.execute(f'INSERT INTO "{schema}".jobs (queue, payload) VALUES (%s, %s) RETURNING id', ("q", "{}"))
+        job_id = row.fetchall()[0][0]
+        assert [j["id"] for j in enqueued(settings=settings, conn=conn)] == [job_id]
+        assert enqueued(settings=settings) == [], "not committed: another connection sees nothing"
+        conn.rollback()
+
+
 def test_run_jobs_stops_at_its_bound(settings, pg_dsn, schema):
     app = App()
 
@@ -601,12 +610,11 @@ async def test_a_long_job_with_short_heartbeats_logs_no_lease_loss_and_a_stolen_
 
 async def test_a_failing_callback_does_not_stop_the_worker(settings, pg_dsn, schema):
     ran: list[int] = []
-    worker = Worker(settings=fast(settings), handler=lambda job: ran.append(job.id))
 
     def broken(job, outcome):
         raise RuntimeError("observer bug")
 
-    worker.observe = broken
+    worker = Worker(settings=fast(settings), handler=lambda job: ran.append(job.id), observe=broken)
     ids = insert(pg_dsn, schema, "default", [{} for _ in range(5)])
     async with worker:
         await await_for(lambda: all(s[0] == "done" for s in statuses(pg_dsn, schema, ids).values()), timeout=15,

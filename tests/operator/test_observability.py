@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 from typing import Any
@@ -158,7 +159,48 @@ async def test_the_connection_budget_defaults_from_max_connections(
         what="ConnectionBudgetLimited",
     )
     shown = (cluster.jobqueue("cap") or {})["status"]["connectionBudget"]
-    assert shown["connections"] == budget_from_limits(*row) and shown["maxReplicas"] == cap, shown
+    own = budget_from_limits(*row) - shown["connections"]  # the operator's own connections to the server
+    assert 1 <= own <= 2 and shown["maxReplicas"] == cap, shown  # its query connection, and its listener
     assert f"max_connections {row[0]} minus {row[1]} reserved" in shown["source"], shown
     message = (cluster.condition("cap", "ScalingActive") or {})["message"]
     assert f"capped at {cap}" in message and "connectionBudget 0: 80 %" in message, message
+
+
+async def test_the_connection_cap_is_per_database_server_across_jobqueues(
+    pg_dsn: str, schema: str, aqueue: AsyncQueue, cluster: Cluster, operator: object
+) -> None:
+    """Two autoscaled JobQueues, one manual spec.replicas and one huge connectionBudget on one server: together
+    their workers never get more connections than the server's share (issue 37 item 10)."""
+    import psycopg
+
+    from skiplock_operator.database import budget_from_limits
+    from skiplock_operator.scaling import connections_per_replica
+
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute(
+            "SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int"
+        ).fetchone()
+    assert row is not None
+    concurrency, share = 20, budget_from_limits(*row)
+    per = connections_per_replica(concurrency)
+    assert 2 <= share // per < 10, f"this test wants a server whose share holds 2..9 replicas (got {share // per})"
+    await cluster.apply_secret("db", pg_dsn)
+    names = ("cap-a", "cap-b", "cap-manual", "cap-budget")
+    for name in names:
+        spec = {**jobqueue_spec(name, schema, maxReplicas=20), "concurrency": concurrency}
+        if name == "cap-manual":
+            spec["replicas"] = 20
+        if name == "cap-budget":
+            spec["scaling"] = {**spec["scaling"], "connectionBudget": 100_000}
+        await cluster.create_jobqueue(name, spec)
+        await aqueue.enqueue_many(name, [{"n": i} for i in range(400)])
+
+    def total() -> int:
+        return sum(cluster.replicas(n) or 0 for n in names)
+
+    await await_for(lambda: all(cluster.replicas(n) is not None for n in names), what="four Deployments")
+    await await_for(lambda: total() > 0, what="some replicas")
+    for _ in range(10):  # a few polls: it stays within the share
+        await asyncio.sleep(0.5)
+        assert total() * per <= share, {n: cluster.replicas(n) for n in names}
+    assert (cluster.replicas("cap-manual") or 0) < 20 and (cluster.replicas("cap-budget") or 0) < 20

@@ -154,6 +154,45 @@ async def test_policy_violations_are_refused_with_an_event(pg_dsn: str, schema: 
         assert cluster.deployment("pol") is not None
 
 
+async def test_the_secret_and_deployment_watches_ask_the_server_for_our_objects_only(cluster: Cluster) -> None:
+    async with running_operator(cluster):
+        await await_for(lambda: watch_selectors(cluster), what="the watches")
+        selectors = watch_selectors(cluster)
+    assert selectors["secrets"] == {"skiplock.io/dsn=true"}, selectors
+    assert selectors["deployments"] == {"app.kubernetes.io/managed-by=skiplock-operator"}, selectors
+
+
+def watch_selectors(cluster: Cluster) -> dict[str, set[str]]:
+    """The label selectors of the watch requests the operator sent, by resource."""
+    out: dict[str, set[str]] = {}
+    for request in list(cluster.emu):  # the request log
+        if request.params.get("watch") == "true":
+            plural = str(request.url.path).rstrip("/").rsplit("/", 1)[-1]
+            out.setdefault(plural, set()).add(request.params.get("labelSelector", ""))
+    return out if {"secrets", "deployments"} <= set(out) else {}
+
+
+async def test_a_tightened_policy_scales_a_violating_deployment_to_zero(
+    pg_dsn: str, schema: str, cluster: Cluster
+) -> None:
+    from skiplock_operator.config import Policy
+
+    await cluster.apply_secret("db", pg_dsn)
+    spec = {**jobqueue_spec("tight", schema, minReplicas=1), "env": [{"name": "PYTHONWARNINGS", "value": "x"}]}
+    async with running_operator(cluster, config={"policy": Policy(denied_env_names=())}):  # loose: runs
+        await cluster.create_jobqueue("tight", spec)
+        await await_for(lambda: cluster.replicas("tight") == 1, what="1 replica under the loose policy")
+    async with running_operator(cluster):  # the default policy denies PYTHON*: the operator restarts with it
+        await await_for(lambda: is_status(cluster, "tight", "Ready", "False", "PolicyViolation"), what="refused")
+        await await_for(lambda: cluster.replicas("tight") == 0, timeout=15, what="scaled to 0")
+        await await_for(
+            lambda: any("scaled to 0" in (e.get("message") or "") for e in warnings_with(cluster, "PolicyViolation")),
+            what="a Warning saying so",
+        )
+        await cluster.patch_jobqueue("tight", {"spec": {"env": [{"name": "APP_MODE", "value": "x"}]}})
+        await await_for(lambda: cluster.replicas("tight") == 1, timeout=15, what="back once allowed")
+
+
 async def test_the_operator_dsn_is_never_given_to_workers(
     pg_dsn: str, fresh_schema: str, cluster: Cluster, operator: object
 ) -> None:

@@ -65,3 +65,38 @@ def listening(dsn: str) -> bool:
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'skiplock-operator-listen'"
         ).fetchone()
     return bool(row and row[0])
+
+
+def listeners_here(dsn: str) -> int:
+    """The operator's LISTEN connections to this test's database (other databases' tests share the server)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'skiplock-operator-listen' AND datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+async def test_one_listen_connection_per_dsn_and_channel_however_many_queues(
+    pg_dsn: str, schema: str, aqueue: AsyncQueue, cluster: Cluster, operator: object
+) -> None:
+    """Issue 37 item 7: a JobQueue of eight queues and a second JobQueue on the same schema share one listener,
+    and a NOTIFY for any of their queues still wakes the right JobQueue."""
+    await cluster.apply_secret("db", pg_dsn)
+    queues = [f"many-{i}" for i in range(8)]
+    many = {**jobqueue_spec("many-0", schema, pollingIntervalSeconds=60), "queues": queues}
+    await cluster.create_jobqueue("many", many)
+    await cluster.create_jobqueue("solo", jobqueue_spec("solo", schema, pollingIntervalSeconds=60))
+    for name in ("many", "solo"):
+        await await_for(lambda n=name: cluster.replicas(n) == 0, what=f"{name} at zero")  # type: ignore[misc]
+    await await_for(lambda: listeners_here(pg_dsn) >= 1, what="the operator LISTENs")
+    await await_for(lambda: (cluster.jobqueue("solo") or {}).get("status", {}).get("connectionBudget"), what="polled")
+    assert listeners_here(pg_dsn) == 1
+
+    await aqueue.enqueue("many-5", {"n": 1})
+    await await_for(lambda: cluster.replicas("many") == 1, timeout=5, what="woken by a NOTIFY of its sixth queue")
+    await aqueue.enqueue("solo", {"n": 1})
+    await await_for(lambda: cluster.replicas("solo") == 1, timeout=5, what="woken by its NOTIFY")
+    assert listeners_here(pg_dsn) == 1

@@ -13,7 +13,7 @@ from skiplock import AsyncQueue, Job, Queue
 from skiplock.limits import TaskLimits
 from skiplock.sql import Queries
 from skiplock.store.run import AsyncRunner, Runner
-from skiplock.store.statements import Recovered, Statements
+from skiplock.store.statements import Claim, Recovered, Statements
 
 
 class WorkerCalls:
@@ -44,7 +44,7 @@ class WorkerCalls:
         conn: psycopg.Connection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
         call = self.s.complete_and_claim(
-            done, queue, limit, worker, now, lease_seconds, leases, rotate, limited, after, shares
+            done, Claim(queue, worker, lease_seconds, leases, limited, rotate, after, shares), limit, now
         )
         return self._run(call, conn)
 
@@ -109,7 +109,7 @@ class AsyncWorkerCalls:
     async def complete_and_claim(
         self, done: Sequence[Job], queue: str | Sequence[str], *, limit: int, worker: str, now: datetime | None = None
     ) -> tuple[set[int], list[Job]]:
-        return await self._run(self.s.complete_and_claim(done, queue, limit, worker, now))
+        return await self._run(self.s.complete_and_claim(done, Claim(queue, worker), limit, now))
 
     async def heartbeat(self, jobs: Sequence[Job], *, worker: str, leases: Sequence[float] | None = None) -> set[int]:
         return await self._run(self.s.heartbeat(jobs, worker, leases, None))

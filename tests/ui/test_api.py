@@ -133,6 +133,44 @@ def test_with_a_token_actions_need_the_bearer(client: TestClient, pg_dsn: str, s
     assert queue.statuses([failed]) == {failed: "failed"} and audit_rows(pg_dsn, schema) == []
 
 
+@pytest.mark.parametrize(
+    ("url", "body", "status", "message"),
+    [
+        ("/api/jobs/abc/retry", None, 400, "job id must be an integer"),
+        ("/api/jobs/99999999/cancel", None, 404, "no job 99999999"),
+        ("/api/jobs/{pending}/retry", None, 409, "only failed or cancelled jobs can be retried"),
+        ("/api/jobs/{failed}/cancel", None, 409, "only pending or running jobs can be cancelled"),
+        ("/api/jobs/cancel", {"queue": "default", "tsk": "send"}, 400, "unknown filter 'tsk'"),
+        ("/api/jobs/retry", {"queue": "default", "group": "{fp}"}, 400, "unknown filter 'group'"),
+        ("/api/jobs/retry", {"queue": "default", "since": "yesterday"}, 400, "since must be an ISO 8601 time"),
+        ("/api/jobs/cancel", {"queue": "default", "status": "pending"}, 400, "leave status out"),
+        ("/api/jobs/retry", {"queue": "x" * 201}, 400, "queue must be 1 to 200 characters"),
+        ("/api/failures/{fp}/retry", {"canary": "ten"}, 400, "canary must be an integer"),
+        ("/api/failures/{fp}/retry", {"canary": 1001}, 400, "canary must be between 1 and 1000"),
+        ("/api/failures/nothex/cancel", None, 400, "16 hex digits"),
+        ("/api/failures/0123456789abcdef/retry", None, 404, "no failed job has the fingerprint"),
+        ("/api/failures/0123456789abcdef/cancel", None, 404, "no failed job has the fingerprint"),
+        ("/api/failures/0123456789abcdef/retry", {"canary": 2}, 404, "no failed job has the fingerprint"),
+        ("/api/failures/{fp}/retry-rest", {}, 400, "canary_id is required"),
+        ("/api/queues/{long}/pause", None, 400, "queue"),
+    ],
+)
+def test_a_malformed_or_refused_action_gets_a_clear_4xx_and_changes_nothing(
+    client: TestClient, queue: Queue, pg_dsn: str, schema: str, url: str, body: object, status: int, message: str
+) -> None:
+    failed = add_failed(pg_dsn, schema, ["KeyError: 'a'"])[0]
+    pending = queue.enqueue("default", {}, task="send").id
+    fp = group_of(client, failed)
+    values = {"failed": failed, "pending": pending, "fp": fp, "long": "q" * 300}
+    if isinstance(body, dict):
+        body = {k: v.format(**values) if isinstance(v, str) else v for k, v in body.items()}
+    r = client.post(url.format(**values), headers=AUTH, json=body)
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]
+    assert queue.statuses([failed, pending]) == {failed: "failed", pending: "pending"}
+    assert queue.paused() == [] and audit_rows(pg_dsn, schema) == []
+
+
 def test_retry_and_cancel_a_job_write_one_audit_row_each_and_a_second_click_repeats_nothing(
     client: TestClient, queue: Queue, pg_dsn: str, schema: str
 ) -> None:

@@ -67,6 +67,7 @@ def test_every_case_ran_once(bench_lines: list[dict[str, Any]]) -> None:
     assert {"enqueue", "drain noop", "drain noop [ceiling]", "drain write", "drain write [plain tx]"} <= cases
     assert {"drain noop async", "drain write async", "drain noop C=64", "drain noop W=4"} <= cases
     assert {"drain noop [ceiling] W=4", "drain noop, 5,000 finished rows", "latency NOTIFY", "latency poll"} <= cases
+    assert {"drain noop [honest]", "drain noop [honest] W=4"} <= cases  # the design source's own table
     assert {"drain noop, 10% serial keys", "drain noop, limited task", "drain noop, 50 queues"} <= cases
     assert "drain noop, 2 queues, 1 idle" in cases
     assert all(line["rep"] == 1 for line in runs)
@@ -102,6 +103,9 @@ def test_drains_finish_every_job_once_with_sane_counters(bench_lines: list[dict[
         assert m["commits_per_job"] > 0 and m["write_tx_per_job"] > 0, name  # not negative noise
     for name in ("drain noop", "drain noop async", "drain noop W=4", "drain write", "drain write async"):
         assert _positive(drains[name]["vs_ceiling"]), name
+    for name in ("drain noop", "drain noop W=4", "drain noop [ceiling]", "drain noop [ceiling] W=4"):
+        assert _positive(drains[name]["vs_honest"]), name
+        assert _positive(drains[name]["wal_vs_honest"]), name
     # counted per transaction, not per statement or per job (how the two compare depends on the batch sizes the
     # machine's load makes, so each is only held within what one batch of claims and completions can write)
     for name in ("drain noop [ceiling]", "drain noop"):
@@ -150,3 +154,24 @@ def test_compare_rows_take_turns_running_before_their_main_rows(monkeypatch: pyt
     assert names[0] == names[2] == ["a", "a [old]", "ceiling", "b", "b [old]", "c"]
     assert names[1] == ["a [old]", "a", "ceiling", "b [old]", "b", "c"]
     assert run.in_turn(cases, 1, None) == cases, "no --compare: always the same order"
+
+
+
+def test_cases_filter_runs_only_the_matching_cases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--cases REGEX`` keeps the cases whose name matches, in their run order (the ceilings beside skiplock)."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import run
+    import scenario
+
+    cfg = scenario.Config(
+        server=None,  # type: ignore[arg-type]  # building the cases connects to nothing
+        workers=2,
+        concurrency=10,
+        batch=None,
+        poll_seconds=2.0,
+        drain_timeout=1.0,
+        **run.MODES["quick"],
+    )
+    a = run.parse_args(["--cases", r"^drain noop( \[honest\])?( W=4)?$"])
+    names = [name for _, name, _ in run.build_cases(cfg, a)[0]]
+    assert names == ["drain noop", "drain noop [honest]", "drain noop W=4", "drain noop [honest] W=4"]

@@ -18,9 +18,8 @@ KNOWN = {
     # the worker's pools: the liveness ping (SELECT 1) of a checkout; the executor: BEGIN on a handler's connection
     "skiplock/worker/pools.py",
     "skiplock/worker/executor.py",
-    # job.conn's proxy for handlers (what application code calls), and the test helper for applications
+    # job.conn's proxy for handlers (what application code calls)
     "skiplock/job.py",
-    "skiplock/testing.py",
 }
 
 

@@ -146,3 +146,85 @@ def test_default_worker_resources_come_from_json_and_a_bad_value_is_refused():
     assert OperatorConfig.from_env(env).default_worker_resources == {"requests": {"cpu": "50m"}}
     with pytest.raises(ValueError, match="JSON object"):
         OperatorConfig.from_env({"SKIPLOCK_OPERATOR_DEFAULT_WORKER_RESOURCES": "[1]"})
+
+
+# ------------------------------------------------------------------ issue 37 item 4: the allow-lists' side doors
+def violations(policy: Policy, **change: object) -> list[str]:
+    return policy_violations(parse_spec({**BASE, **change}), policy)
+
+
+@pytest.mark.parametrize(
+    "name", ["PYTHONWARNINGS", "PYTHONPATH", "PYTHONSTARTUP", "BROWSER", "LD_PRELOAD", "LD_LIBRARY_PATH"]
+)
+def test_env_names_that_run_code_are_denied_by_default(name: str) -> None:
+    problems = violations(Policy(), env=[{"name": name, "value": "x"}])
+    assert problems == [f"spec.env name {name!r} is not allowed by the operator's policy"]
+
+
+def test_env_names_allow_list_and_an_exact_entry_lifts_a_denial() -> None:
+    policy = Policy(allowed_env_names=("APP_*", "PYTHONUNBUFFERED"))
+    assert violations(Policy(), env=[{"name": "THUMBNAIL_BUCKET", "value": "b"}]) == []
+    assert (
+        violations(policy, env=[{"name": "APP_MODE", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]) == []
+    )
+    assert violations(policy, env=[{"name": "OTHER", "value": "1"}]) == [
+        "spec.env name 'OTHER' is not allowed by the operator's policy"
+    ]
+    assert violations(Policy(allowed_env_names=("PYTHON*",)), env=[{"name": "PYTHONWARNINGS", "value": "x"}])
+    assert violations(Policy(denied_env_names=()), env=[{"name": "PYTHONWARNINGS", "value": "x"}]) == []
+    env = {"SKIPLOCK_OPERATOR_DENIED_ENV_NAMES": "", "SKIPLOCK_OPERATOR_ALLOWED_ENV_NAMES": "APP_*"}
+    assert policy_from_env(env).denied_env_names == ()
+    assert policy_from_env({}).denied_env_names == ("PYTHON*", "LD_*", "BROWSER")
+
+
+def test_secret_refs_label_keys_and_pull_secrets_have_allow_lists() -> None:
+    policy = Policy(
+        allowed_secrets=("db", "app-*"),
+        allowed_pod_label_keys=("team", "example.com/"),
+        allowed_image_pull_secrets=("registry-credentials",),
+    )
+    ref = {"name": "S3_KEY", "valueFrom": {"secretKeyRef": {"name": "app-s3", "key": "k"}}}
+    good = {
+        "env": [ref, {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "podLabels": {"team": "a", "example.com/cost": "b"},
+        "imagePullSecrets": [{"name": "registry-credentials"}],
+    }
+    assert violations(policy, **good) == []
+    other = {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "operator-token", "key": "token"}}}
+    assert violations(policy, env=[ref, other]) == [
+        "spec.env TOKEN names Secret 'operator-token', which is not allowed"
+    ]
+    assert violations(policy, dsnSecretRef={"name": "admin-db"}) == [
+        "spec.dsnSecretRef names Secret 'admin-db', which is not allowed"
+    ]
+    assert violations(policy, podLabels={"sidecar.istio.io/inject": "true"}) == [
+        "spec.podLabels key 'sidecar.istio.io/inject' is not allowed"
+    ]
+    assert violations(policy, imagePullSecrets=[{"name": "other-registry"}]) == [
+        "spec.imagePullSecrets 'other-registry' is not allowed"
+    ]
+    env = {
+        "SKIPLOCK_OPERATOR_ALLOWED_SECRETS": "db,app-*",
+        "SKIPLOCK_OPERATOR_ALLOWED_POD_LABEL_KEYS": "team,example.com/",
+        "SKIPLOCK_OPERATOR_ALLOWED_IMAGE_PULL_SECRETS": "registry-credentials",
+    }
+    assert policy_from_env(env) == policy
+
+
+@pytest.mark.parametrize(
+    ("image", "prefix", "allowed"),
+    [
+        ("registry.example.com/team-a/w:1", "registry.example.com/team-a", True),
+        ("registry.example.com/team-a-evil/w:1", "registry.example.com/team-a", False),
+        ("registry.example.com/team-a/w:1", "registry.example.com/team-a/", True),
+        ("registry.example.com/team-ab/w:1", "registry.example.com/team-a/", False),
+        ("registry.example.com/team-a/w:1", "registry.example.com/team-a/w", True),
+        ("registry.example.com/team-a/w@sha256:" + "a" * 64, "registry.example.com/team-a/w", True),
+        ("registry.example.com/team-a/worker:1", "registry.example.com/team-a/w", False),
+        ("registry.example.com/x", "registry.example.com", True),
+        ("registry.example.com:5000/x", "registry.example.com", False),
+        ("registry.example.com.evil.io/x", "registry.example.com", False),
+    ],
+)
+def test_an_image_prefix_matches_whole_path_segments(image: str, prefix: str, allowed: bool) -> None:
+    assert (violations(Policy(allowed_images=(prefix,)), image=image) == []) is allowed

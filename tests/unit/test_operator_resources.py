@@ -115,3 +115,15 @@ def test_deployments_of_the_examples_pass_the_kubernetes_schema() -> None:
         doc["metadata"].update(namespace="jobs", uid=OWNER["metadata"]["uid"])
         dep = resources.build_deployment(doc, parse_spec(doc["spec"]), replicas=0, version="0.1.0")
         kubernetes_validate.validate(dep, "1.35.0", strict=True)
+
+
+def test_jobqueue_names_sharing_their_first_63_characters_get_distinct_selectors() -> None:
+    from skiplock_operator.resources import selector_labels
+
+    long_a, long_b = "a" * 63 + "-one", "a" * 63 + "-two"
+    first, second = selector_labels(long_a), selector_labels(long_b)
+    assert first != second
+    for labels in (first, second):
+        value = labels["app.kubernetes.io/instance"]
+        assert len(value) <= 63 and value[0].isalnum() and value[-1].isalnum()
+    assert selector_labels("short")["app.kubernetes.io/instance"] == "short"  # names that fit are unchanged

@@ -85,3 +85,17 @@ def test_paused_leaves_replicas_alone() -> None:
 
 def test_every_reason_is_camel_case() -> None:
     assert all(r[0].isupper() and r.isalpha() for r in scaling.REASONS)
+
+
+def test_the_budget_is_one_cap_per_server_that_a_spec_can_only_lower() -> None:
+    from skiplock_operator.scaling import connection_budget
+
+    # 80 % of 100 minus 3 reserved = 77; less 2 of the operator's own and 26 held by another JobQueue: 49
+    shared = connection_budget(0, (100, 3), 20, operator_connections=2, others=26)
+    assert (shared.connections, shared.replicas) == (49, 1)
+    assert "2 held by the operator and 26 by other JobQueues' workers" in shared.origin
+    lower = connection_budget(30, (100, 3), 20, operator_connections=2, others=26)
+    assert (lower.connections, lower.origin) == (30, "spec.scaling.connectionBudget 30")
+    higher = connection_budget(100_000, (100, 3), 20, operator_connections=2, others=26)
+    assert higher.connections == 49 and "capped by the server" in higher.origin
+    assert connection_budget(0, (100, 3), 20, others=500).replicas == 0  # nothing left: no replica

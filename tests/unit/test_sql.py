@@ -3,7 +3,7 @@ from importlib import resources
 
 import pytest
 
-from skiplock.sql import Queries, migrations, parse, queries_for
+from skiplock.sql import Queries, migrations, parse, queries_for, template
 
 
 def test_every_query_is_loaded_and_rendered_for_the_schema():
@@ -45,35 +45,35 @@ def test_hostile_schema_names_are_quoted_not_interpolated():
     assert '"we""ird".jobs' in q.job_complete_and_claim
 
 
-def _cte(statement: str, name: str) -> str:
-    """The body of one CTE of a claim statement (from ``name AS (`` to the next top-level ``), x AS (``)."""
-    start = statement.index(f"{name} AS ")
-    end = statement.find("\n), ", start)
-    return statement[start : end if end >= 0 else len(statement)]
-
-
 CLAIMS = [n for n in Queries.__annotations__ if n.startswith("job_complete_and_claim")]
 
 
+def test_a_template_keeps_a_flagged_part_in_its_variants_only():
+    text = "SELECT 1/*[one*/, 2/*[!two*/, 3/*!two]*//*one]*/\n/*[!one*/\n  , 4\n/*!one]*/;"
+    assert template.render(text, frozenset()) == "SELECT 1\n  , 4\n;"
+    assert template.render(text, frozenset({"one"})) == "SELECT 1, 2, 3\n;"
+    assert template.render(text, frozenset({"one", "two"})) == "SELECT 1, 2\n;"
+    assert template.flags_of(text) == {"one", "two"}
+
+
 @pytest.mark.parametrize(
-    ("cte", "variants"),
+    ("text", "error"),
     [
-        ("done", CLAIMS),  # the completions a claim carries, fenced by attempt, found by primary key
-        ("finishing", CLAIMS),
-        ("limit_full", [n for n in CLAIMS if "unlimited" not in n]),
-        ("limit_full", [n for n in CLAIMS if "unlimited" in n]),
-        ("limited", [n for n in CLAIMS if "unlimited" not in n]),  # flow-limit slots: only the limited claims
-        ("claimed", [n for n in CLAIMS if "unlimited" not in n]),
-        ("claimed", [n for n in CLAIMS if "unlimited" in n]),
-        ("taken", [n for n in CLAIMS if "unlimited" not in n]),
+        ("SELECT 1 /*[one*/, 2", "never closed"),
+        ("SELECT 1 /*one]*/", "closes nothing"),
+        ("SELECT /*[one*/ /*[two*/ 1 /*one]*/ /*two]*/", "closes two"),
     ],
 )
-def test_the_claim_variants_written_out_whole_share_each_common_part_word_for_word(cte: str, variants: list[str]):
-    """Each claim statement is written out whole in claim.sql (no include macro): a part they share must not
-    drift apart in one of them."""
-    q = queries_for("s")
-    bodies = {_cte(getattr(q, name), cte) for name in variants}
-    assert len(bodies) == 1, f"{cte} differs between {variants}"
+def test_an_unbalanced_or_crossed_marker_fails(text: str, error: str):
+    with pytest.raises(ValueError, match=error):
+        template.render(text, frozenset())
+
+
+def test_a_variant_flag_that_marks_nothing_or_a_bad_variant_line_fails():
+    with pytest.raises(ValueError, match="mark no part"):
+        parse("-- name: q\n-- doc\n-- variant: q_two (two)\nSELECT 1 /*[one*/, 2 /*one]*/;\n")
+    with pytest.raises(ValueError, match="not a variant line"):
+        parse("-- name: q\n-- doc\n-- variant: q_two two\nSELECT 1;\n")
 
 
 def test_the_six_claim_statements_are_the_ones_the_statements_pick():
@@ -83,8 +83,7 @@ def test_the_six_claim_statements_are_the_ones_the_statements_pick():
 
 
 def test_each_traced_enqueue_is_its_plain_twin_plus_the_trace_context_column():
-    """sql/queries/traced.sql repeats the enqueue statements with one more column: a change to a plain statement
-    (jobs.sql) must be made to its twin too, or this fails."""
+    """The ``traced`` variant of each enqueue statement (jobs.sql) is the statement plus one column, nothing else."""
     from skiplock.sql import _raw_queries
 
     texts = {s.name: s.text for s in _raw_queries()}
@@ -112,8 +111,8 @@ _REGISTERED = re.compile(
 
 @pytest.mark.parametrize("name", BY_NAME)
 def test_each_enqueue_by_name_is_its_plain_statement_with_the_registered_defaults_word_for_word(name: str):
-    """The ``*_by_name`` statements (tasks.sql) are written out whole: apart from reading priority, max_attempts and
-    serial_skip_on_retry from the registry, each must stay its plain statement (jobs.sql), word for word."""
+    """The ``by_name`` variant of each enqueue statement (jobs.sql): apart from reading priority, max_attempts and
+    serial_skip_on_retry from the registry, it is the plain statement, word for word."""
     q = queries_for("s")
     by_name, plain = getattr(q, name), getattr(q, name.removesuffix("_by_name"))
     assert len(_REGISTERED.findall(by_name)) == (1 if "replace" in name else 3)

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -31,7 +31,7 @@ from skiplock.job import (
 )
 from skiplock.limits import TaskLimits
 from skiplock.metrics import BoundMetrics, WorkerMetrics
-from skiplock.store.statements import Failure, Recovered, Statements
+from skiplock.store.statements import Claim, Failure, Recovered, Statements
 from skiplock.worker import serve_queues
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import Completer, failure_for
@@ -203,6 +203,7 @@ class FakeStore:
 
     def __init__(self, claims: list[list[Job]] | None = None) -> None:
         self.written: list[list[int]] = []
+        self.results: list[list[tuple[int, str]]] = []
         self.failed: list[list[int]] = []
         self.carried: list[list[int]] = []  # done jobs each claim carried
         self.claims = list(claims or [])  # what each claim returns, in turn (then nothing)
@@ -223,6 +224,10 @@ class FakeStore:
     async def complete(self, jobs: Sequence[Job], *, worker: str) -> set[int]:
         self.written.append([j.id for j in jobs])
         return {j.id for j in jobs if j.id != 13}
+
+    async def complete_results(self, done: Sequence[tuple[Job, str]], *, worker: str) -> set[int]:
+        self.results.append([(j.id, r) for j, r in done])
+        return {j.id for j, _ in done}
 
     async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int]:
         return set()
@@ -262,20 +267,7 @@ class FakeStore:
         return []
 
     # the claimer
-    async def complete_and_claim(
-        self,
-        done: Sequence[Job],
-        queues: Sequence[str],
-        *,
-        limit: int,
-        worker: str,
-        lease_seconds: float | None = None,
-        leases: Mapping[str, float] | None = None,
-        rotate: int = 0,
-        limited: bool = True,
-        after: Job | None = None,
-        shares: Sequence[int] | None = None,
-    ) -> tuple[set[int], list[Job]]:
+    async def complete_and_claim(self, done: Sequence[Job], claim: Claim, limit: int) -> tuple[set[int], list[Job]]:
         self.carried.append([j.id for j in done])
         jobs = self.claims.pop(0) if self.claims else []
         return {j.id for j in done}, jobs[:limit]
@@ -448,6 +440,22 @@ async def test_the_completer_hands_done_jobs_to_claims_in_id_order_and_counts_wh
     assert sorted(observed) == [(1, "done"), (2, "done"), (3, "done"), (13, "lease_lost")]
 
 
+async def test_done_jobs_with_results_are_written_by_a_statement_of_their_own_never_by_a_claim() -> None:
+    observed: list[tuple[int, str]] = []
+    store = FakeStore()
+    completer = make_completer(store, lambda j, o: observed.append((j.id, o)))
+    plain, valued = entry(job(1)), entry(job(2))
+    for e in (plain, valued):
+        e.outcome = "done"
+    valued.result = '{"sum":3}'
+    completer.finished([plain, valued])
+    assert [j.id for j in completer.take_done()] == [1], "only the plain job rides on a claim"
+    assert completer.holds(job(2)) and completer.pending == 1
+    assert await completer.flush()
+    assert store.results == [[(2, '{"sum":3}')]] and completer.pending == 0
+    assert observed == [(2, "done")]
+
+
 async def test_the_completer_dispatches_each_reported_outcome_and_survives_a_failing_observer(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -577,6 +585,22 @@ async def test_the_claim_loop_carries_done_jobs_admits_what_it_claims_and_stops_
     assert store.carried[0] == [3], "the first claim carried the finished job"
     assert [j.id for j in room.ran] == [7, 8], "claimed jobs admitted, then started"
     assert wakeup.stopping.is_set() and claimer.claims >= 2 and claimer.empty_claims >= 1
+
+
+async def test_a_control_notification_during_the_gather_for_a_batch_claims_nothing_and_crashes_nothing() -> None:
+    """Before: the gather came back with no room (a control notification not looked at yet holds claims, see
+    ``Claimer._room``) and the loop claimed a batch of 0, whose "full batch" bookkeeping raised IndexError and ended
+    the worker: any NOTIFY on the control channel at the wrong moment."""
+    claimer, room, wakeup = make_claimer(SETTINGS.replace(concurrency=4, batch=4), capacity=4)
+    room.busy = 3  # one slot free, the batch wants four: the loop gathers room for a few milliseconds
+    loop = asyncio.get_running_loop()
+    running = asyncio.create_task(claimer.run())
+    loop.call_soon(wakeup.control)  # runs once the loop waits in the gather
+    await asyncio.sleep(0.1)
+    assert not running.done(), running.done() and running.exception()
+    assert claimer.claims == 0, "nothing claimed while the notification was not looked at"
+    wakeup.stop()
+    await asyncio.wait_for(running, 5)
 
 
 def test_a_busy_claimer_claims_once_a_batch_fits_but_never_waits_for_more_than_half_its_buffer() -> None:

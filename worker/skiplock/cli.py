@@ -149,7 +149,8 @@ def _add_common(parser: argparse.ArgumentParser, *, after: bool) -> None:
 
 
 def _help(k: Knob) -> str:
-    default = "" if k.default in (None, "", ()) or k.type is bool else f"; default {k.default}"
+    shown = duration.format_duration(k.default) if _is_duration(k) and k.default else k.default
+    default = "" if k.default in (None, "", ()) or k.type is bool else f"; default {shown}"
     text = k.help.rstrip(".")
     if text.split()[0] not in PROPER_NOUNS:
         text = text[:1].lower() + text[1:]
@@ -222,6 +223,19 @@ def build_parser() -> argparse.ArgumentParser:
     body = e.add_mutually_exclusive_group(required=True)
     body.add_argument("--payload", help='the job\'s JSON payload, e.g. \'{"to": "a@b.c"}\'')
     body.add_argument("--payload-file", metavar="PATH", help="read the JSON payload from this file ('-': stdin)")
+    e.add_argument(
+        "--after",
+        type=int,
+        action="append",
+        metavar="ID",
+        help="run only once this job is done (repeatable: every parent); a parent that fails or is cancelled "
+        "cancels this job, unless --on-parent-failure run",
+    )
+    e.add_argument(
+        "--on-parent-failure",
+        choices=["cancel", "run"],
+        help="with --after: cancel this job when a parent fails (default), or run it once every parent is final",
+    )
     e.add_argument(
         "--delay",
         type=_delay,
@@ -327,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--queue", help="every matching job of this queue")
         if name == "cancel":
             r.add_argument("--task", help="only jobs of this task")
+            r.add_argument("--workflow", metavar="ID", help="every job of this workflow that has not ended")
         else:
             r.add_argument("--include-cancelled", action="store_true", help="re-drive cancelled jobs too")
 
@@ -559,6 +574,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             serial_skip_on_retry=args.serial_skip_on_retry
             if args.serial_skip_on_retry is not None
             else options.get("serial_skip_on_retry"),
+            after=args.after,
+            on_parent_failure=args.on_parent_failure,
         )
     note = " (duplicate: a job with this key exists)" if result.duplicate else ""
     print(f"{result.id}{note}")
@@ -750,12 +767,21 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
 def _by_selection(args: argparse.Namespace, settings: Settings, verb: str, what: str) -> int:
     """retry/cancel: act on job ids, a queue, or both; exit 1 when nothing matched (by ids or by queue alike).
     Named jobs left unchanged are reported with their status (a finished job is never changed)."""
-    if not args.ids and not args.queue:
-        raise ConfigError(f"{args.command}: give job ids, --queue, or both")
+    workflow = getattr(args, "workflow", None)
+    if not args.ids and not args.queue and not workflow:
+        also = ", or --workflow" if args.command == "cancel" else ""
+        raise ConfigError(f"{args.command}: give job ids, --queue, or both{also}")
     ids = args.ids or None
     with _queue(settings) as q:
         _guard_schema(q, settings)
-        if args.command == "retry":
+        if workflow:
+            try:
+                ids = [*(ids or ()), *q.workflow_jobs(workflow)]
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if workflow and not ids:
+            done = []
+        elif args.command == "retry":
             done = q.retry_failed(ids=ids, queue=args.queue, include_cancelled=args.include_cancelled)
         else:
             done = q.cancel(ids=ids, queue=args.queue, task=args.task)
@@ -820,6 +846,8 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     with _queue(settings) as q:
         _guard_schema(q, settings)
         row = q.get(args.id)
+        if row is not None:
+            row |= q.relatives(args.id)
     if row is None:
         print(f"skiplock: no job {args.id}", file=sys.stderr)
         return EXIT_PROBLEMS
@@ -884,8 +912,10 @@ async def _run_worker(worker: Any) -> int:
             os._exit(130)
         worker.request_stop()
 
+    # A worker started with SIGINT ignored (a background job of a script, the demo's workers) keeps ignoring it.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            loop.add_signal_handler(sig, on_signal, sig)
     code: int = await worker.run()
     if getattr(worker, "abandoned_threads", None):
         logging.shutdown()

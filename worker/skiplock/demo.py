@@ -240,7 +240,13 @@ def _spawn_worker(dsn: str, settings: Settings, concurrency: int, index: int) ->
     )
     env["SKIPLOCK_DSN"] = dsn
     env["SKIPLOCK_WORKER_ID"] = f"demo-worker-{index}"
-    return subprocess.Popen([sys.executable, "-m", "skiplock", "worker"], env=env)
+    # Ctrl-C reaches the whole process group: the workers ignore it from their start (SIG_IGN is inherited; a SIGINT
+    # while Python imports would print a traceback) and drain once, on the SIGTERM the demo sends them.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "skiplock", "worker"], env=env)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _watch(dsn: str, total: int, poison: int, started: float, procs: list[subprocess.Popen[bytes]]) -> int:

@@ -1,7 +1,8 @@
 """Durations as people write them: ``90`` (seconds), ``1.5``, ``250ms``, ``90s``, ``15m``, ``12h``, ``7d``, ``2w``.
 
 The one parser of every duration a user types: the CLI's duration flags and the ``*_seconds`` settings (flags and
-``SKIPLOCK_*`` environment) all take it, so ``--delay 1h`` and ``--older-than 30d`` read alike. Pure.
+``SKIPLOCK_*`` environment) all take it, so ``--delay 1h`` and ``--older-than 30d`` read alike; and the one
+formatter of a duration shown to them (defaults in help and docs). Pure.
 """
 
 from __future__ import annotations
@@ -28,3 +29,12 @@ def parse_duration(text: str) -> float:
 def is_duration_setting(name: str) -> bool:
     """Whether a setting is a duration (its name says seconds): it takes units too."""
     return name.endswith("_seconds")
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as a user would type it: ``30s``, ``1h``, ``7d`` (under two minutes, in seconds)."""
+    if seconds >= 120:
+        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+            if seconds % size == 0:
+                return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"

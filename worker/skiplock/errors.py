@@ -41,6 +41,20 @@ class LeaseLostError(SkiplockError):
     """The job's lease was taken back (recovered, cancelled or re-claimed) before completion; work rolled back."""
 
 
+class JobFailedError(SkiplockError):
+    """A waited-for job ended ``failed`` or ``cancelled`` (or no longer exists): ``status`` and its ``last_error``."""
+
+    def __init__(self, job_id: int, status: str, last_error: str | None) -> None:
+        super().__init__(f"job {job_id} ended {status}: {last_error or 'no error recorded'}")
+        self.job_id = job_id
+        self.status = status
+        self.last_error = last_error
+
+
+class ResultError(SkiplockError):
+    """A task returned a value that cannot be stored as its result (not JSON, too large): the attempt fails."""
+
+
 class NonRetryableError(Exception):
     """Raise from a handler to fail the job at once, without further attempts."""
 

@@ -11,8 +11,8 @@ from typing import Any, Literal, get_args
 
 import orjson
 
-JobStatus = Literal["pending", "processing", "done", "failed", "cancelled"]
-STATUSES: tuple[JobStatus, ...] = ("pending", "processing", "done", "failed", "cancelled")
+JobStatus = Literal["waiting", "pending", "processing", "done", "failed", "cancelled"]
+STATUSES: tuple[JobStatus, ...] = ("waiting", "pending", "processing", "done", "failed", "cancelled")
 Outcome = Literal[
     "done", "retried", "failed", "unknown_task", "timed_out", "lease_lost", "cancelled", "snoozed", "handed_back"
 ]
@@ -173,6 +173,7 @@ class Job:
     _conn: Any = field(default=None, compare=False, repr=False)
     _decode_error: str | None = field(default=None, compare=False, repr=False)
     _cancel: Any = field(default=None, compare=False, repr=False)
+    _durable: Any = field(default=None, compare=False, repr=False)
 
     @property
     def conn(self) -> Any:
@@ -196,12 +197,41 @@ class Job:
     def is_last_attempt(self) -> bool:
         return self.attempts >= self.max_attempts
 
-    def _bind(self, conn: Any, cancel: Any) -> Job:
+    def _durable_side(self, is_async: bool, what: str) -> Any:
+        d = self._durable
+        if d is None:
+            raise RuntimeError(f"{what} needs a job run by a skiplock worker")
+        if d.is_async != is_async:
+            hint = "the async twin (await ..._async)" if d.is_async else "the sync one"
+            raise RuntimeError(f"{what}: this job runs in a {'n async' if d.is_async else ' sync'} handler: use {hint}")
+        return d
+
+    @property
+    def parent_results(self) -> dict[int, Any]:
+        """The results of this job's parents (``after=``), by parent id; a purged parent is missing. Read on each
+        access (sync handlers; async ones ``await job.parent_results_async()``)."""
+        return self._durable_side(False, "job.parent_results").parent_results(self.id)  # type: ignore[no-any-return]
+
+    async def parent_results_async(self) -> dict[int, Any]:
+        return await self._durable_side(True, "job.parent_results_async()").parent_results(self.id)  # type: ignore[no-any-return]
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this job: its JSON result is committed as soon as it returns (its own
+        short transaction), and a later attempt gets the stored value back without calling ``fn``. Names are unique
+        within a job."""
+        return self._durable_side(False, "job.step").step(self.id, check_step_name(name), fn, args, kwargs)
+
+    async def step_async(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """The async twin of :meth:`step` (``fn`` may be a coroutine function)."""
+        return await self._durable_side(True, "job.step_async").step(self.id, check_step_name(name), fn, args, kwargs)
+
+    def _bind(self, conn: Any, cancel: Any, durable: Any = None) -> Job:
         """This job, now with ``conn`` as ``job.conn`` and ``cancel`` as what ``job.cancelled`` reads: a worker hands
         the job it claimed to its handler this way (in place: no copy of the fields for every job)."""
         fields = self.__dict__
         fields["_conn"] = conn
         fields["_cancel"] = cancel
+        fields["_durable"] = durable
         return self
 
     def with_conn(self, conn: Any, cancel: Any = None) -> Job:
@@ -213,6 +243,16 @@ class Job:
         if cancel is not None:
             fields["_cancel"] = cancel
         return job
+
+
+STEP_NAME_MAX = 200
+"""Longest durable step name (``job.step``)."""
+
+
+def check_step_name(name: Any) -> str:
+    if not isinstance(name, str) or not 1 <= len(name) <= STEP_NAME_MAX or "\x00" in name:
+        raise ValueError(f"a step name must be a string of 1..{STEP_NAME_MAX} characters (got {name!r:.80})")
+    return name
 
 
 MAX_PAYLOAD_DEPTH = 200
@@ -328,9 +368,30 @@ class EnqueueResult:
 
     id: int
     duplicate: bool = False
+    source: Any = field(default=None, compare=False, repr=False)
+    """The ``Queue`` or ``AsyncQueue`` that enqueued it (what :meth:`wait` asks)."""
 
     def __int__(self) -> int:
         return self.id
+
+    def bound(self, source: Any) -> EnqueueResult:
+        """This result, waitable through ``source`` (a ``Queue`` or an ``AsyncQueue``)."""
+        object.__setattr__(self, "source", source)
+        return self
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the job ends: its result (None when its task returned nothing); ``JobFailedError`` when it
+        ended failed or cancelled; ``TimeoutError`` after ``timeout`` seconds. Uses NOTIFY, not polling."""
+        waiter = getattr(self.source, "wait", None)
+        if waiter is None or getattr(self.source, "is_async", False):
+            raise TypeError("wait() needs a result enqueued through a sync Queue (or a task); use await wait_async()")
+        return waiter(self.id, timeout=timeout)
+
+    async def wait_async(self, timeout: float | None = None) -> Any:
+        """The async twin of :meth:`wait` (a result enqueued through an ``AsyncQueue`` or ``task.aenqueue``)."""
+        if not getattr(self.source, "is_async", False):
+            raise TypeError("wait_async() needs a result enqueued through an AsyncQueue (or task.aenqueue); use wait()")
+        return await self.source.wait(self.id, timeout=timeout)
 
 
 class EnqueueManyResult(list[int]):

@@ -4,6 +4,11 @@ Behind PgBouncer in transaction mode LISTEN is accepted but notifications never 
 listener proves itself with a NOTIFY sent from *another* connection (a NOTIFY on its own connection would come
 back through the same server session even behind PgBouncer) and, when nothing comes back, says so, reports
 itself disconnected and stops (the worker keeps polling).
+
+A lost connection is retried at once and then every second at most (polling covers the gap, but every second
+without the listener is a second of pick-up latency); the connection has a connect timeout and TCP keepalives, so
+a server that vanished without closing is noticed. A probe that once succeeded and now gets no answer (a server
+still recovering from a restart) is repeated a second later, not after the minute a PgBouncer gets.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Callable, Collection, Mapping
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from skiplock.backoff import backoff_seconds
 from skiplock.settings import redact
@@ -23,6 +29,30 @@ from skiplock.settings import redact
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT = 3.0
 PROBE_RETRY_SECONDS = 60.0
+"""First retry of a probe that never succeeded (PgBouncer in transaction mode): doubled up to ten minutes."""
+PROBE_RETRY_PROVEN_SECONDS = 1.0
+"""Retry of a probe that succeeded before on this DSN: notifications work here, the server was slow."""
+RECONNECT_BASE_SECONDS = 0.2
+RECONNECT_CAP_SECONDS = 1.0
+CONNECTION_DEFAULTS: dict[str, str] = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+}
+"""Options of the listener's connections, each unless the DSN sets it: a dead server is noticed in ~25 s."""
+
+
+def connection_options(dsn: str) -> dict[str, str]:
+    """The :data:`CONNECTION_DEFAULTS` the DSN does not set itself."""
+    given = conninfo_to_dict(dsn)
+    return {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+
+
+def reconnect_delay(failures: int) -> float:
+    """Pause before reconnecting after ``failures`` failed attempts in a row (1 = the connection just dropped)."""
+    return backoff_seconds(failures, base=RECONNECT_BASE_SECONDS, cap=RECONNECT_CAP_SECONDS, jitter=0.5)
 
 
 class Listener:
@@ -43,6 +73,7 @@ class Listener:
         self._application_name = application_name
         self._on_unsupported = on_unsupported
         self._dsn = dsn
+        self._conninfo = make_conninfo(dsn, **connection_options(dsn))
         self._channel = channel
         self._queues = frozenset([queue] if isinstance(queue, str) else queue)
         self._wake = wake
@@ -53,27 +84,40 @@ class Listener:
         self.last_notification = 0.0
 
     async def run(self) -> None:
-        """Listen until cancelled, reconnecting with capped backoff. A failed self-probe (PgBouncer in transaction
-        mode, or a server too slow to answer it) means polling only, and a new probe later, with backoff."""
+        """Listen until cancelled, reconnecting at once, then every second at most. A failed self-probe (PgBouncer in
+        transaction mode, or a server too slow to answer it) means polling only, and a new probe later: a second
+        later if a probe succeeded before, else with a backoff from a minute."""
         failures = 0
         probes_failed = 0
+        proven = False
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True, application_name=self._application_name
-                ) as conn:
+                async with await self._connect() as conn:
+                    failures = 0
                     for channel in (self._channel, *self._also):
                         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     if await self._probe(conn):
-                        probes_failed = failures = 0
+                        probes_failed = 0
+                        proven = True
                         self.unsupported = False
                         self._set(True)
                         self._wake()  # anything enqueued while we were away
                         await self._listen(conn)
                         continue
                 probes_failed += 1
-                self.unsupported = True
                 self._set(False)
+                if proven:
+                    if probes_failed == 1:
+                        log.warning(
+                            "the listener's probe got no answer within %.0fs (a server still recovering?); "
+                            "polling meanwhile, probing again every %.0fs",
+                            PROBE_TIMEOUT,
+                            PROBE_RETRY_PROVEN_SECONDS,
+                            extra={"action": "listener_probe_failed"},
+                        )
+                    await asyncio.sleep(PROBE_RETRY_PROVEN_SECONDS)
+                    continue
+                self.unsupported = True
                 self._on_unsupported()
                 retry = backoff_seconds(probes_failed, base=PROBE_RETRY_SECONDS, cap=600.0, jitter=0.2)
                 if probes_failed == 1:
@@ -90,7 +134,7 @@ class Listener:
             except (psycopg.Error, OSError) as exc:
                 self._set(False)
                 failures += 1
-                delay = backoff_seconds(failures, base=0.5, cap=30.0, jitter=0.5)
+                delay = reconnect_delay(failures)
                 log.warning(
                     "listener lost its connection (%s); reconnecting in %.1fs, polling meanwhile",
                     redact(str(exc).strip(), self._dsn),
@@ -113,14 +157,17 @@ class Listener:
 
     async def _probe(self, conn: psycopg.AsyncConnection[object]) -> bool:
         token = f"probe:{uuid.uuid4().hex}"
-        async with await psycopg.AsyncConnection.connect(
-            self._dsn, autocommit=True, application_name=self._application_name, connect_timeout=5
-        ) as sender:
+        async with await self._connect() as sender:
             await sender.execute("SELECT pg_notify(%s, %s)", (self._channel, token))
         async for note in conn.notifies(timeout=PROBE_TIMEOUT):
             if note.payload == token:
                 return True
         return False
+
+    async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+        return await psycopg.AsyncConnection.connect(
+            self._conninfo, autocommit=True, application_name=self._application_name
+        )
 
     def _set(self, up: bool) -> None:
         if up != self.connected:

@@ -3,7 +3,8 @@
 The database driver speaks through skiplock here: psycopg's pool logs several lines a failed connection (some
 within a millisecond, some with libpq's multi-line DETAIL and hints). :class:`DatabaseOutage` turns them, and the
 worker's own connection errors, into "database unreachable since T, retrying" and "database back after N s", once
-each (a reminder a minute while it lasts); other driver lines show only at DEBUG, on one line."""
+each (a reminder a minute while it lasts; "database back after N s; listener connected" when the listener's
+reconnection ends it); other driver lines show only at DEBUG, on one line."""
 
 from __future__ import annotations
 
@@ -101,7 +102,10 @@ class DatabaseOutage(logging.Filter):
             return self._failing(record, message)
         back = action in ("listener_up", "db_recovered") or (driver and message.startswith("adding new connection"))
         if self.since is not None and back:
-            _rewrite(record, logging.INFO, f"database back after {record.created - self.since:.0f} s", "db_back")
+            text = f"database back after {record.created - self.since:.0f} s"
+            if action == "listener_up":  # a fact of its own (its gauge, the wake-ups): it stays in the line
+                text += f"; {message}"
+            _rewrite(record, logging.INFO, text, "db_back")
             self.since = None
             logging.getLogger(DRIVER_LOGGER).setLevel(max(logging.WARNING, logging.getLogger().level))
             return True

@@ -201,7 +201,7 @@ def observe_many(histogram: Histogram, amounts: Sequence[float]) -> None:
         return
     # observe() puts an amount in the first bucket whose bound is >= it: sorted (a C sort of floats), the amounts of
     # bucket i are those from the end of bucket i-1 up to the last one <= its bound (a bisection per bucket, not per
-    # amount: a Python-level comparison per step of a bisection per amount cost 3,400 instructions a job)
+    # amount: bench/HISTORY.md, "Behind the code")
     ordered = sorted(amounts)
     start, end = 0, len(ordered)
     for i, bound in enumerate(bounds):
@@ -217,8 +217,8 @@ def observe_many(histogram: Histogram, amounts: Sequence[float]) -> None:
 class Tally:
     """Counts and amounts of the hot path, applied to their Prometheus children in bulk: whenever the registry is
     read (the tally is registered before the metrics, so a scrape or ``get_sample_value`` sees every count added
-    before it) and once ``FLUSH_AT`` amounts wait. A batch of results from many queues made one locked update per
-    queue and metric, and a histogram's ``observe_many`` per queue: with 50 queues 8 µs of a job's 28."""
+    before it) and once ``FLUSH_AT`` amounts wait, rather than one locked update per queue and metric for each batch
+    of results (what that cost with 50 queues: bench/HISTORY.md, "Behind the code")."""
 
     FLUSH_AT = 4096
 

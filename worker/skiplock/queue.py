@@ -23,11 +23,12 @@ from skiplock.errors import ConfigError
 from skiplock.job import EnqueueManyResult, EnqueueResult, Job, QueueStats
 from skiplock.schedule import STALE_SECONDS, Schedule
 from skiplock.settings import Settings
-from skiplock.store import schedules
+from skiplock.store import links, schedules, waiter
 from skiplock.store.copy import CopyJobs, acopy_jobs, copy_jobs
+from skiplock.store.links import link, split_links
 from skiplock.store.purge import apurge_batch, more_left, purge_batch
 from skiplock.store.run import NOT_CONNECTED, AsyncRunner, Runner, unavailable
-from skiplock.store.statements import PURGE_BATCH, Failure, PurgePolicy, Statements
+from skiplock.store.statements import PURGE_BATCH, Claim, Failure, PurgePolicy, Statements
 from skiplock.store.tasks import TaskDefaults
 from skiplock.store.validation import (
     TASK_NAME_MAX,
@@ -66,6 +67,8 @@ class Queue:
 
     Methods that write take ``conn=``: then they run on your connection, inside your transaction (not committed).
     """
+
+    is_async = False
 
     def __init__(
         self,
@@ -139,6 +142,18 @@ class Queue:
         With ``task``, the priority, max_attempts and serial_skip_on_retry not given are the ones the workers
         registered for the task (:meth:`task_defaults`), read in the same statement. Bad arguments raise
         :class:`EnqueueError` (nothing is written)."""
+        links, rest = split_links(options)
+        if links is None:
+            return self._insert(queue, payload, conn, rest).bound(self)
+        with self._run.on(conn) as on, on.transaction():  # a savepoint in your transaction: all or nothing
+            result = self._insert(queue, payload, on, rest)
+            if not result.duplicate:  # a duplicate keeps the parents it has
+                self._run(link(self._s.q, [result.id], links), on)
+        return result.bound(self)
+
+    def _insert(
+        self, queue: str, payload: Any, conn: psycopg.Connection[Any] | None, options: dict[str, Any]
+    ) -> EnqueueResult:
         with tracing.sending(queue, options) as sent:
             insert, find = self._s.enqueue(queue, payload, options, sent.carrier)
             inserted = self._run(insert, conn)
@@ -160,6 +175,18 @@ class Queue:
         and the jobs written with COPY; with keys, one INSERT where payloads whose key is taken insert nothing.
         Returns the new ids in payload order (a list) whose ``results`` give each payload its job and whether it
         was a duplicate."""
+        links, rest = split_links(options)
+        if links is None:
+            return self._insert_many(queue, payloads, conn, rest)
+        with self._run.on(conn) as on, on.transaction():
+            result = self._insert_many(queue, payloads, on, rest)
+            if result:
+                self._run(link(self._s.q, result, links), on)
+        return result
+
+    def _insert_many(
+        self, queue: str, payloads: Iterable[Any], conn: psycopg.Connection[Any] | None, options: dict[str, Any]
+    ) -> EnqueueManyResult:
         with tracing.sending(queue, options, batch=True) as sent:
             many = self._s.enqueue_many(queue, payloads, options, sent.carrier)
             if isinstance(many, CopyJobs):
@@ -187,7 +214,7 @@ class Queue:
         """Lease up to ``limit`` visible jobs of one queue or several (round-robin), each for ``lease_seconds``
         (default the settings' lease): the deadline is stored in the row. A job whose lease runs out is recovered
         by any worker (``skiplock worker``); finish each claimed job with :meth:`complete` or :meth:`fail`."""
-        return self._run(self._s.complete_and_claim((), queue, limit, worker, now, lease_seconds))[1]
+        return self._run(self._s.complete_and_claim((), Claim(queue, worker, lease_seconds), limit, now))[1]
 
     def complete(
         self,
@@ -214,8 +241,28 @@ class Queue:
         return self._run(self._s.stats(queue, lease_seconds, now))
 
     def get(self, job_id: int) -> dict[str, Any] | None:
-        """One job with every column and its error history (None: no such job)."""
+        """One job with every column and its error history (None: no such job); ``result`` is what its task
+        returned."""
         return self._run(self._s.get(job_id))
+
+    def wait(self, job_id: int, *, timeout: float | None = None) -> Any:
+        """Block until the job ends and return its result; :class:`JobFailedError` when it ended failed or
+        cancelled, ``TimeoutError`` after ``timeout`` seconds (on a pool connection, woken by NOTIFY)."""
+        with self._run.connection() as conn:
+            return waiter.wait(conn, self.settings, self._s.q, job_id, timeout)
+
+    def relatives(self, job_id: int) -> dict[str, Any]:
+        """A job's parents and children (id, status) and its durable steps (name -> result)."""
+        return self._run(links.relatives(self._s.q, job_id))
+
+    def workflow_jobs(self, workflow_id: str) -> list[int]:
+        """The jobs of a workflow that have not ended."""
+        return self._run(links.workflow_ids(self._s.q, workflow_id))
+
+    def cancel_workflow(self, workflow_id: str, *, reason: str = "workflow cancelled") -> list[int]:
+        """Cancel every job of a workflow that has not ended (running ones through :meth:`cancel`'s path)."""
+        ids = self.workflow_jobs(workflow_id)
+        return self.cancel(ids=ids, reason=reason) if ids else []
 
     def statuses(self, ids: Sequence[int]) -> dict[int, str]:
         """The status of each existing job of ``ids``."""
@@ -349,6 +396,8 @@ class AsyncQueue:
     """Asynchronous twin of :class:`Queue`: the same methods, awaited. Open with ``await AsyncQueue.open(dsn |
     settings=)``, or wrap your own ``psycopg_pool.AsyncConnectionPool``: ``AsyncQueue(pool, settings)``."""
 
+    is_async = True
+
     def __init__(self, pool: AsyncConnectionPool[Any] | None, settings: Settings, *, owned: bool = False) -> None:
         self.settings = settings
         self._s = Statements(settings)
@@ -405,6 +454,18 @@ class AsyncQueue:
         **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
         """See :meth:`Queue.enqueue`."""
+        links, rest = split_links(options)
+        if links is None:
+            return (await self._insert(queue, payload, conn, rest)).bound(self)
+        async with self._run.on(conn) as on, on.transaction():
+            result = await self._insert(queue, payload, on, rest)
+            if not result.duplicate:
+                await self._run(link(self._s.q, [result.id], links), on)
+        return result.bound(self)
+
+    async def _insert(
+        self, queue: str, payload: Any, conn: psycopg.AsyncConnection[Any] | None, options: dict[str, Any]
+    ) -> EnqueueResult:
         with tracing.sending(queue, options) as sent:
             insert, find = self._s.enqueue(queue, payload, options, sent.carrier)
             inserted = await self._run(insert, conn)
@@ -423,6 +484,22 @@ class AsyncQueue:
         **options: Unpack[EnqueueManyOptions],
     ) -> EnqueueManyResult:
         """See :meth:`Queue.enqueue_many`."""
+        links, rest = split_links(options)
+        if links is None:
+            return await self._insert_many(queue, payloads, conn, rest)
+        async with self._run.on(conn) as on, on.transaction():
+            result = await self._insert_many(queue, payloads, on, rest)
+            if result:
+                await self._run(link(self._s.q, result, links), on)
+        return result
+
+    async def _insert_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        conn: psycopg.AsyncConnection[Any] | None,
+        options: dict[str, Any],
+    ) -> EnqueueManyResult:
         with tracing.sending(queue, options, batch=True) as sent:
             many = self._s.enqueue_many(queue, payloads, options, sent.carrier)
             if isinstance(many, CopyJobs):
@@ -446,7 +523,7 @@ class AsyncQueue:
         now: datetime | None = None,
         lease_seconds: float | None = None,
     ) -> list[Job]:
-        return (await self._run(self._s.complete_and_claim((), queue, limit, worker, now, lease_seconds)))[1]
+        return (await self._run(self._s.complete_and_claim((), Claim(queue, worker, lease_seconds), limit, now)))[1]
 
     async def complete(
         self,
@@ -468,6 +545,21 @@ class AsyncQueue:
 
     async def get(self, job_id: int) -> dict[str, Any] | None:
         return await self._run(self._s.get(job_id))
+
+    async def wait(self, job_id: int, *, timeout: float | None = None) -> Any:
+        """See :meth:`Queue.wait`."""
+        async with self._run.connection() as conn:
+            return await waiter.await_result(conn, self.settings, self._s.q, job_id, timeout)
+
+    async def relatives(self, job_id: int) -> dict[str, Any]:
+        return await self._run(links.relatives(self._s.q, job_id))
+
+    async def workflow_jobs(self, workflow_id: str) -> list[int]:
+        return await self._run(links.workflow_ids(self._s.q, workflow_id))
+
+    async def cancel_workflow(self, workflow_id: str, *, reason: str = "workflow cancelled") -> list[int]:
+        ids = await self.workflow_jobs(workflow_id)
+        return await self.cancel(ids=ids, reason=reason) if ids else []
 
     async def statuses(self, ids: Sequence[int]) -> dict[int, str]:
         return await self._run(self._s.statuses(ids))

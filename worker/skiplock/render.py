@@ -70,13 +70,21 @@ def job(row: dict[str, Any]) -> str:
     """``skiplock show``: one field a line, then the error history, oldest first."""
     keys = ("id", "queue", "task", "status", "priority", "attempts", "max_attempts", "timeout_seconds",
             "visible_at", "locked_by", "locked_at", "lease_expires_at", "idempotency_key", "created_at",
-            "updated_at", "last_error")  # fmt: skip
+            "updated_at", "last_error", "workflow_id", "waiting_on")  # fmt: skip
     width = max(map(len, keys))
     lines = [f"{k.ljust(width)}  {show_value(row.get(k))}" for k in keys]
     if error := row.get("payload_error"):  # nested too deep for Python to read: the reason and its start only
         lines.append(f"{'payload'.ljust(width)}  {error}; it begins: {row.get('payload_text')}...")
     else:
         lines.append(f"{'payload'.ljust(width)}  {json.dumps(row.get('payload'), ensure_ascii=False)}")
+    lines.append(f"{'result'.ljust(width)}  {json.dumps(row.get('result'), ensure_ascii=False)}")
+    for kind in ("parents", "children"):
+        relatives = row.get(kind) or []
+        shown = ", ".join(f"{r['id']} ({r['status'] or 'purged'})" for r in relatives)
+        lines.append(f"{kind.ljust(width)}  {shown or '-'}")
+    steps = row.get("steps") or {}
+    lines.append(f"steps ({len(steps)}):" if steps else "steps: none")
+    lines.extend(f"  {name}: {json.dumps(value, ensure_ascii=False)}" for name, value in steps.items())
     errors = row.get("errors") or []
     lines.append(f"errors ({len(errors)}, oldest first):" if errors else "errors: none")
     for e in errors:

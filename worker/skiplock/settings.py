@@ -171,6 +171,11 @@ class Settings:
         return f"{self.schema}_wakeup"
 
     @property
+    def done_channel(self) -> str:
+        """NOTIFY channel on which a job someone waits for (``EnqueueResult.wait``) announces its end."""
+        return f"{self.schema}_done"
+
+    @property
     def control_channel(self) -> str:
         """NOTIFY channel of worker controls (cancel, pause) for this schema."""
         return f"{self.schema}_control"

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
 from skiplock.app import App
 from skiplock.errors import ConfigError
 from skiplock.job import Job, Outcome
 from skiplock.settings import Settings
-from skiplock.sql import queries_for
+from skiplock.store.run import execute
+from skiplock.store.statements import Statements
 from skiplock.worker import Worker, loops
 
 
@@ -79,7 +79,6 @@ def run_jobs(
     Safe to call from sync tests and from inside a running event loop (it runs the worker in a thread then)."""
     s = _settings(settings, dsn)
     s = s.replace(listen=False, metrics_port=0, poll_seconds=min(s.poll_seconds, 0.05), queues=queues or s.queues)
-    worker = Worker(app, settings=s, handler=handler)
     last: dict[int, tuple[Job, Outcome]] = {}
     ran = 0
 
@@ -90,7 +89,7 @@ def run_jobs(
         if ran == max_jobs:  # the jobs still running finish; the claimed ones not started are handed back
             worker.request_stop()
 
-    worker.observe = observe
+    worker = Worker(app, settings=s, handler=handler, observe=observe)
     timed_out = False
 
     async def main() -> None:
@@ -144,11 +143,8 @@ def enqueued(
     """The jobs enqueued (oldest first), filtered by task, queue and status (``None``: any status). With ``conn``,
     read inside that connection's transaction (jobs enqueued in it and not yet committed included)."""
     s = settings if settings is not None else (Settings(dsn=dsn) if dsn else Settings())
-    params = {"task": task, "queue": queue, "status": status}
-    query = queries_for(s.schema).job_list_enqueued
+    call = Statements(s).list_enqueued(task, queue, status)
     if conn is not None:
-        with conn.cursor(row_factory=dict_row) as cur:
-            return cur.execute(query, params).fetchall()
-    dsn_ = _settings(settings, dsn).require_dsn()
-    with psycopg.connect(dsn_, autocommit=True) as own, own.cursor(row_factory=dict_row) as cur:
-        return cur.execute(query, params).fetchall()
+        return execute(conn, call)
+    with psycopg.connect(_settings(settings, dsn).require_dsn(), autocommit=True) as own:
+        return execute(own, call)

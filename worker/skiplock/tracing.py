@@ -94,7 +94,7 @@ def _resolve() -> Tracer | None:
 
 def tracer() -> Tracer | None:
     """The tracer, or None while no tracer provider is configured: looked for at most every
-    :data:`RECHECK_SECONDS` (asking OpenTelemetry costs about 2 µs, most of it reading the environment)."""
+    :data:`RECHECK_SECONDS` (asking OpenTelemetry reads the environment: bench/HISTORY.md, "Behind the code")."""
     t = _state.tracer
     if t is not None:
         return t

@@ -189,6 +189,22 @@ Arguments: (list "values.key" $items).
 {{- end }}
 
 {{/*
+Allow-list entries as CEL data for the admission policy: {"text": ..., "prefix": true} for an entry ending in *
+(the * dropped) or / (kept), {"text": ..., "prefix": false} for an exact one. The operator reads the same forms.
+*/}}
+{{- define "skiplock.celRules" -}}
+{{- $out := list }}
+{{- range (default (list) .) }}
+{{- if hasSuffix "*" . }}
+{{- $out = append $out (dict "text" (trimSuffix "*" .) "prefix" true) }}
+{{- else }}
+{{- $out = append $out (dict "text" . "prefix" (hasSuffix "/" .)) }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{/*
 Selector labels of the operator pods (Deployment, Service, PodDisruptionBudget, anti-affinity). The component
 label keeps them apart from anything else that carries the release's name and instance labels.
 */}}

@@ -1,6 +1,8 @@
 """Loads the named SQL of ``queries/*.sql`` and the ``migrations/NNNN_*.sql`` files, rendered for one schema.
 
-Each query starts with ``-- name: <query>`` and one description line, and is the SQL that runs, written out whole.
+Each query starts with ``-- name: <query>`` and one description line, and is the SQL that runs, written out whole;
+a statement with variants (the claim, the traced enqueues) lists them under its description and marks the parts that
+vary (:mod:`skiplock.sql.template`).
 ``{schema}`` is rendered with ``psycopg.sql.Identifier`` (so any schema name is quoted), values stay ``%(name)s``
 parameters.
 """
@@ -15,7 +17,9 @@ from typing import Any, LiteralString
 
 from psycopg import sql
 
-_HEADER = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>.+)\n", re.MULTILINE)
+from skiplock.sql import template
+
+_HEADER = re.compile(r"^-- name: (?P<name>\w+)\n-- (?P<doc>.+)\n(?P<variants>(?:-- variant: .*\n)*)", re.MULTILINE)
 QUERY_FILES = (
     "jobs.sql",
     "claim.sql",
@@ -26,9 +30,9 @@ QUERY_FILES = (
     "demo.sql",
     "drain.sql",
     "ui.sql",
-    "traced.sql",
     "autoscale.sql",
     "tasks.sql",
+    "workflows.sql",
 )
 
 
@@ -40,17 +44,22 @@ class Statement:
 
 
 def parse(source: str) -> list[Statement]:
-    """Split a .sql file into named statements (text still has ``{schema}``)."""
+    """Split a .sql file into named statements, each variant of a templated one rendered (text still has
+    ``{schema}``)."""
     headers = list(_HEADER.finditer(source))
     if not headers:
         raise ValueError("no '-- name:' header found")
-    out = []
+    out: list[Statement] = []
     for i, m in enumerate(headers):
         end = headers[i + 1].start() if i + 1 < len(headers) else len(source)
         body = source[m.end() : end].strip()
         if not body:
             raise ValueError(f"query {m['name']} has no body")
-        out.append(Statement(m["name"], m["doc"].strip(), body))
+        named = {m["name"]: frozenset[str](), **template.variants(m["variants"].splitlines())}
+        unknown = set().union(*named.values()) - template.flags_of(body)
+        if unknown:
+            raise ValueError(f"query {m['name']}: variant flags {sorted(unknown)} mark no part of it")
+        out.extend(Statement(name, m["doc"].strip(), template.render(body, flags)) for name, flags in named.items())
     return out
 
 
@@ -208,6 +217,17 @@ class Queries:
     ui_audit_get: LiteralString
     ui_audit_progress: LiteralString
     ui_session: LiteralString
+    job_link: LiteralString
+    job_set_workflow: LiteralString
+    job_complete_results: LiteralString
+    job_complete_one_result: LiteralString
+    job_await: LiteralString
+    job_outcome: LiteralString
+    job_parent_results: LiteralString
+    job_relatives: LiteralString
+    job_step_get: LiteralString
+    job_step_put: LiteralString
+    job_workflow_ids: LiteralString
 
     def __init__(self, schema: str) -> None:
         self.schema = schema

@@ -51,35 +51,23 @@ def text_array(names: tuple[str, ...]) -> str:
     return "{" + ",".join(quoted) + "}"
 
 
-def claim_params(
-    queues: str | Sequence[str],
-    limit: int,
-    worker: str,
-    now: datetime | None,
-    *,
-    lease_seconds: float,
-    leases: Mapping[str, float] | None = None,
-    rotate: int = 0,
-    shares: Sequence[int] | None = None,
-) -> dict[str, Any]:
-    """Parameters of a claim: the queues (round-robin from the one after ``rotate``, at most ``shares[i]`` of queue
-    ``i``, by default ``per_queue_limit(limit, queues)`` of each), the claimer's lease and per-task lease
-    overrides."""
-    names = _names(queues)
-    if shares is None:
-        shares = [per_queue_limit(limit, len(names))] * len(names)
-    elif len(shares) != len(names) or min(shares, default=1) < 1:
-        raise ValueError(f"shares must give each of the {len(names)} queues at least 1 job, got {list(shares)}")
-    return {
-        "queues": text_array(tuple(names)),
-        "limit": limit,
-        "per_queue": "{" + ",".join([str(int(n)) for n in shares]) + "}",
-        "rotate": rotate % max(1, len(names)),
-        "worker": worker,
-        "now": now,
-        "lease_seconds": float(lease_seconds),
-        "leases": json.dumps(dict(leases)) if leases else None,
-    }
+@dataclass(frozen=True)
+class Claim:
+    """What a claim asks for besides its size and the jobs it completes: the queues (round-robin from the one after
+    ``rotate``, at most ``shares[i]`` of queue ``i``, by default ``per_queue_limit(limit, queues)`` of each), the
+    claimer's identity, lease (None: the settings') and per-task lease overrides; ``limited=False``: the claimer
+    knows no task limits, so it leaves jobs of limited tasks alone and skips the slot bookkeeping (the cheaper
+    variant); ``after``: only jobs of its priority that come after it in claim order (one queue; the index scan
+    starts there)."""
+
+    queues: str | Sequence[str]
+    worker: str
+    lease_seconds: float | None = None
+    leases: Mapping[str, float] | None = None
+    limited: bool = True
+    rotate: int = 0
+    after: Job | None = None
+    shares: Sequence[int] | None = None
 
 
 def per_queue_limit(limit: int, queues: int) -> int:
@@ -111,26 +99,29 @@ def heartbeat_params(
 
 
 def complete_and_claim_params(
-    done: Sequence[Job],
-    queues: str | Sequence[str],
-    limit: int,
-    worker: str,
-    now: datetime | None,
-    *,
-    lease_seconds: float,
-    leases: Mapping[str, float] | None = None,
-    rotate: int = 0,
-    shares: Sequence[int] | None = None,
+    done: Sequence[Job], claim: Claim, limit: int, now: datetime | None, *, lease_seconds: float
 ) -> dict[str, Any]:
     """Parameters of ``job_complete_and_claim`` (claim alone: no ``done``). The ids and attempts of the finished jobs
     go as array literals (``{1,2,3}``, cast in the statement): psycopg's list dumper costs more per element than
     the claim's own bookkeeping of a job."""
-    claim = claim_params(
-        queues, limit, worker, now, lease_seconds=lease_seconds, leases=leases, rotate=rotate, shares=shares
-    )
-    ids = "{" + ",".join([str(j.id) for j in done]) + "}"
-    attempts = "{" + ",".join([str(j.attempts) for j in done]) + "}"
-    return claim | {"ids": ids, "attempts": attempts, "worker": worker, "now": now}
+    names = _names(claim.queues)
+    shares = claim.shares
+    if shares is None:
+        shares = [per_queue_limit(limit, len(names))] * len(names)
+    elif len(shares) != len(names) or min(shares, default=1) < 1:
+        raise ValueError(f"shares must give each of the {len(names)} queues at least 1 job, got {list(shares)}")
+    return {
+        "queues": text_array(tuple(names)),
+        "limit": limit,
+        "per_queue": "{" + ",".join([str(int(n)) for n in shares]) + "}",
+        "rotate": claim.rotate % max(1, len(names)),
+        "worker": claim.worker,
+        "now": now,
+        "lease_seconds": float(lease_seconds),
+        "leases": json.dumps(dict(claim.leases)) if claim.leases else None,
+        "ids": "{" + ",".join([str(j.id) for j in done]) + "}",
+        "attempts": "{" + ",".join([str(j.attempts) for j in done]) + "}",
+    }
 
 
 def recover_params(
@@ -374,7 +365,7 @@ class Statements:
     ) -> tuple[Call[EnqueueResult | None], Call[EnqueueResult]]:
         """The insert, and the look-up to run when it returns nothing (a concurrent insert with the same key
         committed after this statement's snapshot). ``trace_context``: the enqueue's span, written with the job
-        (the ``_traced`` twin of the statement; ``skiplock.tracing``)."""
+        (the ``traced`` variant of the statement; ``skiplock.tracing``)."""
         params = enqueue_params(self.settings, queue, payload, options)
         by_name = params.get("by_name", False)
         if trace_context is not None:
@@ -432,26 +423,13 @@ class Statements:
         return self.q.job_replace_unique_by_name if params.get("by_name") else self.q.job_replace_unique
 
     def complete_and_claim(
-        self,
-        done: Sequence[Job],
-        queues: str | Sequence[str],
-        limit: int,
-        worker: str,
-        now: datetime | None,
-        lease_seconds: float | None = None,
-        leases: Mapping[str, float] | None = None,
-        rotate: int = 0,
-        limited: bool = True,
-        after: Job | None = None,
-        shares: Sequence[int] | None = None,
+        self, done: Sequence[Job], claim: Claim, limit: int, now: datetime | None
     ) -> Call[tuple[set[int], list[Job]]]:
-        """``limited=False``: the claimer knows no task limits, so it leaves jobs of limited tasks alone and skips
-        the slot bookkeeping (the cheaper statement). ``after``: claim only jobs of its priority that come after it
-        in claim order (one queue; the index scan starts there). ``shares``: the most jobs taken of each queue."""
-        lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
-        params = complete_and_claim_params(
-            done, queues, limit, worker, now, lease_seconds=lease, leases=leases, rotate=rotate, shares=shares
-        )
+        """Complete ``done`` and claim up to ``limit`` jobs (see :class:`Claim`), in the variant of
+        ``job_complete_and_claim`` the claim needs."""
+        lease = self.settings.lease_seconds if claim.lease_seconds is None else claim.lease_seconds
+        params = complete_and_claim_params(done, claim, limit, now, lease_seconds=lease)
+        queues, after, limited = claim.queues, claim.after, claim.limited
         one = isinstance(queues, str) or len(queues) == 1
         if after is not None:
             if not one or after.visible_at is None:
@@ -510,10 +488,10 @@ class Statements:
         params = {"worker": worker, "queues": list(queues), "known": list(known), "now": now}
         return Call(self.q.job_release_orphans, params, _ids)
 
-    def fail_unique_blocked(self, queues: Sequence[str]) -> Call[list[int]]:
+    def fail_unique_blocked(self, queues: str | Sequence[str]) -> Call[list[int]]:
         """Fail the pending jobs of ``queues`` that break ``jobs_unique_idx`` when claimed (rows stored outside
         ``jobs_unique_states_check``): a claim that hit it stops no queue."""
-        return Call(self.q.job_fail_unique_blocked, {"queues": list(queues)}, _ids)
+        return Call(self.q.job_fail_unique_blocked, {"queues": _names(queues)}, _ids)
 
     def stats(self, queue: str | None, lease_seconds: float | None, now: datetime | None) -> Call[list[QueueStats]]:
         lease = self.settings.lease_seconds if lease_seconds is None else lease_seconds
@@ -522,6 +500,9 @@ class Statements:
 
     def get(self, job_id: int) -> Call[dict[str, Any] | None]:
         return Call(self.q.job_get, {"id": job_id}, lambda r: with_payload(r.rows[0]) if r.rows else None)
+
+    def list_enqueued(self, task: str | None, queue: str | None, status: str | None) -> Call[list[dict[str, Any]]]:
+        return Call(self.q.job_list_enqueued, {"task": task, "queue": queue, "status": status}, lambda r: r.rows)
 
     def list_failed(self, queue: str | None, limit: int) -> Call[list[dict[str, Any]]]:
         return Call(self.q.job_list_failed, {"queue": queue, "limit": limit}, lambda r: r.rows)

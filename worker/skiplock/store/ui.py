@@ -444,6 +444,7 @@ class UiStore:
             group=fingerprint,
             upto=int(detail["upto"]),
             extra={"canary_id": canary_id},
+            empty_ok=True,
         )
 
     async def _check_canary(self, conn: psycopg.AsyncConnection[Any], canary_id: int, ids: list[int]) -> None:
@@ -472,11 +473,13 @@ class UiStore:
         jobs: JobFilter | None = None,
         upto: int | None = None,
         extra: dict[str, Any] | None = None,
+        empty_ok: bool = False,
     ) -> dict[str, Any]:
         """retry or cancel (``verb`` retry_group / cancel_group / retry_filter / cancel_filter) every job of a
         failure group or of a filter, :data:`BATCH` jobs a transaction, the cursor in the audit row. Batches run
         for :data:`BULK_SECONDS` at most: then the row's detail has ``finished`` false, and a repeat of the call
-        with the same ``key`` goes on."""
+        with the same ``key`` goes on. A group no failed job has is a :class:`NotFoundError` (nothing recorded),
+        unless ``empty_ok`` (the rest of a canary may be empty)."""
         async with self.run.connection() as conn:
             if upto is None:
                 upto = await aexecute(conn, self.u.newest_id())
@@ -487,6 +490,9 @@ class UiStore:
                 detail["filter"] = {k: v for k, v in dataclasses.asdict(jobs).items() if v is not None}
             async with conn.transaction():
                 begun = await aexecute(conn, self.u.audit_begin(_audit(actor, verb, target, key, detail)))
+                probe = self.u.group_ids(group, after=0, upto=upto, limit=1) if group is not None else None
+                if begun is not None and probe is not None and not empty_ok and not await aexecute(conn, probe):
+                    raise NotFoundError(f"no failed job has the fingerprint {group}")
             started, first = time.monotonic(), True
             while True:
                 async with conn.transaction():

@@ -46,7 +46,13 @@ class _Visibility(TypedDict, total=False):
     max_attempts: int | None
 
 
-class EnqueueOptions(_Visibility, total=False):
+class _Links(TypedDict, total=False):
+    after: Sequence[int] | None
+    on_parent_failure: str | None
+    workflow_id: str | None
+
+
+class EnqueueOptions(_Visibility, _Links, total=False):
     """Options of one enqueue, all optional: ``task``, ``delay`` (seconds or timedelta), ``run_at`` (aware
     datetime), ``priority``, ``max_attempts``, ``idempotency_key``, ``timeout_seconds`` (how long one attempt
     may run; default the task's timeout, else none)."""
@@ -61,7 +67,7 @@ class EnqueueOptions(_Visibility, total=False):
     serial_skip_on_retry: bool | None
 
 
-class EnqueueManyOptions(_Visibility, total=False):
+class EnqueueManyOptions(_Visibility, _Links, total=False):
     """Options of ``enqueue_many``: those of one enqueue, with one idempotency key (or unique key) per payload."""
 
     task: str | None
@@ -73,7 +79,7 @@ class EnqueueManyOptions(_Visibility, total=False):
     serial_skip_on_retry: bool | None
 
 
-class TaskEnqueueOptions(_Visibility, total=False):
+class TaskEnqueueOptions(_Visibility, _Links, total=False):
     """Options of ``task.enqueue``: those of one enqueue with the queue (the task is the task itself).
     The task's defaults (queue, priority, max_attempts) fill what is not given; explicit options win
     (``timeout_seconds`` is this job's own timeout, over the task's ``timeout_seconds``)."""
@@ -85,7 +91,7 @@ class TaskEnqueueOptions(_Visibility, total=False):
     serial_skip_on_retry: bool | None
 
 
-class TaskEnqueueManyOptions(_Visibility, total=False):
+class TaskEnqueueManyOptions(_Visibility, _Links, total=False):
     """Options of ``task.enqueue_many``."""
 
     queue: str

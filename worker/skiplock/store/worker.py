@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -28,10 +28,11 @@ from skiplock.limits import TaskLimits
 from skiplock.metrics import WorkerMetrics
 from skiplock.settings import CONTROL_CONNECTIONS, Settings, redact
 from skiplock.store.call import Call
+from skiplock.store.links import complete_results
 from skiplock.store.purge import apurge_batch
 from skiplock.store.run import aexecute
 from skiplock.store.schedules import ScheduleSession
-from skiplock.store.statements import Failure, PurgePolicy, Recovered, Statements
+from skiplock.store.statements import Claim, Failure, PurgePolicy, Recovered, Statements
 from skiplock.store.tasks import TaskDefaults
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class CompleterStore(Protocol):
     async def backoff(self, stopping: asyncio.Event) -> None: ...
     async def confirm_done(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
     async def complete(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None: ...
+    async def complete_results(self, done: Sequence[tuple[Job, str]], *, worker: str) -> set[int] | None: ...
     async def fail(self, failures: Sequence[Failure], *, worker: str) -> dict[int, str] | None: ...
     async def snooze(self, jobs: Sequence[Job], delays: Sequence[float], *, worker: str) -> set[int] | None: ...
     async def cancelled_among(
@@ -106,18 +108,7 @@ class ClaimStore(Protocol):
     async def backoff(self, stopping: asyncio.Event) -> None: ...
     def replan(self) -> None: ...
     async def complete_and_claim(
-        self,
-        done: Sequence[Job],
-        queues: Sequence[str],
-        *,
-        limit: int,
-        worker: str,
-        lease_seconds: float | None = None,
-        leases: Mapping[str, float] | None = None,
-        rotate: int = 0,
-        limited: bool = True,
-        after: Job | None = None,
-        shares: Sequence[int] | None = None,
+        self, done: Sequence[Job], claim: Claim, limit: int
     ) -> tuple[set[int], list[Job]] | None: ...
     async def stream_claims(self) -> None: ...
     async def give_back_claim_connection(self) -> None: ...
@@ -305,36 +296,23 @@ class PgWorkerStore:
 
     # ------------------------------------------------------------------ the claimer
     async def complete_and_claim(
-        self,
-        done: Sequence[Job],
-        queues: Sequence[str],
-        *,
-        limit: int,
-        worker: str,
-        lease_seconds: float | None = None,
-        leases: Mapping[str, float] | None = None,
-        rotate: int = 0,
-        limited: bool = True,
-        after: Job | None = None,
-        shares: Sequence[int] | None = None,
+        self, done: Sequence[Job], claim: Claim, limit: int
     ) -> tuple[set[int], list[Job]] | None:
         """The hot path: complete ``done`` and claim up to ``limit`` jobs in one statement, on the connection kept
         between claims (a pool checkout per claim cost as much client CPU as the statement)."""
-        call = self.statements.complete_and_claim(
-            done, queues, limit, worker, None, lease_seconds, leases, rotate, limited, after, shares
-        )
+        call = self.statements.complete_and_claim(done, claim, limit, None)
 
-        async def claim() -> tuple[set[int], list[Job]]:
+        async def run() -> tuple[set[int], list[Job]]:
             try:
                 return await self._claim(call)
             except psycopg.errors.UniqueViolation as exc:  # retried by call(): first fail the jobs that caused it
                 if exc.diag.constraint_name == "jobs_unique_idx":
-                    await self._fail_unique_blocked(queues)
+                    await self._fail_unique_blocked(claim.queues)
                 raise
 
-        return await self.call("claim", claim)
+        return await self.call("claim", run)
 
-    async def _fail_unique_blocked(self, queues: Sequence[str]) -> None:
+    async def _fail_unique_blocked(self, queues: str | Sequence[str]) -> None:
         """A claim broke the unique-key index: only a row stored outside ``jobs_unique_states_check`` can make it do
         that, and it would again on every claim. Those jobs fail, each saying why; the claim is then tried again."""
         try:
@@ -424,6 +402,9 @@ class PgWorkerStore:
 
     async def complete(self, jobs: Sequence[Job], *, worker: str) -> set[int] | None:
         return await self._run("complete", self.statements.complete(jobs, worker, None))
+
+    async def complete_results(self, done: Sequence[tuple[Job, str]], *, worker: str) -> set[int] | None:
+        return await self._run("complete", complete_results(self.statements.q, done, worker))
 
     async def fail(self, failures: Sequence[Failure], *, worker: str) -> dict[int, str] | None:
         return await self._run("fail", self.statements.fail(failures, worker, None))

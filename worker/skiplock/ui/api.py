@@ -181,12 +181,22 @@ def action_key(value: Any) -> str:
     return value
 
 
+BULK_FILTERS = ("queue", "task", "q", "since", "until")
+ENVELOPE = ("action_key", "csrf", "next")
+"""What a body or form carries beside its action's own fields."""
+
+
 def bulk_filter(body: Mapping[str, Any], verb: str) -> JobFilter:
     """A bulk action's filter: the job list's filters without status (retry takes failed and cancelled jobs,
-    cancel pending and running ones); at least one of them must be given."""
-    given = {
-        k: str(v) for k, v in body.items() if k in ("queue", "task", "q", "since", "until") and v not in (None, "")
-    }
+    cancel pending and running ones); at least one of them must be given. Any other key is refused: a misspelt
+    filter left out would widen the action."""
+    unknown = set(body) - {*BULK_FILTERS, *ENVELOPE, "status"}
+    if unknown:
+        raise p.BadRequest(
+            f"unknown filter {sorted(unknown)[0]!r}: a bulk {verb} takes {', '.join(BULK_FILTERS)} "
+            "(a failure group's jobs: POST /api/failures/{fingerprint}/" + verb + ")"
+        )
+    given = {k: str(v) for k, v in body.items() if k in BULK_FILTERS and v not in (None, "")}
     if "status" in body and body["status"] not in (None, ""):
         raise p.BadRequest(f"a bulk {verb} picks the statuses itself: leave status out")
     if not given:

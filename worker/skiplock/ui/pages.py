@@ -12,7 +12,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from skiplock.ui import api
-from skiplock.ui.auth import Denied, form_actor, login
+from skiplock.ui.auth import Denied, check_csrf, form_actor, login
 from skiplock.ui.render import page
 
 Read = Callable[[Request], Awaitable[dict[str, Any]]]
@@ -79,8 +79,6 @@ async def login_page(request: Request) -> Response:
 
 async def logout(request: Request) -> Response:
     form = await request.form()
-    from skiplock.ui.auth import check_csrf
-
     check_csrf(request.session, form)
     request.session.clear()
     return RedirectResponse(f"{request.scope.get('root_path', '')}/queues", status_code=303)

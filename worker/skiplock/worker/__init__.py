@@ -9,7 +9,7 @@ Seams (each owns its state; each is given the ones it calls, typed by a Protocol
 - ``claimer``: the claim loop (wake-ups, polling, the room the executors report, one claim statement for all queues)
 - ``wakeup``: the one object they share to wake each other (and the listener that sets it)
 - ``retention``, ``schedules``: the scheduled purge and periodic tasks; ``scope``: what every seam shares;
-  ``pools``: the one pool constructor
+  ``pools``: the one pool constructor; ``health``: the probes and the exporter that serves them
 
 Embed it in an asyncio program (``await worker.run()``, ``async with Worker(...)``) or in a thread of a sync one
 (``worker.start()`` / ``worker.stop()``). Signal handling is the CLI's: ``request_stop()`` works from any thread.
@@ -32,46 +32,28 @@ from prometheus_client import CollectorRegistry
 from skiplock import __version__
 from skiplock.app import App
 from skiplock.errors import ConfigError
-from skiplock.exporter import Exporter, serve
+from skiplock.exporter import Exporter
 from skiplock.handlers import Handler
 from skiplock.job import Job, Outcome
 from skiplock.listener import Listener
-from skiplock.metrics import TableCollector, WorkerMetrics
+from skiplock.metrics import WorkerMetrics
 from skiplock.settings import Settings
-from skiplock.store.health import TableReader
 from skiplock.store.run import check_connect
 from skiplock.store.tasks import defaults_of
 from skiplock.store.worker import PgWorkerStore
-from skiplock.worker import flow, loops
+from skiplock.worker import flow, loops, services
 from skiplock.worker.claimer import Claimer
 from skiplock.worker.completer import Completer
 from skiplock.worker.executor import Executors, Router, as_handler, serve_queues
+from skiplock.worker.health import Health, Serving
 from skiplock.worker.leases import Leases
 from skiplock.worker.pools import APPLICATION_NAME
-from skiplock.worker.queue_gauges import export_queue_gauges
-from skiplock.worker.retention import Retention
-from skiplock.worker.schedules import Scheduler
 from skiplock.worker.scope import Scope
-from skiplock.worker.wakeup import Wakeup, listener
+from skiplock.worker.services import STOP_WAIT_SECONDS
+from skiplock.worker.wakeup import Wakeup
 
 __all__ = ["APPLICATION_NAME", "Outcome", "Worker", "serve_queues"]
 log = logging.getLogger(__name__)
-STOP_WAIT_SECONDS = 5.0
-
-
-def _ignore(*_: Any) -> None:
-    return None
-
-
-async def _settle(tasks: list[asyncio.Task[Any]]) -> None:
-    """Wait for background tasks to end (a few seconds at most: one may be inside a database call)."""
-    done, pending = await asyncio.wait(tasks, timeout=STOP_WAIT_SECONDS)
-    for t in pending:
-        log.warning("background task %s did not stop in time", t.get_name(), extra={"action": "task_left"})
-        t.cancel()
-    for t in done:
-        if not t.cancelled() and t.exception() is not None:
-            log.error("background task %s failed: %r", t.get_name(), t.exception(), extra={"action": "task_failed"})
 
 
 class Worker:
@@ -84,7 +66,10 @@ class Worker:
         settings: Settings,
         handler: Handler | Callable[..., Any] | None = None,
         registry: CollectorRegistry | None = None,
+        observe: Callable[[Job, Outcome], None] | None = None,
     ) -> None:
+        """``observe``: called on the loop with each outcome counted (every :data:`~skiplock.job.Outcome` but
+        handed_back); an exception it raises is logged."""
         if app is None and handler is None:
             raise ConfigError("a worker needs an app (--app) or a handler (--handler)")
         if app is not None and not len(app) and handler is None:
@@ -98,14 +83,12 @@ class Worker:
         self.identity = f"{settings.worker_id}:{uuid.uuid4().hex[:8]}"
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = WorkerMetrics(self.registry)
+        self.health = Health(settings, self.registry)
         self._bound = self.metrics.describe_worker(self.queues, settings.concurrency, __version__)
         self.listener: Listener | None = None
         self.released = 0
         self.exit_code: int | None = None
-        self.observe: Callable[[Job, Outcome], None] = _ignore
-        """Set before the worker runs: called on the loop with each outcome counted (every
-        :data:`~skiplock.job.Outcome` but handed_back); an exception it raises is logged."""
-        self.retention: Retention | None = None
+        self._observe = observe
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._wakeup: Wakeup | None = None
@@ -116,7 +99,6 @@ class Worker:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[int] | None = None
-        self._last_tick = time.monotonic()
         self._began: float | None = None  # when it started serving (the stop line says how long it ran)
         # the seams, once built (see _serve): kept for the health checks, the last log line and tests
         self._store: PgWorkerStore | None = None
@@ -229,7 +211,7 @@ class Worker:
             self._loop_thread = threading.get_ident()
             if self._stop_requests:
                 wakeup.stop()
-        exporter = self._bind_exporter()  # a busy port fails before any connection is opened
+        exporter = self.health.bind()  # a busy port fails before any connection is opened
         try:
             await asyncio.to_thread(check_connect, self.settings.require_dsn())
             return await self._serve(wakeup, exporter, until_idle)
@@ -249,8 +231,7 @@ class Worker:
             if self.app is not None:  # each task's queue and defaults, for producers enqueueing by name
                 await store.register_tasks(map(defaults_of, self.app), app=self.app.name, worker=self.identity)
             scope = Scope(s, self.identity, self.queues, self.router.lease_overrides(), limits)
-            observe = None if self.observe is _ignore else self.observe
-            completer = self._completer = Completer(store, scope, bound, wakeup, observe)
+            completer = self._completer = Completer(store, scope, bound, wakeup, self._observe)
             executors = self._executors = await Executors.open(
                 scope, self.router, completer, wakeup, bound, store.statements
             )
@@ -260,30 +241,22 @@ class Worker:
             )
             flusher = asyncio.create_task(completer.run(), name="completer")
             halt = asyncio.Event()  # set once the drain is over: heartbeats and recovery end by themselves
-            loops = [
+            lease_loops = [
                 asyncio.create_task(leases.heartbeats(halt), name="heartbeat"),
                 asyncio.create_task(leases.recoverer(halt), name="recoverer"),
             ]
             tasks = [
-                asyncio.create_task(self._ticker(), name="ticker"),
+                asyncio.create_task(self.health.ticker(), name="ticker"),
                 asyncio.create_task(leases.cancellations(), name="cancellations"),
                 asyncio.create_task(claimer.watch_paused(), name="paused"),
                 asyncio.create_task(claimer.watch_table(), name="replan"),
             ]
-            if s.queue_metrics_seconds:  # the queue gauges of its queues: one bounded query in the background
-                gauges = export_queue_gauges(self.registry, store, self.queues, s.queue_metrics_seconds)
-                tasks.append(asyncio.create_task(gauges, name="queue-gauges"))
-            upkeep: list[asyncio.Task[None]] = []  # purge and ticks: they stop when the drain starts
-            if not until_idle:
-                self.retention = Retention(s, self.metrics, store)
-                upkeep.append(asyncio.create_task(self.retention.run(), name="retention"))
-                if self.app is not None and self.app.schedules:  # periodic tasks: register and fire their ticks
-                    upkeep.append(asyncio.create_task(Scheduler(s, self.app, self.metrics, store).run(), name="ticks"))
-                tasks += upkeep
-            self.metrics.listener_enabled.set(1 if s.listen else 0)
-            if s.listen and not until_idle:
-                self.listener = listener(s, self.queues, wakeup, self.metrics)
-                tasks.append(asyncio.create_task(self.listener.run(), name="listener"))
+            bg = services.start(
+                s, self.app, self.queues, store, wakeup, self.metrics, self.registry, until_idle=until_idle
+            )
+            self.listener = bg.listener
+            tasks += bg.upkeep + bg.others
+            self.health.serve(Serving(wakeup.stopping, executors, store))
             if exporter is not None:
                 exporter.start()
             self._log_started()
@@ -291,7 +264,7 @@ class Worker:
             try:
                 await claimer.run()
                 await leases.release(executors.take_buffer())  # never started: handed back at once, no attempt burnt
-                for t in upkeep:  # a purge batch in flight commits (and is counted) or not at all
+                for t in bg.upkeep:  # a purge batch in flight commits (and is counted) or not at all
                     t.cancel()
                 await executors.drain(s.shutdown_grace_seconds)
             except asyncio.CancelledError:  # run() cancelled (a lifespan's task.cancel(), Ctrl-C): hand back now
@@ -303,7 +276,7 @@ class Worker:
                 halt.set()
                 for t in tasks:
                     t.cancel()
-                await _settle(tasks + loops)
+                await services.settle(tasks + lease_loops)
                 executors.collect()  # results posted meanwhile are written, not rerun
                 await completer.close(flusher)
                 await leases.release(
@@ -339,37 +312,6 @@ class Worker:
             log.info("stop requested: draining", extra={"action": "drain_started", "in_flight": self.in_flight})
             if self._executors is not None:
                 self._executors.shut()  # handler threads start no buffered job any more
-
-    # ------------------------------------------------------------------------------------------ health
-    async def _ticker(self) -> None:
-        while True:
-            self._last_tick = time.monotonic()
-            await asyncio.sleep(1.0)
-
-    def _bind_exporter(self) -> Exporter | None:
-        s = self.settings
-        if not s.metrics_port:
-            return None
-        exporter = serve(
-            self.registry, s.metrics_host, s.metrics_port, {"/healthz": self._healthy, "/readyz": self._ready}
-        )
-        self.registry.register(TableCollector(TableReader(s), ttl=max(s.poll_seconds, 5.0)))
-        log.info("metrics on :%d (/metrics, /healthz, /readyz)", exporter.port, extra={"action": "exporter_up"})
-        return exporter
-
-    def _healthy(self) -> tuple[bool, str]:
-        age = time.monotonic() - self._last_tick
-        return (age < 30.0, f"event loop tick {age:.1f}s ago")
-
-    def _ready(self) -> tuple[bool, str]:
-        if self._wakeup is not None and self._wakeup.stopping.is_set():
-            return False, "draining"
-        stuck = self._executors.stuck() if self._executors is not None else 0
-        if stuck and stuck >= self.settings.concurrency:
-            return False, f"all {stuck} slots stuck in handlers past their timeout"
-        ok = self._store is not None and self._store.ok
-        note = f"; {stuck} slot(s) stuck past their timeout" if stuck else ""
-        return (ok, ("database reachable" if ok else "database unreachable") + note)
 
     def _log_started(self) -> None:
         s = self.settings

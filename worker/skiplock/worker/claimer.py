@@ -24,7 +24,7 @@ from typing import Protocol
 
 from skiplock.job import Job
 from skiplock.metrics import BoundMetrics, WorkerMetrics
-from skiplock.store.statements import per_queue_limit
+from skiplock.store.statements import Claim, per_queue_limit
 from skiplock.store.worker import ClaimStore
 from skiplock.worker import drain, flow
 from skiplock.worker.scope import Scope
@@ -38,16 +38,16 @@ log = logging.getLogger(__name__)
 # The claim and the completions now find their rows by primary key whatever the table's size (SQL part
 # by_attempts); other statements of the control connections (heartbeat, failures, snoozes) still join. So
 # whenever the table's file has grown REPLAN_GROWTH times over since, every control connection drops its plans
-# before its next use (DISCARD PLANS, in its own session: replacing the connections cost each worker about 30 ms of
-# server CPU in backend starts and plans made with cold caches) and the next claims are planned for the table as
+# before its next use (DISCARD PLANS, in its own session: cheaper than replacing the connections, which costs
+# backend starts and plans made with cold caches) and the next claims are planned for the table as
 # it is: a plan is never made for less than half the table. Below REPLAN_FLOOR_BYTES every plan is cheap. The size
 # is read without touching a row.
 REPLAN_GROWTH = 2
 REPLAN_FLOOR_BYTES = 1 << 20
 REPLAN_CHECK_SECONDS = 1.0
 # A claim walks the claim index from its start, and every job claimed since the table's last VACUUM left a dead
-# entry there: 850,000 jobs into a backlog, a claim of 100 read 3,000 index pages (9 ms). So while a backlog of one
-# queue drains (the last claim filled its batch), a claim starts after the last job this worker claimed (same
+# entry there (what that reads deep into a backlog: bench/HISTORY.md, "Behind the code"). So while a backlog of
+# one queue drains (the last claim filled its batch), a claim starts after the last job this worker claimed (same
 # priority, later in claim order: the scan starts there), and a claim from the start is made again once
 # AFTER_WINDOW_FACTOR times the last one's duration has passed (at most AFTER_MAX_SECONDS), or at once when a claim
 # from the position comes back short. A job that sorts before the position (a higher priority, a handed-back job,
@@ -58,8 +58,8 @@ AFTER_MAX_SECONDS = 0.5
 # share (busy: see Claimer._busy), the claimer's kept connection plans its claims once
 # (plan_cache_mode = force_generic_plan; reset before it returns to the pool; an idle worker's claims of
 # a job or two pay no extra round trips). Once the jobs table has statistics PostgreSQL planned every claim afresh (a
-# custom plan was estimated cheaper than the generic one, whose LIMIT is unknown): 0.7 ms a claim, 7 µs a job of
-# a batch of 100. The generic claim finds its rows by primary key (claim_update), and a plan made for a much
+# custom plan was estimated cheaper than the generic one, whose LIMIT is unknown; what that cost: bench/HISTORY.md,
+# "Behind the code"). The generic claim finds its rows by primary key (claim_update), and a plan made for a much
 # smaller table is replaced (REPLAN_GROWTH).
 # With jobs in flight and work waiting, wait up to this long for room for a whole batch before claiming, so one
 # claim statement carries many jobs instead of one per finished job. A prefetch buffer that runs low (half its
@@ -98,6 +98,8 @@ class DoneJobs(Protocol):
 
     @property
     def pending(self) -> int: ...
+    @property
+    def ended_alone(self) -> int: ...
     def take_done(self) -> list[Job]: ...
     def give_back(self, jobs: list[Job]) -> None: ...
     async def settle(self, done: list[Job], completed: set[int]) -> None: ...
@@ -171,7 +173,8 @@ class Claimer:
         self._rate = 0.0  # jobs started per second, recent
         self._window_start = time.monotonic()
         self._window_count = 0
-        self._claimed_busy = False  # the last claim was made while jobs ran or waited in the buffer
+        self._flushes_seen = 0  # the completer's own flushes when the last claim was made
+        self._claimed_busy = False  # the last claim was made while jobs ran, waited in the buffer or were completed
         self.claims = 0
         self.empty_claims = 0
         self.replans = 0  # times the control connections were replaced for a grown table
@@ -322,12 +325,16 @@ class Claimer:
                 gather = self.gather_target()
                 if more and (executors.running() or executors.waiting()) and free < gather:
                     free = await self._gather_slots(gather)
+                    if free <= 0:  # a control notification came meanwhile (see _room): no claim of nothing
+                        continue
                 if not more and self.until_idle and self._claimed_busy:
                     # The empty claim ran beside running jobs (it claimed ahead): a job they enqueue or unblock may
                     # have committed after its snapshot, so idle is only judged by a claim made with nothing running.
                     await asyncio.sleep(UNTIL_IDLE_RECHECK_SECONDS)
                 elif not more:
                     idle = not executors.running() and not executors.waiting() and not self._completer.pending
+                    # completions written without a claim since the last one may have released dependents
+                    idle = idle and self._completer.ended_alone == self._flushes_seen
                     if self.until_idle and idle:
                         stopping.set()
                         break
@@ -348,8 +355,10 @@ class Claimer:
 
     async def _claim(self, want: int) -> bool:
         """One claim carrying the finished jobs; True when it filled the batch (more work is waiting)."""
-        self._claimed_busy = bool(self._executors.running() or self._executors.waiting())
         done = self._completer.take_done()
+        self._flushes_seen = self._completer.ended_alone
+        # a claim carrying completions may release their dependents, which commit with it, after its snapshot
+        self._claimed_busy = bool(self._executors.running() or self._executors.waiting() or done)
         started = time.monotonic()
         after = self._after if started < self._after_until else None
         shares = self.shares(want)
@@ -416,18 +425,17 @@ class Claimer:
         self, done: list[Job], want: int, after: Job | None, shares: list[int] | None
     ) -> tuple[set[int], list[Job]] | None:
         """The hot path, on the connection the store keeps between claims."""
-        result = await self._store.complete_and_claim(
-            done,
+        claim = Claim(
             self._queues,
-            limit=want,
-            worker=self._identity,
-            lease_seconds=self._settings.lease_seconds,
-            leases=self._leases_by_task,
-            rotate=self._rotate,
-            limited=self._limited,
-            after=after,
-            shares=shares,
+            self._identity,
+            self._settings.lease_seconds,
+            self._leases_by_task,
+            self._limited,
+            self._rotate,
+            after,
+            shares,
         )
+        result = await self._store.complete_and_claim(done, claim, want)
         if result is not None and want > 1 and self._busy(want, shares, result[1]):  # see CLAIM_PLANS
             await self._store.stream_claims()
         return result

@@ -96,6 +96,7 @@ class Completer:
         # tasks at a global concurrency limit: one of their jobs ending may let another start (as a serial key's)
         self._gating = frozenset(x.task for x in scope.limits if x.global_concurrency is not None)
         self._done: list[Job] = []
+        self._with_results: list[tuple[Job, str]] = []  # done jobs whose handlers returned a value (JSON)
         self._done_since: float | None = None  # when the oldest done job not yet taken by a claim finished
         self._failed: list[tuple[Failure, FailureCause]] = []
         self._refused: list[Job] = []  # completions the fence refused in the handler's transaction
@@ -105,6 +106,7 @@ class Completer:
         self._needed = asyncio.Event()
         self._closing = False
         self.flushes = 0  # statements that wrote done jobs no claim carried (the flush loop's own)
+        self.ended_alone = 0  # flushes that ended jobs, counted once written (their dependents may be released)
 
     # ------------------------------------------------------------------ buffers
     def defer(self, *jobs: Job) -> None:
@@ -144,14 +146,22 @@ class Completer:
     def jobs(self) -> list[Job]:
         """Jobs finished here but not yet written (or being written): their leases must still be renewed, and
         they are this worker's own, never orphans."""
-        return self._done + [f.job for f, _ in self._failed] + [j for j, _ in self._snoozed] + self._writing
+        return (
+            self._done
+            + [j for j, _ in self._with_results]
+            + [f.job for f, _ in self._failed]
+            + [j for j, _ in self._snoozed]
+            + self._writing
+        )
 
     def holds(self, job: Job) -> bool:
         return any(j.id == job.id and j.attempts == job.attempts for j in self.jobs())
 
     @property
     def pending(self) -> int:
-        return len(self._done) + len(self._failed) + len(self._refused) + len(self._snoozed)
+        """Outcomes not written yet, those being written included."""
+        waiting = (self._done, self._with_results, self._failed, self._refused, self._snoozed, self._writing)
+        return sum(len(w) for w in waiting)
 
     # ------------------------------------------------------------------ counting
     async def settle(self, done: list[Job], completed: set[int]) -> None:
@@ -274,7 +284,7 @@ class Completer:
                 started = entry.started
                 ran.append(entry.finished - started)
                 waited.append(entry.waited + started - entry.claimed)
-                if entry.outcome == "done" and not (entry.written or entry.stuck or entry.cancelled):  # the usual case
+                if entry.outcome == "done" and not (entry.written or entry.stuck or entry.cancelled or entry.result):
                     defer(job)
                 else:
                     self.record(entry)
@@ -307,6 +317,9 @@ class Completer:
                 if entry.written:
                     self.count(job, "done")
                     log.debug("job done", extra={"action": "job_done", "queue": job.queue, "job_id": job.id})
+                elif entry.result is not None:  # written with its result by a statement of its own
+                    self._with_results.append((job, entry.result))
+                    self._needed.set()
                 else:
                     self.defer(job)
             case "failed" | "timed_out":
@@ -368,13 +381,15 @@ class Completer:
                         break
                     wait = FLUSH_RECHECK_SECONDS  # a claim takes them meanwhile (or fails and gives them back)
                 await asyncio.sleep(wait)
-            ended = self._done + [f.job for f, _ in self._failed]
-            self.flushes += bool(self._done)
+            ended = self._done + [j for j, _ in self._with_results] + [f.job for f, _ in self._failed]
+            self.flushes += bool(self._done or self._with_results)
             if not await self.flush():
                 await self._store.backoff(stopping)
                 self._needed.set()
-            elif ended and not stopping.is_set():
-                self._written(ended)
+            elif ended:
+                self.ended_alone += 1
+                if not stopping.is_set():
+                    self._written(ended)
 
     def _written(self, jobs: list[Job]) -> None:
         """Jobs ended without a claim: wake the claim loop when one may have held back another (the next job of its
@@ -408,6 +423,8 @@ class Completer:
                 if not ok:
                     self._done[:0] = batch
                     self._done_since = self._done_since or time.monotonic()
+        while ok and self._with_results:
+            ok = await self._write_results()
         if ok and self._snoozed:
             ok = await self._write_snoozes()
         while ok and self._failed:
@@ -429,6 +446,23 @@ class Completer:
                 if not ok:
                     self._failed[:0] = fails
         return ok
+
+    async def _write_results(self) -> bool:
+        """Done jobs with their results, one statement per batch (fenced as every completion)."""
+        batch = sorted(self._with_results[:FLUSH_MAX], key=lambda d: d[0].id)
+        del self._with_results[:FLUSH_MAX]
+        jobs = [j for j, _ in batch]
+        self._writing = list(jobs)
+        done: set[int] | None = None
+        try:
+            done = await self._store.complete_results(batch, worker=self._identity)
+            if done is not None:
+                await self.settle(jobs, done)
+        finally:
+            self._writing = []
+            if done is None:
+                self._with_results[:0] = batch
+        return done is not None
 
     async def _write_snoozes(self) -> bool:
         batch, self._snoozed = sorted(self._snoozed, key=lambda s: s[0].id), []

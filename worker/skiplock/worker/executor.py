@@ -35,6 +35,8 @@ from skiplock.handlers import Handler
 from skiplock.job import AsyncLazyConnection, Job, LazyConnection, Outcome
 from skiplock.metrics import BoundMetrics
 from skiplock.settings import Settings
+from skiplock.store.durable import AsyncDurable, Durable
+from skiplock.store.links import complete_one_result, encode_result
 from skiplock.store.run import aexecute, execute
 from skiplock.store.statements import Failure, Statements
 from skiplock.worker.completer import failure_for, queue_counts
@@ -140,7 +142,9 @@ class Router:
         return {t.name: t.options.timeout_seconds for t in (self.app or ()) if t.options.timeout_seconds is not None}
 
 
-def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Statements) -> Outcome | None:
+def _finish_sync(
+    conn: psycopg.Connection[Any], job: Job, worker: str, q: Statements, result: str | None
+) -> Outcome | None:
     """After a sync handler that used job.conn returned: complete in its transaction (``done``, or ``lease_lost`` when
     the fence refused it), else None: the completer's batch writes it. (IDLE: the handler ended the job's transaction
     itself, with ``commit()`` or ``rollback()``: documented as unfenced; the job is completed in the batch.)"""
@@ -150,21 +154,26 @@ def _finish_sync(conn: psycopg.Connection[Any], job: Job, worker: str, q: Statem
     if status != TransactionStatus.INTRANS:
         conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
-    if not execute(conn, q.complete_one(job, worker)):
+    if not execute(
+        conn, q.complete_one(job, worker) if result is None else complete_one_result(q.q, job, worker, result)
+    ):
         conn.rollback()
         return "lease_lost"
     conn.commit()
     return "done"
 
 
-async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: str, q: Statements) -> Outcome | None:
+async def _finish_async(
+    conn: psycopg.AsyncConnection[Any], job: Job, worker: str, q: Statements, result: str | None
+) -> Outcome | None:
     status = conn.info.transaction_status
     if status == TransactionStatus.IDLE:
         return None
     if status != TransactionStatus.INTRANS:
         await conn.rollback()
         raise HandlerConnectionError("the handler's transaction was aborted by a database error it caught")
-    if not await aexecute(conn, q.complete_one(job, worker)):
+    call = q.complete_one(job, worker) if result is None else complete_one_result(q.q, job, worker, result)
+    if not await aexecute(conn, call):
         await conn.rollback()
         return "lease_lost"
     await conn.commit()
@@ -173,9 +182,8 @@ async def _finish_async(conn: psycopg.AsyncConnection[Any], job: Job, worker: st
 
 RUNNER_STREAK = 50
 """Jobs an async runner runs back to back before it lets the loop run its other callbacks (claims, results, leases).
-A job that awaits lets them run anyway; this bounds a run of jobs that never await (50 no-op jobs take about 0.2 ms).
-Each yield costs a collection of results and a look by the claim loop: yielding every 10 jobs cost a tenth more
-instructions a job than every 50."""
+A job that awaits lets them run anyway; this bounds a run of jobs that never await. Each yield costs a collection
+of results and a look by the claim loop (the streak's measurement: bench/HISTORY.md, "Behind the code")."""
 
 
 class AsyncExecutor:
@@ -201,6 +209,7 @@ class AsyncExecutor:
         self.pool = pool
         self._slots = slots
         self._q = queries
+        self._durable = AsyncDurable(pool, queries.q, queries.settings.max_payload_bytes)  # job.step, parent_results
         self._worker = worker
         self._report = report
         self._loop = asyncio.get_running_loop()
@@ -310,16 +319,18 @@ class AsyncExecutor:
         try:
             try:
                 if timeout is None:
-                    await target.func(job._bind(lazy, entry))
+                    value = await target.func(job._bind(lazy, entry, self._durable))
                 else:
                     deadline = asyncio.timeout(timeout)  # cancels the handler at the deadline
                     try:
                         async with deadline:
-                            await target.func(job._bind(lazy, entry))
+                            value = await target.func(job._bind(lazy, entry, self._durable))
                     except TimeoutError:
                         if deadline.expired():
                             raise timed_out_error(timeout) from None
                         raise
+                if value is not None:  # the task's return value, stored with `done` (or the attempt fails)
+                    entry.result = encode_result(value, self._q.settings.max_payload_bytes)
             except BaseException:
                 if lazy.conn is not None:
                     with contextlib.suppress(psycopg.Error):  # keep the handler's exception
@@ -329,7 +340,7 @@ class AsyncExecutor:
                 raise HandlerConnectionError(f"job.conn could not be checked out: {lazy.failed}")
             if lazy.conn is None:  # it never used job.conn (most handlers): no coroutine to learn that
                 return "done"
-            written = await _finish_async(lazy.conn, job, self._worker, self._q)
+            written = await _finish_async(lazy.conn, job, self._worker, self._q, entry.result)
             if written is None:
                 return "done"
             entry.written = True
@@ -371,6 +382,7 @@ class ThreadExecutor:
         self.pool = pool
         self._slots = slots
         self._q = queries
+        self._durable = Durable(pool, queries.q, queries.settings.max_payload_bytes)
         self._worker = worker
         self._report = report
         self._expire = expire  # on the loop, at a sync job's timeout (its thread goes on)
@@ -444,7 +456,9 @@ class ThreadExecutor:
         job = entry.job
         try:
             try:
-                entry.target.func(job._bind(lazy, entry))
+                value = entry.target.func(job._bind(lazy, entry, self._durable))
+                if value is not None:
+                    entry.result = encode_result(value, self._q.settings.max_payload_bytes)
             except BaseException:
                 if lazy.conn is not None:
                     with contextlib.suppress(psycopg.Error):
@@ -454,7 +468,7 @@ class ThreadExecutor:
                 raise HandlerConnectionError(f"job.conn could not be checked out: {lazy.failed}")
             if lazy.conn is None:
                 return "done"
-            written = _finish_sync(lazy.conn, job, self._worker, self._q)
+            written = _finish_sync(lazy.conn, job, self._worker, self._q, entry.result)
             if written is None:
                 return "done"
             entry.written = True
@@ -577,7 +591,7 @@ class Executors:
                 continue
             visible = job.visible_at
             delta = (now - visible).total_seconds() if visible is not None else 0.0
-            waited = delta if delta > 0.0 else 0.0  # not max(): it parses keyword arguments, 500 instructions a call
+            waited = delta if delta > 0.0 else 0.0  # not max(), which parses keyword arguments
             entries.append(Entry(job, target, claimed, waited))
         bound = self._bound
         if jobs:

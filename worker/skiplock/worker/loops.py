@@ -2,8 +2,8 @@
 dependency of skiplock on Linux and macOS), else asyncio's.
 
 uvloop's loop is written in C: the claim loop, the hand-back of handler threads' results and every async job's task
-cost fewer instructions on it (a worker of async no-op jobs executes about a tenth fewer a job). ``asyncio`` keeps
-the standard library's loop, for a handler library that needs it."""
+cost fewer instructions on it (bench/HISTORY.md, "Behind the code"). ``asyncio`` keeps the standard library's loop,
+for a handler library that needs it."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ APPLICATION_NAME = "skiplock-worker"
 # A pooled connection not checked out for longer than this is pinged before use: after a server restart or a
 # killed backend the pool would otherwise hand out one dead connection per slot (and burn a job attempt on each).
 # The time is stamped at checkout, in the pool's check callback: a reset callback would cost more than the rest of
-# a checkout (about 25 us of the pool's 40).
+# a checkout (bench/HISTORY.md, "Behind the code").
 IDLE_CHECK_SECONDS = 2.0
 
 

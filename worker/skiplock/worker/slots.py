@@ -49,6 +49,7 @@ class Entry:
     # done, failed, timed_out, snoozed, cancelled, lease_lost or handed_back (the completer decides the rest)
     written: bool = False  # done: completed in the handler's own transaction (else the completer writes it)
     error: BaseException | None = None  # what the handler raised (failed, timed_out, snoozed)
+    result: str | None = None  # done: the handler's return value as JSON (None: it returned None)
     finished: float = 0.0  # time.monotonic() when the handler returned
 
     def is_set(self) -> bool:
@@ -198,8 +199,8 @@ class Slots:
         slot is freed under the same lock (one lock round a job, not two); ``now``: when it returned (the next job's
         start, unless the thread has to wait for one: one clock read a job)."""
         with self._mutex:
-            if ended is not None and ended.busy:  # its slot, unless the loop collected its result first (_end, inline:
-                ended.busy = False  # a call a job here and in collect cost 1,600 instructions a job, 3.5 %)
+            if ended is not None and ended.busy:  # its slot, unless the loop collected its result first (_end,
+                ended.busy = False  # inline: bench/HISTORY.md, "Behind the code")
                 self._busy -= 1
             while not self.closed:
                 e: Entry | None = None

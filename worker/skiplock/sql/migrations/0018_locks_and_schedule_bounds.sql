@@ -5,10 +5,11 @@
 -- any role of the database could take and hold, stopping every purge of this schema. A row lock needs the UPDATE
 -- privilege on its table, which only the owner has (skiplock grant gives no other role any right on it); migrations
 -- lock schema_migrations itself for the same reason (skiplock.migrate).
-CREATE TABLE {schema}.locks (
+-- (Every statement here may run twice: a schema whose recorded versions were rolled back by hand migrates again.)
+CREATE TABLE IF NOT EXISTS {schema}.locks (
     name text PRIMARY KEY CHECK (name IN ('purge'))
 );
-INSERT INTO {schema}.locks (name) VALUES ('purge');
+INSERT INTO {schema}.locks (name) VALUES ('purge') ON CONFLICT DO NOTHING;
 REVOKE ALL ON {schema}.locks FROM PUBLIC;
 
 -- Why the schedule bounds (issue 37, item 3): a worker role writes schedule rows, and every firer (the workers, and
@@ -19,7 +20,7 @@ REVOKE ALL ON {schema}.locks FROM PUBLIC;
 -- max_attempts what a job takes. A row that passes the checks and still cannot be fired (an unknown time zone, a cron
 -- that never fires, a job the jobs table refuses) is parked: `parked` holds why, it is not fired any more, and it is
 -- unparked when its app registers it again (skiplock.store.schedules).
-ALTER TABLE {schema}.schedules ADD COLUMN parked text;
+ALTER TABLE {schema}.schedules ADD COLUMN IF NOT EXISTS parked text;
 
 -- Rows outside the bounds are dropped, not repaired: a schedule is its app's declaration, registered again by its
 -- workers within the hour (and by `skiplock schedules sync`), which brings it back from the code.
@@ -37,6 +38,15 @@ WHERE (length(name) BETWEEN 1 AND 200
                                     AND last_run_at < TIMESTAMPTZ '3000-01-01 00:00:00+00'))) IS NOT TRUE;
 
 ALTER TABLE {schema}.schedules
+    DROP CONSTRAINT IF EXISTS schedules_name_bound_check,
+    DROP CONSTRAINT IF EXISTS schedules_app_check,
+    DROP CONSTRAINT IF EXISTS schedules_cron_check,
+    DROP CONSTRAINT IF EXISTS schedules_every_bound_check,
+    DROP CONSTRAINT IF EXISTS schedules_period_bound_check,
+    DROP CONSTRAINT IF EXISTS schedules_timezone_check,
+    DROP CONSTRAINT IF EXISTS schedules_max_attempts_check,
+    DROP CONSTRAINT IF EXISTS schedules_times_check,
+    DROP CONSTRAINT IF EXISTS schedules_parked_check,
     ADD CONSTRAINT schedules_name_bound_check CHECK (length(name) BETWEEN 1 AND 200),
     ADD CONSTRAINT schedules_app_check CHECK (length(app) BETWEEN 1 AND 200),
     ADD CONSTRAINT schedules_cron_check CHECK (cron IS NULL OR length(cron) BETWEEN 1 AND 200),

@@ -1,13 +1,35 @@
 -- name: job_enqueue
 -- Insert one job, or find the live job with the same idempotency key; wake workers when it is visible now.
+-- variant: job_enqueue_traced (traced)
+-- variant: job_enqueue_by_name (by_name)
+-- variant: job_enqueue_by_name_traced (by_name traced)
 WITH ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, idempotency_key,
                                timeout_seconds,
-                               serial_key, serial_skip_on_retry)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
+                               serial_key, serial_skip_on_retry/*[traced*/, trace_context/*traced]*/)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb,
+/*[!by_name*/
+            %(priority)s, %(max_attempts)s,
+/*!by_name]*/
+/*[by_name*/
+            coalesce(%(priority)s::smallint, (SELECT t.priority FROM {schema}.tasks AS t WHERE t.name = %(task)s), 0),
+            coalesce(%(max_attempts)s::integer, (SELECT t.max_attempts FROM {schema}.tasks AS t WHERE t.name = %(task)s),
+                     %(max_attempts_default)s),
+/*by_name]*/
             coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), %(idempotency_key)s,
             %(timeout_seconds)s,
-            %(serial_key)s, %(serial_skip_on_retry)s)
+            %(serial_key)s,
+/*[!by_name*/
+            %(serial_skip_on_retry)s
+/*!by_name]*/
+/*[by_name*/
+            coalesce(%(serial_skip_on_retry)s::boolean,
+                     (SELECT t.serial_skip_on_retry FROM {schema}.tasks AS t WHERE t.name = %(task)s), false)
+/*by_name]*/
+/*[traced*/
+            , %(trace_context)s::jsonb
+/*traced]*/
+    )
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL AND status <> 'failed' DO NOTHING
     RETURNING id, visible_at
 ), woke AS (
@@ -26,12 +48,33 @@ WHERE queue = %(queue)s AND idempotency_key = %(idempotency_key)s AND status <> 
 
 -- name: job_enqueue_many
 -- Insert many jobs of one queue in one statement (payloads as one JSON array; duplicate keys skipped); wake once.
+-- variant: job_enqueue_many_traced (traced)
+-- variant: job_enqueue_many_by_name (by_name)
+-- variant: job_enqueue_many_by_name_traced (by_name traced)
 WITH ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, idempotency_key,
-                               serial_key, serial_skip_on_retry)
-    SELECT %(queue)s, %(task)s, p.payload, %(priority)s, %(max_attempts)s,
+                               serial_key, serial_skip_on_retry/*[traced*/, trace_context/*traced]*/)
+    SELECT %(queue)s, %(task)s, p.payload,
+/*[!by_name*/
+           %(priority)s, %(max_attempts)s,
+/*!by_name]*/
+/*[by_name*/
+           coalesce(%(priority)s::smallint, (SELECT t.priority FROM {schema}.tasks AS t WHERE t.name = %(task)s), 0),
+           coalesce(%(max_attempts)s::integer, (SELECT t.max_attempts FROM {schema}.tasks AS t WHERE t.name = %(task)s),
+                    %(max_attempts_default)s),
+/*by_name]*/
            coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), k.key,
-           %(serial_key)s, %(serial_skip_on_retry)s
+           %(serial_key)s,
+/*[!by_name*/
+           %(serial_skip_on_retry)s
+/*!by_name]*/
+/*[by_name*/
+           coalesce(%(serial_skip_on_retry)s::boolean,
+                    (SELECT t.serial_skip_on_retry FROM {schema}.tasks AS t WHERE t.name = %(task)s), false)
+/*by_name]*/
+/*[traced*/
+           , %(trace_context)s::jsonb
+/*traced]*/
     FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, n)
     LEFT JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, n) USING (n)
     ORDER BY p.n
@@ -57,8 +100,9 @@ SELECT array(SELECT nextval(seq.s) AS id FROM seq, generate_series(1, %(n)s) ORD
 FROM due;
 
 -- name: job_copy_many
--- Write jobs with the ids job_reserve_ids reserved, as COPY text rows: id, payload, then the enqueue's options.
-COPY {schema}.jobs (id, payload, queue, task, priority, max_attempts, visible_at, serial_key, serial_skip_on_retry)
+-- Write jobs with the ids job_reserve_ids reserved, as COPY text rows: id, payload, then the enqueue's options (traced: then the trace context of its span, the same for every row).
+-- variant: job_copy_many_traced (traced)
+COPY {schema}.jobs (id, payload, queue, task, priority, max_attempts, visible_at, serial_key, serial_skip_on_retry/*[traced*/, trace_context/*traced]*/)
 FROM STDIN;
 
 -- name: job_copy_many_plain
@@ -73,12 +117,34 @@ ORDER BY idempotency_key, (status <> 'failed') DESC, id DESC;
 
 -- name: job_enqueue_unique
 -- Insert one unique job, or find the job holding its unique key (job_replace_unique may follow); wake workers when it is visible now.
+-- variant: job_enqueue_unique_traced (traced)
+-- variant: job_enqueue_unique_by_name (by_name)
+-- variant: job_enqueue_unique_by_name_traced (by_name traced)
 WITH ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, timeout_seconds,
-                               unique_key, unique_states, serial_key, serial_skip_on_retry)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb, %(priority)s, %(max_attempts)s,
+                               unique_key, unique_states, serial_key, serial_skip_on_retry/*[traced*/, trace_context/*traced]*/)
+    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb,
+/*[!by_name*/
+            %(priority)s, %(max_attempts)s,
+/*!by_name]*/
+/*[by_name*/
+            coalesce(%(priority)s::smallint, (SELECT t.priority FROM {schema}.tasks AS t WHERE t.name = %(task)s), 0),
+            coalesce(%(max_attempts)s::integer, (SELECT t.max_attempts FROM {schema}.tasks AS t WHERE t.name = %(task)s),
+                     %(max_attempts_default)s),
+/*by_name]*/
             coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), %(timeout_seconds)s,
-            %(unique_key)s, %(unique_states)s::text[], %(serial_key)s, %(serial_skip_on_retry)s)
+            %(unique_key)s, %(unique_states)s::text[], %(serial_key)s,
+/*[!by_name*/
+            %(serial_skip_on_retry)s
+/*!by_name]*/
+/*[by_name*/
+            coalesce(%(serial_skip_on_retry)s::boolean,
+                     (SELECT t.serial_skip_on_retry FROM {schema}.tasks AS t WHERE t.name = %(task)s), false)
+/*by_name]*/
+/*[traced*/
+            , %(trace_context)s::jsonb
+/*traced]*/
+    )
     ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status = ANY (unique_states)
     DO NOTHING
     RETURNING id, visible_at
@@ -98,12 +164,33 @@ LIMIT 1;
 
 -- name: job_enqueue_many_unique
 -- Insert many unique jobs of one queue in one statement (distinct keys; a taken key is skipped: job_replace_unique may follow); wake once.
+-- variant: job_enqueue_many_unique_traced (traced)
+-- variant: job_enqueue_many_unique_by_name (by_name)
+-- variant: job_enqueue_many_unique_by_name_traced (by_name traced)
 WITH ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, unique_key,
-                               unique_states, serial_key, serial_skip_on_retry)
-    SELECT %(queue)s, %(task)s, p.payload, %(priority)s, %(max_attempts)s,
+                               unique_states, serial_key, serial_skip_on_retry/*[traced*/, trace_context/*traced]*/)
+    SELECT %(queue)s, %(task)s, p.payload,
+/*[!by_name*/
+           %(priority)s, %(max_attempts)s,
+/*!by_name]*/
+/*[by_name*/
+           coalesce(%(priority)s::smallint, (SELECT t.priority FROM {schema}.tasks AS t WHERE t.name = %(task)s), 0),
+           coalesce(%(max_attempts)s::integer, (SELECT t.max_attempts FROM {schema}.tasks AS t WHERE t.name = %(task)s),
+                    %(max_attempts_default)s),
+/*by_name]*/
            coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), k.key,
-           %(unique_states)s::text[], %(serial_key)s, %(serial_skip_on_retry)s
+           %(unique_states)s::text[], %(serial_key)s,
+/*[!by_name*/
+           %(serial_skip_on_retry)s
+/*!by_name]*/
+/*[by_name*/
+           coalesce(%(serial_skip_on_retry)s::boolean,
+                    (SELECT t.serial_skip_on_retry FROM {schema}.tasks AS t WHERE t.name = %(task)s), false)
+/*by_name]*/
+/*[traced*/
+           , %(trace_context)s::jsonb
+/*traced]*/
     FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, n)
     JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, n) USING (n)
     ORDER BY p.n
@@ -118,9 +205,16 @@ SELECT ins.id, ins.unique_key AS key, (SELECT count(*) FROM woke) AS notified FR
 
 -- name: job_replace_unique
 -- Give the pending jobs holding these unique keys the new payload, priority and run time (unique_conflict "replace", after the insert found them); running or finished ones are left as they are; wake workers when one is visible now.
+-- variant: job_replace_unique_by_name (by_name)
 WITH upd AS (
     UPDATE {schema}.jobs AS j
-    SET payload = p.payload, priority = %(priority)s,
+    SET payload = p.payload,
+/*[!by_name*/
+        priority = %(priority)s,
+/*!by_name]*/
+/*[by_name*/
+        priority = coalesce(%(priority)s::smallint, (SELECT t.priority FROM {schema}.tasks AS t WHERE t.name = %(task)s), 0),
+/*by_name]*/
         visible_at = coalesce(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s), updated_at = now()
     FROM jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, n)
     JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, n) USING (n)
@@ -288,8 +382,9 @@ RETURNING j.id, j.queue, j.status, j.attempts;
 
 -- name: job_get
 -- One job by id, every column (CLI show and tests); the payload as text, decoded in Python (one nested too deep to read is shown, not raised).
-SELECT id, queue, task, payload::text AS payload, status, priority, attempts, max_attempts, visible_at, locked_by, locked_at,
-       lease_expires_at, timeout_seconds, last_error, errors, idempotency_key, created_at, updated_at
+SELECT id, queue, task, payload::text AS payload, status, priority, attempts, max_attempts, visible_at, locked_by,
+       locked_at, lease_expires_at, timeout_seconds, last_error, errors, idempotency_key, created_at, updated_at,
+       result, waiting_on, workflow_id
 FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_get_many
@@ -345,10 +440,10 @@ RETURNING j.id, j.queue
 SELECT r.id, r.queue, (SELECT count(*) FROM woke) AS notified FROM retried AS r;
 
 -- name: job_cancel
--- Cancel pending and running jobs (by ids, or a queue, optionally one task) at once, locking in id order: a running handler's completion is then refused by the fence, and the workers are told on the control channel.
+-- Cancel waiting, pending and running jobs (by ids, or a queue, optionally one task) at once, locking in id order: a running handler's completion is then refused by the fence, and the workers are told on the control channel.
 WITH picked AS (
     SELECT id, status FROM {schema}.jobs
-    WHERE status IN ('pending', 'processing')
+    WHERE status IN ('pending', 'processing', 'waiting')
       AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
       AND (%(task)s::text IS NULL OR task = %(task)s)
@@ -412,25 +507,35 @@ WHERE paused AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 ORDER BY queue;
 
 -- name: job_purge
--- One batch of a purge: up to `limit` done, failed and cancelled jobs each, older than that status's age in seconds (NULL: none of that status), of one queue or all; run in the transaction that took the schema's purge lock; returns the status of each row deleted.
-WITH done AS (
-    SELECT id FROM {schema}.jobs
-    WHERE status = 'done' AND %(done_seconds)s::float8 IS NOT NULL
-      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(done_seconds)s::float8)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+-- One batch of a purge: up to `limit` done, failed and cancelled jobs each, older than that status's age in seconds (NULL: none of that status), of one queue or all (each queue's oldest from that status's own index, the queues from finished_queues()); run in the transaction that took the schema's purge lock; returns the status of each row deleted.
+WITH q AS MATERIALIZED (
+    SELECT %(queue)s::text AS queue WHERE %(queue)s::text IS NOT NULL
+    UNION ALL
+    SELECT f.queue FROM {schema}.finished_queues() AS f(queue) WHERE %(queue)s::text IS NULL
+), done AS (
+    SELECT d.id FROM q CROSS JOIN LATERAL (
+        SELECT id FROM {schema}.jobs
+        WHERE status = 'done' AND queue = q.queue AND %(done_seconds)s::float8 IS NOT NULL
+          AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(done_seconds)s::float8)
+        ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS d
+    LIMIT %(limit)s
 ), failed AS (
-    SELECT id FROM {schema}.jobs
-    WHERE status = 'failed' AND %(failed_seconds)s::float8 IS NOT NULL
-      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(failed_seconds)s::float8)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    SELECT d.id FROM q CROSS JOIN LATERAL (
+        SELECT id FROM {schema}.jobs
+        WHERE status = 'failed' AND queue = q.queue AND %(failed_seconds)s::float8 IS NOT NULL
+          AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(failed_seconds)s::float8)
+        ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS d
+    LIMIT %(limit)s
 ), cancelled AS (
-    SELECT id FROM {schema}.jobs
-    WHERE status = 'cancelled' AND %(cancelled_seconds)s::float8 IS NOT NULL
-      AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(cancelled_seconds)s::float8)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    SELECT d.id FROM q CROSS JOIN LATERAL (
+        SELECT id FROM {schema}.jobs
+        WHERE status = 'cancelled' AND queue = q.queue AND %(cancelled_seconds)s::float8 IS NOT NULL
+          AND updated_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(cancelled_seconds)s::float8)
+        ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) AS d
+    LIMIT %(limit)s
 )
 DELETE FROM {schema}.jobs AS j
 USING (SELECT id FROM done UNION ALL SELECT id FROM failed UNION ALL SELECT id FROM cancelled) AS doomed

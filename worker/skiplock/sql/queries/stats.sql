@@ -96,11 +96,17 @@ ORDER BY queue
 LIMIT %(limit)s;
 
 -- name: queue_done_recently
--- Jobs finished as done in the last `seconds`, per queue, from the done index alone, counted up to `cap` in all (the positive confirmation of `skiplock stats`).
+-- Jobs finished as done in the last `seconds`, per queue, from the done index alone (each queue's newest; the queues from finished_queues()), counted up to `cap` in all (the positive confirmation of `skiplock stats`).
 SELECT d.queue, count(*) AS done FROM (
-    SELECT queue FROM {schema}.jobs
-    WHERE status = 'done' AND updated_at > now() - make_interval(secs => %(seconds)s)
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+    SELECT j.queue FROM (
+        SELECT %(queue)s::text AS queue WHERE %(queue)s::text IS NOT NULL
+        UNION ALL
+        SELECT f.queue FROM {schema}.finished_queues() AS f(queue) WHERE %(queue)s::text IS NULL
+    ) AS q CROSS JOIN LATERAL (
+        SELECT queue FROM {schema}.jobs
+        WHERE status = 'done' AND queue = q.queue AND updated_at > now() - make_interval(secs => %(seconds)s)
+        LIMIT %(cap)s
+    ) AS j
     LIMIT %(cap)s
 ) AS d
 GROUP BY d.queue

@@ -183,9 +183,17 @@ WITH running AS (
 ), finished AS (
     SELECT d.locked_by AS worker, array_agg(DISTINCT d.queue ORDER BY d.queue) AS queues, max(d.updated_at) AS last_done
     FROM (
-        SELECT j.locked_by, j.queue, j.updated_at FROM {schema}.jobs AS j
-        WHERE j.status IN ('done', 'failed') AND j.locked_by IS NOT NULL
-        ORDER BY j.updated_at DESC LIMIT %(recent)s
+        -- each queue's newest done and failed jobs from their own indexes (the queues from finished_queues())
+        SELECT f.locked_by, f.queue, f.updated_at FROM {schema}.finished_queues() AS q(queue) CROSS JOIN LATERAL (
+            (SELECT j.locked_by, j.queue, j.updated_at FROM {schema}.jobs AS j
+             WHERE j.status = 'done' AND j.queue = q.queue AND j.locked_by IS NOT NULL
+             ORDER BY j.updated_at DESC LIMIT %(recent)s)
+            UNION ALL
+            (SELECT j.locked_by, j.queue, j.updated_at FROM {schema}.jobs AS j
+             WHERE j.status = 'failed' AND j.queue = q.queue AND j.locked_by IS NOT NULL
+             ORDER BY j.updated_at DESC LIMIT %(recent)s)
+        ) AS f
+        ORDER BY f.updated_at DESC LIMIT %(recent)s
     ) AS d
     WHERE d.locked_by IS NOT NULL
     GROUP BY d.locked_by

@@ -1,0 +1,86 @@
+"""The listener's reconnection, against a real PostgreSQL: its backend terminated, its role refused for a while."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from skiplock.listener import Listener
+from support.pg import await_for
+
+
+@pytest.fixture
+def role_dsn(pg_dsn: str) -> Iterator[tuple[str, str]]:
+    """A login role of its own (so the test can refuse its connections without touching anyone else's), and its DSN."""
+    role = f"listen_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(role)))
+    params = conninfo_to_dict(pg_dsn)
+    params.update(user=role, password=role)
+    yield role, make_conninfo(**params)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def terminate(dsn: str, role: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = %s", (role,)
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def notify(dsn: str, channel: str, payload: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+
+async def test_the_listener_comes_back_within_a_second_of_the_database_after_a_long_refusal(
+    pg_dsn: str, role_dsn: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the pause between attempts doubled up to 30 s (0.5, 1, 2, 4, 8 s...), so after a few seconds of
+    refused connections the listener came back seconds after the database did (pick-up stayed slow long after the
+    outage). Each pause it announces is at most a second now, and it is back within one pause of the database."""
+    caplog.set_level(logging.WARNING, logger="skiplock.listener")
+    role, dsn = role_dsn
+    channel = f"c_{uuid.uuid4().hex[:10]}"
+    woken: list[int] = []
+    states: list[bool] = []
+    listener = Listener(dsn, channel, "q", lambda: woken.append(1), on_state=states.append)
+    task = asyncio.create_task(listener.run())
+    try:
+        await await_for(lambda: listener.connected, timeout=10, what="the listener's first connection")
+        for _ in range(3):  # dropped several times in a row: it comes back each time
+            up = states.count(True)
+            assert await asyncio.to_thread(terminate, pg_dsn, role) >= 1
+            await await_for(lambda up=up: states.count(True) > up, timeout=5, what="back after a terminate")
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        await asyncio.to_thread(terminate, pg_dsn, role)
+        await await_for(lambda: not listener.connected, timeout=5, what="the listener down")
+        await asyncio.sleep(8.0)  # refused for a while: several failed attempts in a row
+        assert not listener.connected
+        announced = (re.search(r"reconnecting in ([0-9.]+)s", r.getMessage()) for r in caplog.records)
+        pauses = [float(m[1]) for m in announced if m]
+        assert len(pauses) >= 8 and max(pauses) <= 1.0, pauses
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(role)))
+        # one reconnect pause (at most 1 s) plus a connection and the self-probe's round trip
+        await await_for(lambda: listener.connected, timeout=2.5, what="the listener back soon after the database")
+        before = len(woken)
+        await asyncio.to_thread(notify, pg_dsn, channel, "q")
+        await await_for(lambda: len(woken) > before, timeout=5, what="a NOTIFY waking the listener")
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
