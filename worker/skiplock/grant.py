@@ -26,11 +26,12 @@ also how a role loses a right.
   ``DELETE`` of jobs, no DDL, and the payload, task, queue, priority and key of a job cannot be changed. Within
   its schema a worker role may claim any queue: the schema is the isolation boundary (one schema per tenant,
   one worker role per schema).
-- operator: owns the schema and its tables, so it can migrate (forward migrations alter the jobs table, which
-  only its owner may do), read stats, retry, cancel, purge (the JobQueue's scheduled retention) and pause or
-  resume queues (the ``queues`` table, from ``JobQueue.spec.paused``). It needs no ``CREATE`` on the database: migrate
-  creates the schema only when it is missing. Changing an owner needs a superuser, or a role that is a member
-  of both the current owner and the operator role.
+- operator: owns the schema and its tables, so it can migrate (forward migrations alter the jobs table, which only
+  its owner may do), read stats, retry, cancel, purge (the JobQueue's scheduled retention) and pause or resume queues
+  (the ``queues`` table, from ``JobQueue.spec.paused``). Only the owner may take the migration lock
+  (``schema_migrations``) and the purge lock (the ``locks`` table): no other role has a right on either. It needs no
+  ``CREATE`` on the database: migrate creates the schema only when it is missing. Changing an owner needs a
+  superuser, or a role that is a member of both the current owner and the operator role.
 - ui (``skiplock ui``): ``USAGE`` on the schema, ``SELECT`` on ``schema_migrations``, ``jobs`` (every column: the
   job page shows payloads and errors), ``schedules``, ``task_limits`` and ``task_slots``; ``UPDATE`` of the
   columns its actions set (:data:`UI_JOB_COLUMNS`: retry and cancel a job, cancel a failed one); ``SELECT,
@@ -169,6 +170,7 @@ def grant_sql(
     audit = sql.Identifier(schema, "ui_audit")  # the web UI's actions: written by the ui role
     control = sql.Identifier(schema, "control_channel")  # its random name: read by workers (LISTEN) and the ui (NOTIFY)
     drains = sql.Identifier(schema, "drains")  # the operator's drain requests: read by the workers
+    locks = sql.Identifier(schema, "locks")  # the purge lock: only the owner may take it (no other role any right)
     out: list[sql.Composed] = []
     if operator is not None:
         op = sql.Identifier(operator)
@@ -186,16 +188,17 @@ def grant_sql(
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(audit, op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(control, op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(drains, op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(locks, op),
         ]
     out.append(sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM PUBLIC").format(jobs, versions, queues, schedules))
     out.append(sql.SQL("REVOKE ALL ON {}, {} FROM PUBLIC").format(flow, audit))
-    out.append(sql.SQL("REVOKE ALL ON {}, {}, {} FROM PUBLIC").format(registry, control, drains))
+    out.append(sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM PUBLIC").format(registry, control, drains, locks))
     members = [sql.Identifier(r) for r in dict.fromkeys(r for r in (producer, worker, ui) if r is not None)]
     for member in members:  # converge: start from nothing, then grant exactly
         out += [
             sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM {}").format(jobs, versions, queues, schedules, member),
             sql.SQL("REVOKE ALL ON {}, {} FROM {}").format(flow, audit, member),
-            sql.SQL("REVOKE ALL ON {}, {}, {} FROM {}").format(registry, control, drains, member),
+            sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM {}").format(registry, control, drains, locks, member),
             sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(s, member),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, member),
             sql.SQL("GRANT SELECT ON {} TO {}").format(versions, member),

@@ -178,6 +178,7 @@ class Queries:
     schedule_next_due: LiteralString
     schedule_fire: LiteralString
     schedule_list: LiteralString
+    schedule_park: LiteralString
     schedule_delete: LiteralString
     schedule_prune: LiteralString
     schedule_now: LiteralString

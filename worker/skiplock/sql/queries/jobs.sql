@@ -381,9 +381,9 @@ WHERE j.id = expired.id
 RETURNING j.id, j.queue, j.status, j.attempts;
 
 -- name: job_get
--- One job by id, every column (CLI show and tests).
-SELECT id, queue, task, payload, status, priority, attempts, max_attempts, visible_at, locked_by, locked_at,
-       lease_expires_at, timeout_seconds, last_error, errors, idempotency_key, created_at, updated_at,
+-- One job by id, every column (CLI show and tests); the payload as text, decoded in Python (one nested too deep to read is shown, not raised).
+SELECT id, queue, task, payload::text AS payload, status, priority, attempts, max_attempts, visible_at, locked_by,
+       locked_at, lease_expires_at, timeout_seconds, last_error, errors, idempotency_key, created_at, updated_at,
        result, waiting_on, workflow_id
 FROM {schema}.jobs WHERE id = %(id)s;
 
@@ -547,12 +547,12 @@ WHERE j.id = doomed.id
 RETURNING j.status;
 
 -- name: retention_xact_lock
--- Wait for the purge lock of this schema, held until the current transaction ends (an explicit purge: `skiplock purge`, Queue.purge).
-SELECT true AS locked FROM (SELECT pg_advisory_xact_lock(%(key)s::bigint)) AS l;
+-- Wait for the purge lock of this schema, held until the current transaction ends (an explicit purge: `skiplock purge`, Queue.purge); a row lock, so only a role allowed to update the locks table (the owner) can take or hold it.
+SELECT true AS locked FROM {schema}.locks WHERE name = 'purge' FOR UPDATE;
 
 -- name: retention_try_xact_lock
 -- Take the purge lock of this schema for the current transaction if free (the scheduled retention of a worker or of the operator: a round that finds it taken ends, someone else purges).
-SELECT pg_try_advisory_xact_lock(%(key)s::bigint) AS locked;
+SELECT count(*) > 0 AS locked FROM (SELECT FROM {schema}.locks WHERE name = 'purge' FOR UPDATE SKIP LOCKED) AS l;
 
 -- name: task_limits_register
 -- Register the limits of an app's tasks (a worker at start; the latest registration wins): upsert or remove each task's limits and bring its slot rows to the new counts (slots above a lowered limit go at once, held or not: their runs go on without one); returns what each task had before.
