@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import flows
 import meter
 import pgqueuer_bench
 import scenario
@@ -86,7 +87,9 @@ FLOW_CASES = (
     "drain noop, 50 queues",
     "drain noop, 2 queues, 1 idle",
 )
-GROUPS = ("enqueue", "drain", "transactional", "tablesize", "latency", "scale")
+GROUPS = ("enqueue", "drain", "transactional", "tablesize", "latency", "scale", "workflows")
+FLOW_SIZES = {"quick": (500, 2, 50), "default": (10_000, 3, 1_000), "full": (10_000, 5, 1_000)}
+"""Workflow cases by mode: fan-out children, fan-out rounds per run, chain links."""
 DRAIN_COLUMNS = (
     ("jobs_per_s", "jobs/s", "{:,.0f}"),
     ("vs_ceiling", "x ceiling", "{:.2f}x"),
@@ -238,6 +241,13 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
         add(
             "scale", "drain noop, 1,000,000 backlog", lambda: scenario.drain(backlog, system="skiplock", handler="noop")
         )
+    children, rounds, links = FLOW_SIZES[a.mode]
+    add(
+        "workflows",
+        f"workflow fan-out {children:,} + callback",
+        lambda: flows.fan_out(cfg, children=children, rounds=rounds),
+    )
+    add("workflows", f"workflow chain of {links:,}", lambda: flows.chain(cfg, links=links))
     add("latency", "latency NOTIFY", lambda: scenario.latency(cfg, listen=True))
     if peers:
         add("latency", HONEST_LATENCY, lambda: scenario.latency(cfg, listen=True, honest=True))
@@ -440,6 +450,11 @@ def render(med: dict[str, dict[str, Any]], tgt: list[dict[str, Any]]) -> str:
             "p99 x honest",
         ]
         parts.append(table(headers, rows))
+    flows_run = [(n, m) for n, m in med.items() if n.startswith("workflow")]
+    if flows_run:
+        keys = (("jobs_per_s", "{:,.0f}"), ("callback_p50_ms", "{:.1f}"), ("callback_p99_ms", "{:.1f}"))
+        rows = [[n] + [fmt(m.get(k), f) for k, f in keys] for n, m in flows_run]
+        parts.append(table(["workflow (median)", "jobs/s", "callback p50 ms", "callback p99 ms"], rows))
     if tgt:
         rows = [
             [
