@@ -42,7 +42,7 @@ def _bench(script: str, *args: str, timeout: float) -> subprocess.CompletedProce
 @pytest.fixture(scope="module")
 def bench_lines(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("bench") / "bench.jsonl"
-    proc = _bench("run.py", "--quick", "--repeat", "1", "--dsn", pg_dsn, "--json-out", str(out), timeout=240)
+    proc = _bench("run.py", "--quick", "--repeat", "1", "--dsn", pg_dsn, "--json-out", str(out), timeout=480)
     assert "| drain (median)" in proc.stdout and "| target " in proc.stdout
     return [json.loads(line) for line in out.read_text().splitlines()]
 
