@@ -31,6 +31,12 @@ async def anoop(job: Job) -> None:
     return None
 
 
+def flowstep(job: Job) -> float | None:
+    """A workflow's job (bench/flows.py): nothing, or, for the callback (``stamp``), the time it started as its
+    result."""
+    return time.time() if job.payload.get("stamp") else None
+
+
 def write(job: Job) -> None:
     job.conn.execute(_effect_sql(), (job.id, job.attempts))
 

@@ -11,9 +11,9 @@ from skiplock import QueueStats
 from skiplock.store.statements import WAITING_REASONS
 
 RESULTS = ("success", "invalid", "retry", "error")
-STATES = ("ready", "delayed", "processing", "stalled", "failed")
+STATES = ("ready", "delayed", "processing", "stalled", "failed", "waiting")
 PURGED = ("done", "failed", "cancelled")
-TICK_RESULTS = ("enqueued", "skipped")
+TICK_RESULTS = ("enqueued", "skipped", "failed")
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
@@ -52,8 +52,8 @@ class OperatorMetrics:
         )
         self.schedule_ticks = Counter(
             "skiplock_operator_schedule_ticks",
-            "Ticks of periodic tasks by result: enqueued by this operator, or skipped (missed while nobody fired "
-            "them: only the last missed tick runs), by JobQueue.",
+            "Ticks of periodic tasks by result: enqueued by this operator, skipped (missed while nobody fired "
+            "them: only the last missed tick runs), or failed (a schedule row that cannot fire, parked), by JobQueue.",
             ["namespace", "jobqueue", "result"],
             registry=registry,
         )
@@ -77,7 +77,8 @@ class OperatorMetrics:
         )
         self.queue_jobs = Gauge(
             "skiplock_queue_jobs",
-            "Jobs of a queue by state (ready, delayed, processing, stalled, failed), from the operator's poll.",
+            "Jobs of a queue by state (ready, delayed, processing, stalled, failed, waiting on parents), from the "
+            "operator's poll.",
             ["namespace", "jobqueue", "queue", "state"],
             registry=registry,
         )

@@ -463,6 +463,7 @@ PUBLIC_QUEUE_METHODS = {
     "schedules", "register_schedules", "remove_schedules", "prune_schedules",
     "task_defaults", "task_names", "done_recently",
     "migrate", "check_schema",
+    "wait", "relatives", "workflow_jobs", "cancel_workflow",
 }  # fmt: skip
 """Producer and admin verbs, plus the seed's claim/complete/fail for a loop of one's own; the worker's hot path
 (complete_and_claim, heartbeat, release_orphans, ...) is ``skiplock.store.worker.WorkerStore``, not public."""

@@ -86,7 +86,8 @@ def test_child_waits_for_every_parent_and_sees_their_results(settings: Settings,
     b = queue.enqueue("flow", {"a": 3, "b": 4}, task="flow.add")
     child = queue.enqueue("flow", {}, task="flow.collect", after=[a.id, b.id])
     assert status(queue, child.id) == "waiting"
-    assert queue.stats("flow")[0].ready == 2  # the waiting child is no backlog
+    [stats] = queue.stats("flow")
+    assert (stats.ready, stats.waiting) == (2, 1)  # the waiting child is no backlog
     run_jobs(app, settings=settings)
     assert [name for name, _ in log] == ["add", "add", "collect"]
     assert child.wait(timeout=5) == sorted([str(a.id), str(b.id)])
@@ -137,8 +138,11 @@ def test_unknown_parent_is_an_enqueue_error_and_nothing_is_written(settings: Set
         with pytest.raises(EnqueueError):  # in the caller's transaction: rolled back to before the enqueue
             queue.enqueue("flow", {}, after=[999999], conn=conn)
         conn.execute(f'SELECT 1 FROM "{settings.schema}".jobs')  # the transaction is still usable
-    assert [j.id for j in queue.claim("flow", limit=10, worker="w")] == [parent.id]
+    assert [j.id for j in queue.claim("flow", limit=1, worker="w")] == [parent.id]
     assert queue.relatives(parent.id) == {"parents": [], "children": [], "steps": {}}
+    keyed = queue.enqueue("flow", {}, idempotency_key="k1")
+    with pytest.raises(EnqueueError, match="cannot wait for itself"):  # the key finds a parent: a cycle
+        queue.enqueue("flow", {}, idempotency_key="k1", after=[keyed.id])
     with pytest.raises(EnqueueError, match="cannot be unique"):
         queue.enqueue("flow", {}, after=[parent.id], unique_key="k")
     with pytest.raises(EnqueueError, match="list of job ids"):
@@ -306,3 +310,69 @@ def test_step_and_parent_results_need_a_worker() -> None:
         job.step("x", lambda: 1)
     with pytest.raises(RuntimeError, match="needs a job run by a skiplock worker"):
         _ = job.parent_results
+
+
+def canvas_app(log: list[tuple[str, Any]]) -> App:
+    app = App("canvas")
+
+    @app.task(queue="canvas", name="canvas.add")
+    def add(job: Job) -> int:
+        log.append(("add", job.payload["n"]))
+        return int(job.payload["n"]) + sum(v for v in job.parent_results.values() if isinstance(v, int))
+
+    @app.task(queue="canvas", name="canvas.boom", max_attempts=1)
+    def boom(job: Job) -> None:
+        log.append(("boom", job.id))
+        raise NonRetryableError("member failed")
+
+    @app.task(queue="canvas", name="canvas.total")
+    def total(job: Job) -> dict[str, Any]:
+        results = job.parent_results
+        log.append(("total", len(results)))
+        return {"members": len(results), "sum": sum(v for v in results.values() if isinstance(v, int))}
+
+    return app
+
+
+def test_chain_group_and_chord(settings: Settings, queue: Queue) -> None:
+    from skiplock.workflows import chain, chord, group
+
+    log: list[tuple[str, Any]] = []
+    app = canvas_app(log)
+    app.connect(settings=settings)
+    try:
+        add, boom, total = (app.task_named(f"canvas.{n}") for n in ("add", "boom", "total"))
+        linked = chain(add.s({"n": 1}), add.s({"n": 10}), add.s({"n": 100})).enqueue()
+        fanned = group(add.s({"n": n}) for n in range(3)).enqueue()
+        joined = chord([add.s({"n": 1}), add.s({"n": 2}), boom.s({})], total.s({})).enqueue()
+        assert len(linked.jobs) == 3 and len(fanned.last) == 3 and len(joined.jobs) == 4
+        assert {status(queue, r.id) for r in linked.jobs[1:]} == {"waiting"}
+        run_jobs(app, settings=settings)
+        assert linked.wait(timeout=5) == 111  # each step adds its parent's result
+        assert fanned.wait(timeout=5) == [0, 1, 2]
+        assert joined.wait(timeout=5) == {"members": 3, "sum": 3}  # ran although a member failed
+        assert [n for kind, n in log if kind == "total"] == [3]
+        assert set(queue.workflow_jobs(linked.id)) == set()  # all ended
+        assert queue.get(linked.jobs[0].id)["workflow_id"] == uuid.UUID(linked.id)  # type: ignore[index]
+    finally:
+        app.close()
+
+
+def test_a_workflow_is_one_transaction_and_cancels_as_one(settings: Settings, queue: Queue) -> None:
+    from skiplock.workflows import chain, chord
+
+    app = canvas_app([])
+    add, total = app.task_named("canvas.add"), app.task_named("canvas.total")
+    app.connect(settings=settings)
+    try:
+        with psycopg.connect(settings.require_dsn()) as conn:
+            run = chain(add.s({"n": 1}), add.s({"n": 2})).enqueue(conn=conn)
+            conn.rollback()
+        assert queue.get(run.jobs[0].id) is None and queue.get(run.jobs[1].id) is None
+        run = chord([add.s({"n": 1}), add.s({"n": 2})], total.s({})).enqueue()
+        assert sorted(queue.cancel_workflow(run.id)) == sorted(r.id for r in run.jobs)
+        assert {status(queue, r.id) for r in run.jobs} == {"cancelled"}
+        with pytest.raises(JobFailedError):
+            run.wait(timeout=5)
+    finally:
+        app.close()

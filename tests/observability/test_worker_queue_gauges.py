@@ -20,13 +20,17 @@ from support.pg import wait_for
 QUEUE = "emails"
 
 
-def seed(settings: Settings, *, ready: int = 50, stalled: int = 3, failed: int = 4, delayed: int = 2) -> None:
+def seed(
+    settings: Settings, *, ready: int = 50, stalled: int = 3, failed: int = 4, delayed: int = 2, waiting: int = 5
+) -> None:
     """The issue's example: a queue with ready, stalled (processing past an expired lease), failed and delayed jobs,
-    and another queue the worker does not serve."""
+    jobs waiting on a parent (of another queue), and another queue the worker does not serve."""
     with Queue(settings=settings, max_size=2) as queue:
         queue.enqueue_many(QUEUE, [{"n": i} for i in range(ready)])
         queue.enqueue_many(QUEUE, [{"later": i} for i in range(delayed)], delay=3600)
         queue.enqueue_many("other", [{"n": i} for i in range(7)])
+        parent = queue.enqueue("other", {"parent": True}, delay=3600)
+        queue.enqueue_many(QUEUE, [{"child": i} for i in range(waiting)], after=[parent.id])
     table = f'"{settings.schema}".jobs'
     with psycopg.connect(settings.require_dsn(), autocommit=True) as conn:
         for _ in range(stalled):
@@ -74,7 +78,7 @@ async def test_the_gauges_of_the_served_queues_come_from_one_background_refresh(
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-    want = {"ready": 50, "delayed": 2, "processing": 3, "stalled": 3, "failed": 4}
+    want = {"ready": 50, "delayed": 2, "processing": 3, "stalled": 3, "failed": 4, "waiting": 5}
     for state in STATES:
         assert got[jobs(QUEUE, state)] == want[state], state
         assert got[jobs("quiet", state)] == 0, state  # a served queue with nothing live: zeros, not absent
@@ -158,6 +162,7 @@ def test_a_worker_without_the_operator_exports_backlog_stalls_and_failures(
     assert f'skiplock_queue_jobs{{queue="{QUEUE}",state="failed"}} 4.0' in lines
     assert f'skiplock_queue_jobs{{queue="{QUEUE}",state="delayed"}} 2.0' in lines
     assert f'skiplock_queue_jobs{{queue="{QUEUE}",state="stalled"}} 0.0' in lines
+    assert f'skiplock_queue_jobs{{queue="{QUEUE}",state="waiting"}} 5.0' in lines
     assert any(line.startswith(f'skiplock_queue_oldest_ready_age_seconds{{queue="{QUEUE}"}} ') for line in lines)
     assert 'queue="other"' not in body
 

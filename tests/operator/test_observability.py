@@ -26,7 +26,8 @@ async def test_queue_gauges_exist_at_zero_replicas_and_go_with_the_jobqueue(
     spec = {**jobqueue_spec("mail", schema, maxReplicas=0), "app": "shop.tasks:app", "queues": ["mail", "sms"]}
     del spec["handler"]
     await aqueue.enqueue_many("mail", [{"n": i} for i in range(3)])
-    await aqueue.enqueue("sms", {"n": 1}, delay=3600)
+    later = await aqueue.enqueue("sms", {"n": 1}, delay=3600)
+    await aqueue.enqueue("mail", {"after": later.id}, after=[later.id])  # waiting on its parent: no backlog
     failed = await aqueue.enqueue("sms", {"n": 2}, max_attempts=1)
     [job] = await aqueue.claim("sms", limit=1, worker="t")
     assert job.id == failed.id
@@ -38,6 +39,7 @@ async def test_queue_gauges_exist_at_zero_replicas_and_go_with_the_jobqueue(
     assert jobs(operator, "notify", "sms", "delayed") == 1
     assert jobs(operator, "notify", "sms", "failed") == 1
     assert jobs(operator, "notify", "mail", "stalled") == 0
+    assert jobs(operator, "notify", "mail", "waiting") == 1 and jobs(operator, "notify", "mail", "ready") == 3
     age = metric(
         operator, "skiplock_queue_oldest_ready_age_seconds", namespace=NAMESPACE, jobqueue="notify", queue="mail"
     )

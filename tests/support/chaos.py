@@ -541,7 +541,7 @@ def all_terminal(dsn: str, schema: str) -> Callable[[], bool]:
         try:
             with psycopg.connect(dsn, connect_timeout=3) as conn:
                 row = conn.execute(
-                    sql.SQL("SELECT count(*) FROM {} WHERE status IN ('pending', 'processing')").format(
+                    sql.SQL("SELECT count(*) FROM {} WHERE status IN ('waiting', 'pending', 'processing')").format(
                         sql.Identifier(schema, "jobs")
                     )
                 ).fetchone()

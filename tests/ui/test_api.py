@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -11,8 +12,9 @@ from psycopg import sql
 from starlette.testclient import TestClient
 
 from skiplock import Queue
+from skiplock.sql import queries_for
 from skiplock.store import ui as store_ui
-from ui.conftest import AUTH, add_failed, audit_rows
+from ui.conftest import AUTH, TOKEN, add_failed, audit_rows
 
 POSTS = [
     "/api/jobs/{job}/retry",
@@ -139,7 +141,7 @@ def test_with_a_token_actions_need_the_bearer(client: TestClient, pg_dsn: str, s
         ("/api/jobs/abc/retry", None, 400, "job id must be an integer"),
         ("/api/jobs/99999999/cancel", None, 404, "no job 99999999"),
         ("/api/jobs/{pending}/retry", None, 409, "only failed or cancelled jobs can be retried"),
-        ("/api/jobs/{failed}/cancel", None, 409, "only pending or running jobs can be cancelled"),
+        ("/api/jobs/{failed}/cancel", None, 409, "only waiting, pending or running jobs can be cancelled"),
         ("/api/jobs/cancel", {"queue": "default", "tsk": "send"}, 400, "unknown filter 'tsk'"),
         ("/api/jobs/retry", {"queue": "default", "group": "{fp}"}, 400, "unknown filter 'group'"),
         ("/api/jobs/retry", {"queue": "default", "since": "yesterday"}, 400, "since must be an ISO 8601 time"),
@@ -194,12 +196,28 @@ def test_retry_and_cancel_a_job_write_one_audit_row_each_and_a_second_click_repe
     assert cancelled["action"] == "cancel" and cancelled["job_count"] == 1
     assert queue.statuses([failed]) == {failed: "cancelled"}
     refused = client.post(f"/api/jobs/{failed}/cancel", headers=AUTH)
-    assert refused.status_code == 409 and "only pending or running jobs" in refused.json()["error"]
+    assert refused.status_code == 409 and "only waiting, pending or running jobs" in refused.json()["error"]
     assert client.post("/api/jobs/424242/cancel", headers=AUTH).status_code == 404
     assert client.post("/api/jobs/x1/cancel", headers=AUTH).status_code == 400
     rows = audit_rows(pg_dsn, schema)
     assert [(r["actor"], r["action"], r["job_count"]) for r in rows] == [("ops", "retry", 1), ("ops", "cancel", 1)]
     assert [e["action"] for e in client.get("/api/audit").json()["entries"]] == ["cancel", "retry"]
+
+
+def test_jobs_waiting_for_their_parents_are_counted_and_listed(client: TestClient, queue: Queue) -> None:
+    parent = queue.enqueue("flow", {"step": 1}).id
+    children = [queue.enqueue("flow", {"step": 2}, after=[parent]).id for _ in range(2)]
+    assert queue.statuses(children) == {c: "waiting" for c in children}
+    (row,) = client.get("/api/queues").json()["queues"]
+    assert (row["queue"], row["waiting"], row["ready"]) == ("flow", 2, 1)
+    listed = client.get("/api/jobs?status=waiting").json()["jobs"]
+    assert [j["id"] for j in listed] == sorted(children, reverse=True)
+    page = client.get("/queues").text
+    assert 'data-k="waiting"><a href="/jobs?queue=flow&amp;status=waiting">2</a>' in page
+    assert "<option selected>waiting</option>" in client.get("/jobs?status=waiting").text
+    assert f"/jobs/{children[0]}/cancel" in client.get(f"/jobs/{children[0]}").text
+    stopped = client.post(f"/api/jobs/{children[0]}/cancel", headers=AUTH).json()["action"]
+    assert stopped["job_count"] == 1 and queue.statuses(children) == {children[0]: "cancelled", children[1]: "waiting"}
 
 
 def test_pause_and_resume_show_on_the_queues(client: TestClient, queue: Queue) -> None:
@@ -322,6 +340,79 @@ def test_bulk_actions_by_filter(client: TestClient, queue: Queue, pg_dsn: str, s
     assert cancelled["job_count"] == 1 and queue.statuses(pending) == {pending[0]: "pending", pending[1]: "cancelled"}
 
 
+def test_a_bulk_action_by_filter_walks_bounded_windows_of_every_status_it_changes(
+    client: TestClient, queue: Queue, pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_ui, "BULK_SCAN", 3)  # windows of 3 candidates, batches of 2 matches: many batches
+    monkeypatch.setattr(store_ui, "BATCH", 2)
+    monkeypatch.setattr(store_ui, "BULK_SECONDS", 0.0)  # one batch a request: each answer is a 202 until the end
+
+    def bulk(verb: str, body: dict[str, str]) -> dict[str, Any]:
+        for _ in range(50):
+            r = client.post(f"/api/jobs/{verb}", headers=AUTH | {"Idempotency-Key": verb}, json=body)
+            if r.status_code == 200:
+                return dict(r.json()["action"])
+            assert r.status_code == 202, r.text
+        raise AssertionError("the bulk action never finished")
+
+    errors = [f"TimeoutError: call {n}" if n % 3 else f"KeyError: 'k{n}'" for n in range(12)]
+    failed = add_failed(pg_dsn, schema, errors, queue="mail")
+    timeouts = [i for i, e in zip(failed, errors, strict=True) if e.startswith("TimeoutError")]
+    elsewhere = add_failed(pg_dsn, schema, ["TimeoutError: call 99"], queue="other")
+    cancelled = add_failed(pg_dsn, schema, ["TimeoutError: call 7"], queue="mail")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("UPDATE {}.jobs SET status = 'cancelled' WHERE id = %s").format(sql.Identifier(schema)), cancelled
+        )
+    retried = bulk("retry", {"queue": "mail", "q": "timeout"})
+    assert retried["detail"]["finished"] is True and retried["job_count"] == len(timeouts) + 1
+    assert set(queue.statuses(timeouts + cancelled).values()) == {"pending"}
+    assert set(queue.statuses([i for i in failed if i not in timeouts] + elsewhere).values()) == {"failed"}
+
+    running = [j.id for j in queue.claim("mail", limit=3, worker="w-test")]  # three run, the rest stay pending
+    live = timeouts + cancelled + [queue.enqueue("mail", {"n": n}).id for n in range(4)]
+    other = queue.enqueue("other", {}).id
+    live += [queue.enqueue("mail", {"n": n}, after=[other]).id for n in range(3)]  # waiting for a job of "other"
+    stopped = bulk("cancel", {"queue": "mail"})
+    assert stopped["detail"]["finished"] is True and stopped["job_count"] == len(live)
+    assert len(running) == 3 and set(running) <= set(live)
+    assert set(queue.statuses(live).values()) == {"cancelled"} and queue.statuses([other]) == {other: "pending"}
+
+
+def test_a_bulk_batch_reads_its_statuses_through_their_own_indexes_not_the_done_jobs(
+    queue: Queue, pg_dsn: str, schema: str
+) -> None:
+    """The plan of one batch on a table of mostly done jobs: every job it reads comes through a partial index of
+    a status it changes; none through the primary key or a sequential scan (which walk the done jobs)."""
+    s = sql.Identifier(schema)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.jobs (queue, task, payload, status) SELECT 'mail', 'send', '{{}}', 'done' "
+                "FROM generate_series(1, 20000)"
+            ).format(s)
+        )
+        add_failed(pg_dsn, schema, ["TimeoutError: call 1"], queue="mail")
+        queue.enqueue("mail", {})
+        conn.execute(sql.SQL("ANALYZE {}.jobs").format(s))
+        statement = queries_for(schema).ui_filter_batch
+        params = store_ui.JobFilter(queue="mail", text="timeout").params()
+        for retry in (True, False):
+            args = params | {"retry": retry, "after": 0, "upto": 2**62, "scan": 10_000, "limit": 500}
+            plan = conn.execute("EXPLAIN (FORMAT JSON) " + statement, args).fetchone()[0]  # type: ignore[index]
+            scans = list(_scans(plan[0]["Plan"]))
+            assert scans and all(
+                node["Node Type"] != "Seq Scan" and node.get("Index Name") != "jobs_pkey" for node in scans
+            ), scans
+
+
+def _scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    if node.get("Relation Name") == "jobs":
+        yield {k: node.get(k) for k in ("Node Type", "Index Name")}
+    for child in node.get("Plans", []):
+        yield from _scans(child)
+
+
 def test_job_pages_are_keyset_paginated_and_a_sparse_filter_reads_a_bounded_window(
     client: TestClient, queue: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -351,6 +442,14 @@ def test_hide_payloads_shows_only_sizes(make_client: Callable[..., TestClient], 
     assert "secret@example.com" not in hidden.get(f"/jobs/{failed}").text
     assert "secret@example.com" not in hidden.get("/jobs").text
     assert "secret@example.com" not in hidden.get("/api/failures").text
+    for url in ("/api/jobs?q=secret@example.com", "/jobs?q=secret"):  # a search would tell what the errors hold
+        r = hidden.get(url)
+        assert r.status_code == 400 and "off with --hide-payloads" in r.text
+    assert 'name="q"' not in hidden.get("/jobs").text
+    acting = make_client(hide_payloads=True, token=TOKEN)
+    r = acting.post("/api/jobs/retry", headers=AUTH, json={"queue": "default", "q": "secret"})
+    assert r.status_code == 400 and audit_rows(pg_dsn, schema) == []
+    assert [j["id"] for j in acting.get("/api/jobs?status=failed").json()["jobs"]] == [failed]
 
 
 def test_a_trusted_proxy_header_is_honoured_only_when_configured(
@@ -483,3 +582,24 @@ def test_queues_workers_and_limits_are_keyset_paginated(
     limits_page = client.get("/limits?limit=2").text
     assert 'href="/limits?after=t2&amp;limit=2"' in limits_page
     assert 'href="/limits?waiting_after=q1&amp;limit=2"' in limits_page
+
+
+def test_the_job_page_shows_result_parents_and_children(
+    client: TestClient, make_client: Callable[..., TestClient], queue: Queue, pg_dsn: str, schema: str
+) -> None:
+    parent = queue.enqueue("default", {"order": 1}).id
+    child = queue.enqueue("default", {"order": 2}, after=[parent]).id
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the parent ends as a worker would, with a result
+        conn.execute(
+            f"""UPDATE "{schema}".jobs SET status = 'done', result = '{{"receipt": "r-1"}}' WHERE id = %s""", [parent]
+        )
+    job = client.get(f"/api/jobs/{parent}").json()["job"]
+    assert job["result"] == {"receipt": "r-1"} and job["children"] == [
+        {"kind": "child", "id": child, "status": "pending"}
+    ]
+    waiting = client.get(f"/api/jobs/{child}").json()["job"]
+    assert waiting["parents"] == [{"kind": "parent", "id": parent, "status": "done"}] and waiting["waiting_on"] == 0
+    html = client.get(f"/jobs/{parent}").text
+    assert "r-1" in html and f'/jobs/{child}"' in html
+    hidden = make_client(hide_payloads=True).get(f"/api/jobs/{parent}").json()["job"]
+    assert hidden["result"] is None and hidden["result_hidden"] is True

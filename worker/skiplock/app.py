@@ -16,7 +16,7 @@ import inspect
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -40,6 +40,9 @@ from skiplock.store.validation import timeout_problem
 from skiplock.unique import states_for, unique_key, unique_problem
 
 __all__ = ["TASK_NAME_MAX", "App", "Task", "TaskOptions"]
+
+if TYPE_CHECKING:
+    from skiplock.workflows import Signature
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,13 @@ class Task:
         return self.func(*args, **kwargs)
 
     # producer side
+    def s(self, payload: Any, **options: Unpack[TaskEnqueueOptions]) -> Signature:
+        """This task with a payload and enqueue options, for a workflow (:mod:`skiplock.workflows`; Celery's
+        ``.s()``): nothing is enqueued until the workflow is."""
+        from skiplock.workflows import Signature
+
+        return Signature(self, payload, dict(options))
+
     def enqueue(
         self, payload: Any, *, conn: psycopg.Connection[Any] | None = None, **options: Unpack[TaskEnqueueOptions]
     ) -> EnqueueResult:

@@ -437,6 +437,8 @@ class QueueStats:
     serial key, on a task's global concurrency, on a task's rate limit."""
     waiting_concurrency: int = 0
     waiting_rate: int = 0
+    waiting: int = 0
+    """Jobs waiting on their parents (``after=``): not claimable, so no backlog."""
 
     @property
     def backlog(self) -> int:

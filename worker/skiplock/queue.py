@@ -9,7 +9,8 @@ the worker itself talks to the database through :class:`skiplock.store.worker.Wo
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
@@ -25,7 +26,7 @@ from skiplock.schedule import STALE_SECONDS, Schedule
 from skiplock.settings import Settings
 from skiplock.store import links, schedules, waiter
 from skiplock.store.copy import CopyJobs, acopy_jobs, copy_jobs
-from skiplock.store.links import link, split_links
+from skiplock.store.links import check_not_own_parent, link, lock_parents, split_links
 from skiplock.store.purge import apurge_batch, more_left, purge_batch
 from skiplock.store.run import NOT_CONNECTED, AsyncRunner, Runner, unavailable
 from skiplock.store.statements import PURGE_BATCH, Claim, Failure, PurgePolicy, Statements
@@ -145,11 +146,24 @@ class Queue:
         links, rest = split_links(options)
         if links is None:
             return self._insert(queue, payload, conn, rest).bound(self)
-        with self._run.on(conn) as on, on.transaction():  # a savepoint in your transaction: all or nothing
+        with self._atomic(conn) as on:
+            if links.parents:
+                self._run(lock_parents(self._s.q, links), on)  # nothing is inserted when one is missing
             result = self._insert(queue, payload, on, rest)
+            check_not_own_parent(result, links)
             if not result.duplicate:  # a duplicate keeps the parents it has
                 self._run(link(self._s.q, [result.id], links), on)
         return result.bound(self)
+
+    @contextmanager
+    def _atomic(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction for a linked enqueue: your own (``conn=``, unless in autocommit), else one of its own."""
+        with self._run.on(conn) as on:
+            if conn is not None and not on.autocommit:
+                yield on
+                return
+            with on.transaction():
+                yield on
 
     def _insert(
         self, queue: str, payload: Any, conn: psycopg.Connection[Any] | None, options: dict[str, Any]
@@ -178,7 +192,9 @@ class Queue:
         links, rest = split_links(options)
         if links is None:
             return self._insert_many(queue, payloads, conn, rest)
-        with self._run.on(conn) as on, on.transaction():
+        with self._atomic(conn) as on:
+            if links.parents:
+                self._run(lock_parents(self._s.q, links), on)
             result = self._insert_many(queue, payloads, on, rest)
             if result:
                 self._run(link(self._s.q, result, links), on)
@@ -457,11 +473,23 @@ class AsyncQueue:
         links, rest = split_links(options)
         if links is None:
             return (await self._insert(queue, payload, conn, rest)).bound(self)
-        async with self._run.on(conn) as on, on.transaction():
+        async with self._atomic(conn) as on:
+            if links.parents:
+                await self._run(lock_parents(self._s.q, links), on)
             result = await self._insert(queue, payload, on, rest)
+            check_not_own_parent(result, links)
             if not result.duplicate:
                 await self._run(link(self._s.q, [result.id], links), on)
         return result.bound(self)
+
+    @asynccontextmanager
+    async def _atomic(self, conn: psycopg.AsyncConnection[Any] | None) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        async with self._run.on(conn) as on:
+            if conn is not None and not on.autocommit:
+                yield on
+                return
+            async with on.transaction():
+                yield on
 
     async def _insert(
         self, queue: str, payload: Any, conn: psycopg.AsyncConnection[Any] | None, options: dict[str, Any]
@@ -487,7 +515,9 @@ class AsyncQueue:
         links, rest = split_links(options)
         if links is None:
             return await self._insert_many(queue, payloads, conn, rest)
-        async with self._run.on(conn) as on, on.transaction():
+        async with self._atomic(conn) as on:
+            if links.parents:
+                await self._run(lock_parents(self._s.q, links), on)
             result = await self._insert_many(queue, payloads, on, rest)
             if result:
                 await self._run(link(self._s.q, result, links), on)

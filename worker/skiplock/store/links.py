@@ -4,13 +4,13 @@ Pure, no I/O, like :mod:`skiplock.store.statements` (``skiplock.store.run`` runs
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from skiplock.errors import EnqueueError, JobFailedError, PayloadError, ResultError
-from skiplock.job import Job
+from skiplock.job import EnqueueResult, Job
 from skiplock.sql import Queries
 from skiplock.store.call import Call, Result
 from skiplock.store.validation import _shown, encode_payload
@@ -59,9 +59,32 @@ def split_links(options: Mapping[str, Any]) -> tuple[Links | None, dict[str, Any
     return Links(parents, failure == "run", workflow), rest
 
 
+def _check_found(links: Links, found: Iterable[int]) -> None:
+    present = set(found)
+    missing = [p for p in links.parents if p not in present]
+    if missing:
+        shown = ", ".join(map(str, missing[:10]))
+        raise EnqueueError(f"after= names job(s) that do not exist: {shown} (nothing was enqueued)")
+
+
+def lock_parents(q: Queries, links: Links) -> Call[None]:
+    """Lock the parents before the children are inserted; :class:`EnqueueError` naming those that do not exist."""
+    return Call(
+        q.job_lock_parents, {"parents": list(links.parents)}, lambda r: _check_found(links, (x["id"] for x in r.rows))
+    )
+
+
+def check_not_own_parent(result: EnqueueResult, links: Links) -> None:
+    """The only cycle an enqueue can name: its idempotency key found an existing job that is among its parents."""
+    if result.duplicate and result.id in links.parents:
+        raise EnqueueError(
+            f"after= names job {result.id}, which is the job this enqueue's idempotency key found: a job cannot wait "
+            "for itself (a cycle)"
+        )
+
+
 def link(q: Queries, children: Sequence[int], links: Links) -> Call[None]:
-    """Make ``children`` (inserted in this transaction) wait for their parents; :class:`EnqueueError` naming the
-    parents that do not exist (the caller's transaction must then roll back: see ``Queue.enqueue``)."""
+    """Make ``children`` (inserted in this transaction, after :func:`lock_parents`) wait for their parents."""
     if not links.parents:
         return Call(q.job_set_workflow, {"ids": list(children), "workflow": links.workflow_id}, lambda r: None)
     params = {
@@ -71,14 +94,7 @@ def link(q: Queries, children: Sequence[int], links: Links) -> Call[None]:
         "workflow": links.workflow_id,
     }
 
-    def read(r: Result) -> None:
-        found = set(r.rows[0]["found"])
-        missing = [p for p in links.parents if p not in found]
-        if missing:
-            shown = ", ".join(map(str, missing[:10]))
-            raise EnqueueError(f"after= names job(s) that do not exist: {shown} (nothing was enqueued)")
-
-    return Call(q.job_link, params, read)
+    return Call(q.job_link, params, lambda r: _check_found(links, r.rows[0]["found"]))
 
 
 def encode_result(value: Any, max_bytes: int) -> str | None:

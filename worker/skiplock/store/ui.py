@@ -35,11 +35,16 @@ BULK_SECONDS = 0.1
 continues where it stopped (its detail says ``finished``)."""
 SCAN = 10_000
 """Rows of the primary key (or of the failed jobs' index) one page of the job list reads at most."""
+BULK_SCAN = 2_000
+"""Jobs of the statuses it changes one batch of a bulk action by filter reads at most (with its changes, one batch
+stays well within a request's time; bench/ui.py)."""
 DONE_CAP = 100_000
 """Done jobs counted per queue for "done in the last minute" (past it the UI shows the cap and a "+")."""
 STATEMENT_TIMEOUT_MS = 5_000
 """A UI statement that runs longer is stopped by the server (nothing it reads is worth more)."""
 MAX_GROUPS = 10_000
+RELATIVES_SHOWN = 50
+"""Parents and children a job page lists (a callback of a large fan-in has thousands)."""
 """Distinct failure fingerprints the groups page walks at most (past them a group is not listed)."""
 MAX_CANARY = 1_000
 RECENT_DONE = 1_000
@@ -83,6 +88,15 @@ class JobFilter:
         out = dataclasses.asdict(self)
         out["text"] = None if self.text is None else "%" + _escape_like(self.text) + "%"
         return out
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One transaction's jobs of a bulk action, the keyset cursor after them, and whether none is left."""
+
+    ids: list[int]
+    after: int
+    finished: bool
 
 
 @dataclass(frozen=True)
@@ -146,6 +160,9 @@ class UiStatements:
     def job(self, job_id: int) -> Call[dict[str, Any] | None]:
         return Call(self.q.ui_job, {"id": job_id}, _row)
 
+    def job_relatives(self, job_id: int, limit: int) -> Call[list[dict[str, Any]]]:
+        return Call(self.q.ui_job_relatives, {"id": job_id, "limit": limit}, _rows)
+
     def table_estimate(self) -> Call[int]:
         table = f'"{self.settings.schema}".jobs'
         return Call(self.q.ui_table_estimate, {"table": table}, lambda r: int(r.rows[0]["rows"]) if r.rows else 0)
@@ -170,11 +187,14 @@ class UiStatements:
         params = {"fingerprint": fingerprint, "after": after, "upto": upto, "limit": limit}
         return Call(self.q.ui_group_ids, params, _ids)
 
-    def filter_ids(
-        self, f: JobFilter, statuses: Sequence[str], *, after: int, upto: int, limit: int
-    ) -> Call[list[int]]:
-        params = f.params() | {"statuses": list(statuses), "after": after, "upto": upto, "limit": limit}
-        return Call(self.q.ui_filter_ids, params, _ids)
+    def filter_batch(self, f: JobFilter, *, retry: bool, after: int, upto: int, scan: int, limit: int) -> Call[Batch]:
+        """The next batch of a bulk action by filter, from a window of at most ``scan`` jobs it could change."""
+        params = f.params() | {"retry": retry, "after": after, "upto": upto, "scan": scan, "limit": limit}
+        return Call(
+            self.q.ui_filter_batch,
+            params,
+            lambda r: Batch(list(r.rows[0]["ids"]), r.rows[0]["after"], r.rows[0]["finished"]),
+        )
 
     def newest_id(self) -> Call[int]:
         return Call(self.q.ui_newest_id, None, lambda r: int(r.rows[0]["id"]))
@@ -272,6 +292,9 @@ class UiStore:
         row = await self.run(self.u.job(job_id))
         if row is None:
             raise NotFoundError(f"no job {job_id}")
+        relatives = await self.run(self.u.job_relatives(job_id, RELATIVES_SHOWN))
+        for kind in ("parent", "child"):
+            row["parents" if kind == "parent" else "children"] = [r for r in relatives if r["kind"] == kind]
         return row
 
     async def estimate(self) -> int:
@@ -379,8 +402,8 @@ class UiStore:
     async def cancel_job(self, job_id: int, *, actor: str, key: str) -> dict[str, Any]:
         async def act(conn: psycopg.AsyncConnection[Any]) -> int:
             status = await self._job_status(conn, job_id)
-            if status not in ("pending", "processing"):
-                raise ActionError(f"job {job_id} is {status}: only pending or running jobs can be cancelled")
+            if status not in ("waiting", "pending", "processing"):
+                raise ActionError(f"job {job_id} is {status}: only waiting, pending or running jobs can be cancelled")
             cancelled = await aexecute(conn, self.s.cancel([job_id], None, f"from the UI by {actor}", None))
             return len(cancelled)
 
@@ -501,20 +524,25 @@ class UiStore:
                     if d.get("finished"):  # finished before this request looked: a repeat
                         return row | {"repeated": first and begun is None}
                     first = False
-                    ids = await aexecute(conn, self._batch(verb, d, group, jobs))
-                    changed = await self._apply(conn, verb, ids, actor) if ids else []
-                    patch = {"after": max(ids) if ids else d["after"], "finished": len(ids) < BATCH}
+                    batch = await self._batch(conn, verb, d, group, jobs)
+                    changed = await self._apply(conn, verb, batch.ids, actor) if batch.ids else []
+                    patch = {"after": batch.after, "finished": batch.finished}
                     row = await aexecute(conn, self.u.audit_progress(row["id"], len(changed), patch))
                 if patch["finished"] or time.monotonic() - started > BULK_SECONDS:
                     return row | {"repeated": False}
 
-    def _batch(self, verb: str, d: dict[str, Any], group: str | None, f: JobFilter | None) -> Call[list[int]]:
+    async def _batch(
+        self, conn: psycopg.AsyncConnection[Any], verb: str, d: dict[str, Any], group: str | None, f: JobFilter | None
+    ) -> Batch:
         """The next batch of a bulk action's jobs after its cursor."""
         if group is not None:
-            return self.u.group_ids(group, after=d["after"], upto=d["upto"], limit=BATCH)
+            ids = await aexecute(conn, self.u.group_ids(group, after=d["after"], upto=d["upto"], limit=BATCH))
+            return Batch(ids, max(ids) if ids else d["after"], len(ids) < BATCH)
         assert f is not None
-        statuses = ["failed", "cancelled"] if verb.startswith("retry") else ["pending", "processing"]
-        return self.u.filter_ids(f, statuses, after=d["after"], upto=d["upto"], limit=BATCH)
+        call = self.u.filter_batch(
+            f, retry=verb.startswith("retry"), after=d["after"], upto=d["upto"], scan=BULK_SCAN, limit=BATCH
+        )
+        return await aexecute(conn, call)
 
     async def _apply(self, conn: psycopg.AsyncConnection[Any], verb: str, ids: Sequence[int], actor: str) -> list[int]:
         reason = f"from the UI by {actor}"

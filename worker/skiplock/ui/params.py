@@ -9,7 +9,7 @@ from typing import Any
 
 from skiplock.store.ui import JobFilter
 
-STATUSES = ("pending", "processing", "done", "failed", "cancelled")
+STATUSES = ("waiting", "pending", "processing", "done", "failed", "cancelled")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 MAX_TEXT = 200

@@ -28,7 +28,7 @@ from skiplock.job import QueueStats
 
 log = logging.getLogger(__name__)
 
-STATES = ("ready", "delayed", "processing", "stalled", "failed")
+STATES = ("ready", "delayed", "processing", "stalled", "failed", "waiting")
 """The ``state`` label values of ``skiplock_queue_jobs`` (the operator's too)."""
 QUERY_TIMEOUT_SECONDS = 5.0
 """Longest one refresh may take (never more than the refresh interval)."""
@@ -106,8 +106,8 @@ class QueueGauges(Collector):
             return
         jobs = GaugeMetricFamily(
             "skiplock_queue_jobs",
-            "Jobs of a queue by state (ready, delayed, processing, stalled, failed): from the operator's poll, or "
-            "from a worker for the queues it serves.",
+            "Jobs of a queue by state (ready, delayed, processing, stalled, failed, waiting on parents): from the "
+            "operator's poll, or from a worker for the queues it serves.",
             labels=["queue", "state"],
         )
         age = GaugeMetricFamily(

@@ -1,6 +1,7 @@
 -- name: 0016_workflows
 -- Results, dependencies between jobs (a `waiting` status, the edges, the trigger that releases or cancels a job's children in the statement that ends it) and durable steps.
 
+-- Running it again (a schema_migrations row removed by hand) replaces what it made, as 0015 does.
 -- A job enqueued with parents waits in its own status, outside every claim index, until its last parent is final.
 -- The status check is replaced in place as in 0004 (NOT VALID: every stored row holds one of the older statuses).
 ALTER TABLE {schema}.jobs DROP CONSTRAINT jobs_status_check;
@@ -26,6 +27,7 @@ ALTER TABLE {schema}.jobs
     ADD COLUMN IF NOT EXISTS workflow_id uuid,
     ADD COLUMN IF NOT EXISTS has_steps boolean;
 ALTER TABLE {schema}.jobs
+    DROP CONSTRAINT IF EXISTS jobs_result_size_check,
     ADD CONSTRAINT jobs_result_size_check CHECK (pg_column_size(result) <= 1048576) NOT VALID;
 
 CREATE INDEX IF NOT EXISTS jobs_workflow_idx ON {schema}.jobs (workflow_id) WHERE workflow_id IS NOT NULL;
@@ -107,6 +109,7 @@ BEGIN
 END
 $$;
 
+DROP TRIGGER IF EXISTS jobs_ended ON {schema}.jobs;
 CREATE TRIGGER jobs_ended AFTER UPDATE OF status ON {schema}.jobs
     FOR EACH ROW
     WHEN ((NEW.has_children OR NEW.awaited) AND NEW.status IN ('done', 'failed', 'cancelled')
@@ -132,6 +135,7 @@ BEGIN
 END
 $$;
 
+DROP TRIGGER IF EXISTS jobs_unlinked ON {schema}.jobs;
 CREATE TRIGGER jobs_unlinked AFTER DELETE ON {schema}.jobs
     FOR EACH ROW WHEN (OLD.has_children OR OLD.waiting_on IS NOT NULL OR OLD.has_steps)
     EXECUTE FUNCTION {schema}.jobs_unlinked();

@@ -1,5 +1,5 @@
 -- name: queue_stats
--- Health of each queue (ready, delayed, processing, stalled = past the stored lease deadline, failed, oldest ready age, next due, paused, average attempts of the last 1000 done jobs) from partial indexes only; times outside the range of jobs_visible_at_check count as its ends.
+-- Health of each queue (ready, delayed, processing, stalled = past the stored lease deadline, failed, waiting on parents, oldest ready age, next due, paused, average attempts of the last 1000 done jobs) from partial indexes only; times outside the range of jobs_visible_at_check count as its ends.
 WITH live AS (
     -- visible_at within the range the database allows (jobs_visible_at_check), so that no row stored outside it (a
     -- dropped constraint, a restored dump) makes the arithmetic below fail or a time Python cannot read
@@ -14,6 +14,9 @@ WITH live AS (
     UNION ALL
     SELECT queue, status, visible_at, locked_at, lease_expires_at FROM {schema}.jobs
     WHERE status = 'failed' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+    UNION ALL
+    SELECT queue, status, visible_at, locked_at, lease_expires_at FROM {schema}.jobs
+    WHERE status = 'waiting' AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ), counts AS (
 SELECT queue,
        count(*) FILTER (WHERE status = 'pending' AND visible_at <= coalesce(%(now)s::timestamptz, now())) AS ready,
@@ -23,6 +26,7 @@ SELECT queue,
                           AND coalesce(lease_expires_at, locked_at + make_interval(secs => %(lease_seconds)s))
                               < coalesce(%(now)s::timestamptz, now())) AS stalled,
        count(*) FILTER (WHERE status = 'failed') AS failed,
+       count(*) FILTER (WHERE status = 'waiting') AS waiting,
        coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now())
                 - min(visible_at) FILTER (WHERE status = 'pending'
                                           AND visible_at <= coalesce(%(now)s::timestamptz, now()))), 0)::float8
@@ -41,7 +45,8 @@ SELECT queue, coalesce(c.ready, 0) AS ready, coalesce(c.delayed, 0) AS delayed,
        (SELECT avg(d.attempts)::float8 FROM (
             SELECT attempts FROM {schema}.jobs
             WHERE status = 'done' AND queue = coalesce(c.queue, p.queue)
-            ORDER BY updated_at DESC LIMIT 1000) AS d) AS avg_attempts_done
+            ORDER BY updated_at DESC LIMIT 1000) AS d) AS avg_attempts_done,
+       coalesce(c.waiting, 0) AS waiting
 FROM counts AS c
 FULL JOIN paused AS p USING (queue)
 ORDER BY queue;

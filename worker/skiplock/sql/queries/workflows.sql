@@ -1,3 +1,7 @@
+-- name: job_lock_parents
+-- Lock the parents named by after= (in id order, as job_link will) before anything is inserted: the ids found.
+SELECT id FROM {schema}.jobs WHERE id = ANY(%(parents)s::bigint[]) ORDER BY id FOR NO KEY UPDATE;
+
 -- name: job_link
 -- Make the just-inserted jobs `children` wait for `parents` (locked in id order and marked as having children, so a parent cannot end unseen meanwhile); a child whose parents are all final already is judged at once: pending, or cancelled naming a parent that failed. Returns the parents found; when one is missing nothing is changed.
 WITH parent AS (
