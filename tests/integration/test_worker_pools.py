@@ -87,3 +87,23 @@ def test_a_sync_pool_of_dead_connections_is_replaced_after_one_failed_check(
     finally:
         pool.close()
     assert len(failed) == 1, f"{len(failed)} dead connections were tried one after another"
+
+
+async def test_the_idle_check_prepares_nothing_on_a_connection_that_prepares_every_statement(pg_dsn: str) -> None:
+    """Behind a pooler in transaction mode a prepared statement may be missing at the next checkout (another server
+    connection): an idle check that prepared ``SELECT 1`` failed there at every checkout after the first, so the pool
+    replaced its connections in a loop until the calls waiting timed out, and the store, which stops preparing when
+    one of its statements finds its prepared statement missing, never heard of it."""
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        conn.prepare_threshold = 0  # what the store's control connections do
+        for _ in range(3):
+            setattr(conn, "_skiplock_checked_out", 0.0)  # noqa: B010 - idle long enough to be checked
+            await pools.acheck(conn)
+        cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements", prepare=False)
+        assert await cur.fetchone() == (0,)
+    with psycopg.connect(pg_dsn, autocommit=True) as sconn:
+        sconn.prepare_threshold = 0
+        for _ in range(3):
+            setattr(sconn, "_skiplock_checked_out", 0.0)  # noqa: B010
+            pools._check(sconn)
+        assert sconn.execute("SELECT count(*) FROM pg_prepared_statements", prepare=False).fetchone() == (0,)

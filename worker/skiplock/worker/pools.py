@@ -28,16 +28,18 @@ def _stale(conn: Any) -> bool:
 
 
 async def acheck(conn: psycopg.AsyncConnection[Any]) -> None:
-    """The idle check of an async pool's connection at checkout (see IDLE_CHECK_SECONDS)."""
+    """The idle check of an async pool's connection at checkout (see IDLE_CHECK_SECONDS). Never prepared: behind a
+    pooler in transaction mode the next checkout may find a prepared statement missing, and a failed check is
+    taken for a dead connection (the store, which stops preparing then, would never hear of it)."""
     if _stale(conn):
-        await conn.execute("SELECT 1")
+        await conn.execute("SELECT 1", prepare=False)
         if not conn.autocommit:
             await conn.rollback()  # hand it out idle: a handler that never writes keeps its batching
 
 
 def _check(conn: psycopg.Connection[Any]) -> None:
     if _stale(conn):
-        conn.execute("SELECT 1")
+        conn.execute("SELECT 1", prepare=False)
         if not conn.autocommit:
             conn.rollback()
 
