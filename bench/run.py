@@ -79,6 +79,7 @@ EXPORTED: set[str] = set()  # temp dirs holding a `git archive` of worker/, remo
 CEILING = "drain noop [ceiling]"  # a tuned plain-SQL loop: claim 200, pipelined completion, NOTIFY
 HONEST = "drain noop [honest]"  # the same loop on the design source's table, indexes and statements
 PGQUEUER = "drain noop [pgqueuer]"
+HONEST_LATENCY = "latency NOTIFY [honest]"  # the plain loop on the design source's table, single INSERT + NOTIFY
 TX_CEILING = "drain write [plain tx]"  # per job: BEGIN, INSERT, UPDATE, COMMIT
 FLOW_CASES = (
     "drain noop, 10% serial keys",
@@ -248,6 +249,8 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
     )
     add("workflows", f"workflow chain of {links:,}", lambda: flows.chain(cfg, links=links))
     add("latency", "latency NOTIFY", lambda: scenario.latency(cfg, listen=True))
+    if peers:
+        add("latency", HONEST_LATENCY, lambda: scenario.latency(cfg, listen=True, honest=True))
     if alt:
         add("latency", "latency NOTIFY" + tag, lambda: scenario.latency(cfg, listen=True, src=alt))
     add("latency", "latency poll", lambda: scenario.latency(cfg, listen=False))
@@ -284,6 +287,9 @@ def paired(runs: dict[str, list[dict[str, Any]]], case: str, base: str, key: str
 
 def add_ratios(med: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]]) -> None:
     for name, m in med.items():
+        if name.startswith("latency NOTIFY") and name != HONEST_LATENCY:
+            m["p50_vs_honest"] = paired(runs, name, HONEST_LATENCY, "p50_ms")
+            m["p99_vs_honest"] = paired(runs, name, HONEST_LATENCY, "p99_ms")
         if not name.startswith("drain"):
             continue
         peer = any(name.startswith(b) for b in (CEILING, HONEST, PGQUEUER, TX_CEILING, "drain noop [seed]"))
@@ -331,6 +337,8 @@ def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
         ("bulk enqueue vs COPY, one transaction", ">= 0.8x", get("enqueue", "bulk_tx_vs_copy"), 0.8, True),
         ("latency p50 at 200/s, NOTIFY (ms)", "<= 1.5", get("latency NOTIFY", "p50_ms"), 1.5, False),
         ("latency p99 at 200/s, NOTIFY (ms)", "<= 5", get("latency NOTIFY", "p99_ms"), 5.0, False),
+        ("latency p50 vs the honest plain loop", "<= 1.5x", get("latency NOTIFY", "p50_vs_honest"), 1.5, False),
+        ("latency p99 vs the honest plain loop", "<= 2x", get("latency NOTIFY", "p99_vs_honest"), 2.0, False),
         *((f"{n[12:]} vs empty table", ">= 0.9x", get(n, "vs_empty_table"), 0.9, True) for n in tables),
         (
             "1,000,000 backlog vs 20,000",
@@ -394,7 +402,7 @@ def render(med: dict[str, dict[str, Any]], tgt: list[dict[str, Any]]) -> str:
                 fmt(m.get("bulk_tx_jobs_per_s", 0) / m["single_jobs_per_s"], "{:.1f}x"),
             ],
             [
-                "plain INSERT + NOTIFY, 1 tx each (ceiling)",
+                "plain INSERT + NOTIFY, 1 round trip (ceiling)",
                 fmt(m.get("plain_single_jobs_per_s"), "{:,.0f}"),
                 fmt(m.get("plain_single_jobs_per_s", 0) / m["single_jobs_per_s"], "{:.1f}x"),
             ],
@@ -421,6 +429,8 @@ def render(med: dict[str, dict[str, Any]], tgt: list[dict[str, Any]]) -> str:
                 fmt(m.get("worker_commits_per_job"), "{:.2f}"),
                 fmt(m.get("worker_write_tx_per_job"), "{:.2f}"),
                 fmt(m.get("empty_claims_per_job"), "{:.2f}"),
+                fmt(m.get("p50_vs_honest"), "{:.2f}x"),
+                fmt(m.get("p99_vs_honest"), "{:.2f}x"),
             ]
             for n, m in lats
         ]
@@ -436,6 +446,8 @@ def render(med: dict[str, dict[str, Any]], tgt: list[dict[str, Any]]) -> str:
             "commits/job",
             "write tx/job",
             "empty claims/job",
+            "p50 x honest",
+            "p99 x honest",
         ]
         parts.append(table(headers, rows))
     flows_run = [(n, m) for n, m in med.items() if n.startswith("workflow")]

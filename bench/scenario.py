@@ -33,6 +33,7 @@ from meter import (
     server_cpu_seconds,
 )
 from psycopg import sql
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 from seed_baseline import HONEST_SCHEMA, SEED_INDEX
 from server import Server
@@ -219,9 +220,15 @@ def stopped_count(proc: Proc, name: str) -> int | None:
 
 
 def start_seed(
-    cfg: Config, schema: str, handler: str, logdir: Path, style: str = "seed", workers: int | None = None
+    cfg: Config,
+    schema: str,
+    handler: str,
+    logdir: Path,
+    style: str = "seed",
+    workers: int | None = None,
+    extra: tuple[str, ...] = (),
 ) -> list[Proc]:
-    seed_args = ["--queue", QUEUE, "--handler", handler, "--style", style]
+    seed_args = ["--queue", QUEUE, "--handler", handler, "--style", style, *extra]
     procs = []
     for i in range(workers or cfg.workers):
         log = logdir / f"seed-{i}.log"
@@ -301,7 +308,8 @@ def wait_drained(mon: psycopg.Connection[Any], schema: str, timeout: float, queu
 
 # ---------------------------------------------------------------------------------------------- enqueue
 def enqueue(cfg: Config) -> dict[str, Any]:
-    """Single jobs (one transaction each) against a plain INSERT and NOTIFY; ``enqueue_many`` against raw COPY of the
+    """Single jobs (one transaction each) against a plain INSERT and NOTIFY in one statement (one round trip, as
+    skiplock's ``enqueue`` makes); ``enqueue_many`` against raw COPY of the
     same rows, like for like: in chunks, each a transaction of its own (a call of ``enqueue_many``; a COPY and a
     NOTIFY), and all the jobs in one transaction (one call of ``enqueue_many``; one COPY and a NOTIFY).
 
@@ -311,16 +319,18 @@ def enqueue(cfg: Config) -> dict[str, Any]:
     schema = new_schema(cfg, "enq")
     ident = sql.Identifier(schema)
     chunks = [range(s, min(cfg.bulk_jobs, s + cfg.bulk_chunk)) for s in range(0, cfg.bulk_jobs, cfg.bulk_chunk)]
-    insert = sql.SQL("INSERT INTO {}.jobs (queue, payload) VALUES (%s, %s::jsonb)").format(ident)
+    # the single-enqueue ceiling: the INSERT and its NOTIFY in one statement, one round trip, in autocommit
+    insert_notify = sql.SQL(
+        "WITH j AS (INSERT INTO {}.jobs (queue, payload) VALUES (%s, %s::jsonb) RETURNING id) "
+        "SELECT j.id, pg_notify(%s, %s) FROM j"
+    ).format(ident)
     copy_sql = sql.SQL("COPY {}.jobs (queue, payload) FROM STDIN").format(ident)
     channel = Settings(schema=schema).channel
     spent = dict.fromkeys(("single", "plain_single", "bulk", "copy_chunked", "bulk_tx", "copy"), 0.0)
-    with queue_for(cfg, schema) as q, connect(cfg, autocommit=False) as conn:
+    with queue_for(cfg, schema) as q, connect(cfg, autocommit=False) as conn, connect(cfg) as auto:
 
-        def plain_single(i: int) -> None:  # the single-enqueue ceiling: INSERT and NOTIFY in one transaction
-            conn.execute(insert, (QUEUE, f'{{"n":{i}}}'), prepare=True)
-            conn.execute("SELECT pg_notify(%s, %s)", (channel, QUEUE), prepare=True)
-            conn.commit()
+        def plain_single(i: int) -> None:  # the single-enqueue ceiling: INSERT and NOTIFY in one round trip
+            auto.execute(insert_notify, (QUEUE, f'{{"n":{i}}}', channel, QUEUE), prepare=True).fetchone()
 
         def raw_copy(numbers: range) -> None:  # the bulk ceiling: COPY and NOTIFY in one transaction
             with conn.cursor() as cur, cur.copy(copy_sql) as copy:
@@ -593,6 +603,22 @@ def enqueue_honest(conn: psycopg.Connection[Any], schema: str, n: int) -> int:
     return int(row[0])
 
 
+def plain_enqueue(conn: psycopg.Connection[Any], schema: str) -> Any:
+    """A producer of single jobs on the design source's table: INSERT and NOTIFY in one statement; returns the id."""
+    query = sql.SQL(
+        "WITH j AS (INSERT INTO {}.jobs (queue, payload) VALUES (%s, %s) RETURNING id) "
+        "SELECT j.id, pg_notify(%s, %s) FROM j"
+    ).format(sql.Identifier(schema))
+    channel = Settings(schema=schema).channel
+
+    def enqueue_one(payload: dict[str, Any]) -> int:
+        row = conn.execute(query, (QUEUE, Jsonb(payload), channel, QUEUE), prepare=True).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    return enqueue_one
+
+
 def enqueue_chunk(q: Queue, conn: psycopg.Connection[Any], numbers: range, flow: str | None) -> list[int]:
     """One chunk of a drain's jobs: plain, 10 % serial-keyed (keys spread over 200 values), a limited task's, or
     spread evenly over 50 queues."""
@@ -613,32 +639,39 @@ def enqueue_chunk(q: Queue, conn: psycopg.Connection[Any], numbers: range, flow:
 
 
 # ---------------------------------------------------------------------------------------------- latency
-def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, Any]:
+def latency(cfg: Config, *, listen: bool, src: str | None = None, honest: bool = False) -> dict[str, Any]:
     """Idle workers; a producer enqueues single jobs at a fixed rate; from the enqueue's commit (the call returned:
     it runs in autocommit) to the handler's start, per job, and from the enqueue call to the start.
+
+    ``honest``: the plain loop on the design source's table (seed_baseline.py ``--style honest``), its pick-up time
+    taken as its claim returns; the producer's INSERT and NOTIFY are one statement in autocommit.
 
     Also counts the workers' commits per job over the window beyond the producer's own (each LISTEN backend commits
     once for each notification it receives, besides the claims), and the claims that found nothing.
     """
-    schema = new_schema(cfg, "lat", src)
+    schema = new_honest_schema(cfg) if honest else new_schema(cfg, "lat", src)
     logdir = Path(tempfile.mkdtemp(prefix="bench-latency-"))
     starts = logdir / "starts"
     starts.mkdir()
     n = max(1, round(cfg.latency_rate * cfg.latency_seconds))
-    procs = start_skiplock(
-        cfg,
-        schema,
-        "record_start",
-        logdir,
-        concurrency=cfg.concurrency,
-        listen=listen,
-        src=src,
-        BENCH_LATENCY_DIR=str(starts),
-    )
+    if honest:
+        procs = start_seed(cfg, schema, "noop", logdir, style="honest", extra=("--record", str(starts)))
+    else:
+        procs = start_skiplock(
+            cfg,
+            schema,
+            "record_start",
+            logdir,
+            concurrency=cfg.concurrency,
+            listen=listen,
+            src=src,
+            BENCH_LATENCY_DIR=str(starts),
+        )
     with running(procs), connect(cfg) as mon:
         wait_ready(procs)
-        with queue_for(cfg, schema) as q:
-            warm = q.enqueue(QUEUE, {"t": time.time(), "warm": True}).id  # warm the producer's connection
+        with queue_for(cfg, schema) as q, connect(cfg) as auto:
+            enqueue_one = plain_enqueue(auto, schema) if honest else lambda payload: q.enqueue(QUEUE, payload).id
+            warm = enqueue_one({"t": time.time(), "warm": True})  # warm the producer's connection
             wait_drained(mon, schema, cfg.poll_seconds + 30)
             time.sleep(cfg.settle_seconds)
             before = db_counters(mon)
@@ -648,7 +681,7 @@ def latency(cfg: Config, *, listen: bool, src: str | None = None) -> dict[str, A
                 delay = t0 + i / cfg.latency_rate - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
-                job_id = q.enqueue(QUEUE, {"t": time.time()}).id
+                job_id = enqueue_one({"t": time.time()})
                 committed[job_id] = time.time()
             produced = n / (time.perf_counter() - t0)
         ours = 1 + wait_drained(mon, schema, cfg.poll_seconds + 30)

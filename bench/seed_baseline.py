@@ -26,6 +26,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -127,9 +128,19 @@ SEED_INDEX = (
 
 
 def ceiling(
-    conn: psycopg.Connection[Any], schema: str, queue: str, batch: int, channel: str, stop: Any, honest: bool = False
+    conn: psycopg.Connection[Any],
+    schema: str,
+    queue: str,
+    batch: int,
+    channel: str,
+    stop: Any,
+    honest: bool = False,
+    record: Path | None = None,
 ) -> None:
-    """Claim ``batch``; complete the previous batch in the same pipeline (one round trip); LISTEN when idle."""
+    """Claim ``batch``; complete the previous batch in the same pipeline (one round trip); LISTEN when idle.
+    ``record``: append ``job_id enqueue_ts start_ts`` per claimed job to a file there (pick-up latency; the payload
+    carries the enqueue time as ``t``)."""
+    out = (record / f"starts-{os.getpid()}.txt").open("a", buffering=1) if record else None
     statements = (HONEST_CLAIM, HONEST_FINISH) if honest else (CEILING_CLAIM, CEILING_FINISH)
     claim, finish = (q.format(schema=schema) for q in statements)
     name = f"{socket.gethostname()}:{os.getpid()}"
@@ -141,7 +152,11 @@ def ceiling(
             if ids:
                 conn.execute(finish, {"ids": ids}, prepare=True)
             cur = conn.execute(claim, {"queue": queue, "batch": batch, "name": name}, prepare=True)
-        ids = [row[0] for row in cur.fetchall()]
+        rows = cur.fetchall()
+        if out is not None:
+            started = time.time()
+            out.writelines(f"{row[0]} {row[2]['t']!r} {started!r}\n" for row in rows)
+        ids = [row[0] for row in rows]
         if not ids:
             for _ in conn.notifies(timeout=1.0, stop_after=1):
                 pass
@@ -164,7 +179,16 @@ def txloop(conn: psycopg.Connection[Any], schema: str, queue: str, batch: int, c
                 conn.execute(finish, {"id": job_id}, prepare=True)
 
 
-def run(dsn: str, schema: str, queue: str, handler: str, batch: int, poll_seconds: float, style: str) -> None:
+def run(
+    dsn: str,
+    schema: str,
+    queue: str,
+    handler: str,
+    batch: int,
+    poll_seconds: float,
+    style: str,
+    record: Path | None = None,
+) -> None:
     stop = False
 
     def on_term(signum: int, frame: Any) -> None:
@@ -177,7 +201,7 @@ def run(dsn: str, schema: str, queue: str, handler: str, batch: int, poll_second
     name = f"{socket.gethostname()}:{os.getpid()}"
     with psycopg.connect(dsn, autocommit=True, application_name="seed-baseline") as conn:
         if style == "honest":
-            return ceiling(conn, quoted, queue, batch, f"{schema}_wakeup", lambda: stop, honest=True)
+            return ceiling(conn, quoted, queue, batch, f"{schema}_wakeup", lambda: stop, honest=True, record=record)
         if style in ("ceiling", "txloop"):
             loop = ceiling if style == "ceiling" else txloop
             return loop(conn, quoted, queue, batch, f"{schema}_wakeup", lambda: stop)
@@ -205,9 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--style", choices=["seed", "tuned", "ceiling", "honest", "txloop"], default="seed")
     p.add_argument("--batch", type=int, help="jobs per claim (default 10; tuned 100; ceiling, honest, txloop 200)")
     p.add_argument("--poll", type=float, default=1.0)
+    p.add_argument("--record", type=Path, help="honest: record each job's pick-up time in this directory (latency)")
     a = p.parse_args(argv)
     batch = a.batch or {"tuned": 100, "ceiling": 200, "honest": 200, "txloop": 200}.get(a.style, 10)
-    run(a.dsn, a.schema, a.queue, a.handler, batch, a.poll, a.style)
+    run(a.dsn, a.schema, a.queue, a.handler, batch, a.poll, a.style, a.record)
     return 0
 
 

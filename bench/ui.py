@@ -4,24 +4,29 @@ Seeds a private schema (``bench_ui``) with ``generate_series``: 5,000,000 done j
 51 rows, their errors of 40 causes with ids, numbers, UUIDs and quoted values in them), plus a few pending and
 running jobs, then VACUUM ANALYZE. Each page and API call is then timed in-process (the ASGI app with its store
 on a real pool: routing, SQL, rendering; no network), ``--repeat`` times after one warm-up call; the table shows
-the median and the slowest. Actions are timed on the same table: one job's retry, a canary of 10, pause and
-resume, and a bulk retry of a group of about 2,500 jobs (500 a transaction; one request starts batches for
-0.1 s at most, then answers 202 and the same request again goes on).
+the median and the slowest. Actions are timed on the same table, each once: one job's retry and cancel, a canary
+of 10, pause and resume, a group's bulk retry and cancel, and bulk actions by filter (a retry matching 25,000
+failed jobs, one matching none, a cancel of live jobs); 500 jobs a transaction, one request starts batches for
+0.1 s at most, then answers 202 and the same request again goes on.
 
 By default a private PostgreSQL (pgserver's binaries, stock settings) is started; ``--dsn`` (or
 ``SKIPLOCK_BENCH_DSN``) uses an existing server, where ``--keep`` leaves the seeded schema for the next run
 (``--reuse`` then skips the seeding). JSON lines (one per call, then a summary) go to stdout after the table and
 to ``bench/results/ui-<time>.jsonl``.
 
-Last run (``make bench-ui``, a private PostgreSQL 16 of pgserver, stock settings, on the shared 2-core machine under
-other agents' load, seeded in 108 s): every read's median 1.5-37 ms, slowest `GET
-/api/jobs?status=failed&q=no-such-text` at 37 ms (a 10,000-row window of failed jobs, none matching); `/api/queues`
-34 ms (14 ms in the run before its keyset: whether the keyset or the machine's load moved it was not measured apart;
-its second page of 2 queues 18 ms), `/api/failures` 19 ms (20 groups over 100,000 failed jobs), `/api/limits` 10 ms,
-`/api/workers` 5 ms (its second page 5 ms), a job page 2 ms; retry of one job 14 ms, a canary of 10 9 ms, pause
-6 ms; a group's bulk retry 143 ms for the 1,500 jobs of its first request (202, three batches). Before the failure
-groups were read index-only, a plain GROUP BY over the failed jobs took 880 ms (one heap page per failed job) and
-the existing `queue_stats` statement 630 ms (the same); both are why the UI has statements of its own.
+Last run (``make bench-ui`` at commit 36d88fb, a private PostgreSQL 16 of pgserver, stock settings, on the shared
+2-core machine under other agents' load, seeded in 224 s): every call within 300 ms. Reads: medians 3.7-117 ms, the
+slowest `GET /api/workers?after=0:w1&limit=2` at 117 ms (254 ms its slowest of 5) and `GET
+/api/jobs?status=failed&q=no-such-text` at 97 ms (a 10,000-row window of failed jobs, none matching); `/api/queues`
+59 ms, `/api/failures` 80 ms (20 groups over 100,000 failed jobs), a job page 13-22 ms. Actions, each timed once:
+retry of one job 29 ms, cancel of one 24 ms, a canary of 10 41 ms, pause 15 ms; a group's bulk retry 140 ms and
+cancel 160 ms (1,000 jobs in their first request, 202); a bulk retry by filter 123 ms (500 of its 25,000 matches in
+the first request) and 172 ms when nothing matches (windows of 2,000 failed jobs until its 0.1 s ran out, 202); a
+bulk cancel by filter of the 100 live jobs among the 5,000,000 done ones 104 ms. Before the bulk statement by
+filter read each status through its own index, those three took 4,032, 4,141 and 1,695 ms (a plan over the primary
+key, through every done job). Before the failure groups were read index-only, a plain GROUP BY over the failed jobs
+took 880 ms (one heap page per failed job) and the existing `queue_stats` statement 630 ms (the same); both are why
+the UI has statements of its own.
 """
 
 from __future__ import annotations

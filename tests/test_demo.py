@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from support.ci import missing
-from support.pg import wait_for
+from support.pg import drop_schema, wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -158,6 +158,40 @@ def test_ctrl_c_stops_the_workers_and_the_embedded_server_and_says_so(tmp_path: 
         what="the workers and the embedded server to be gone",
     )
     assert not (pgdata / "postmaster.pid").exists(), "the embedded server was stopped"
+
+
+def test_ctrl_c_on_a_demo_on_the_given_database_stops_its_workers_and_says_where_its_jobs_stay(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "skiplock", "demo", "--jobs", "20000", "--workers", "2", "--concurrency", "2"],
+        cwd=tmp_path,
+        env=_demo_env(tmp_path) | {"SKIPLOCK_DSN": pg_dsn},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            if line.startswith("["):
+                break
+        spawned = psutil.Process(demo.pid).children(recursive=True)
+        assert len(spawned) == 2, spawned
+        os.killpg(demo.pid, signal.SIGINT)
+        out, err = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    assert demo.returncode == 130, out + err
+    assert err.strip().splitlines()[-1] == (
+        "demo stopped (Ctrl-C): the workers were stopped; the demo's jobs stay in schema 'skiplock_demo' until the "
+        "next run"
+    ), err
+    assert "Traceback" not in err, err
+    wait_for(lambda: not any(psutil.pid_exists(p.pid) for p in spawned), timeout=30, what="the workers to be gone")
+    drop_schema(pg_dsn, "skiplock_demo")
 
 
 def test_the_demo_without_its_extra_says_how_to_install_it(tmp_path: Path) -> None:

@@ -314,7 +314,14 @@ class Autoscaler(Daemon):
         """LISTEN at zero and while running: 0 -> 1 and 1 -> N both start from a NOTIFY."""
         if spec.listen:
             channel = spec.worker_settings().channel
-            await self.rt.wakeups.subscribe(self.key, dsn, channel, spec.served_queues, self.rt.kick(self.key))
+            await self.rt.wakeups.subscribe(
+                self.key,
+                dsn,
+                channel,
+                spec.served_queues,
+                self.rt.kick(self.key),
+                connect_dsn=self.rt.databases.pinned(dsn),
+            )
         else:
             await self.rt.wakeups.unsubscribe(self.key)
         self.gap = self.MIN_POLL_GAP_SECONDS if replicas == 0 else self.BUSY_POLL_GAP_SECONDS

@@ -3,9 +3,10 @@
 What happens here: migrate a schema, read queue stats and the next due time of delayed jobs, read the
 server's connection limits, pause and resume queues (``spec.paused``), and purge old jobs in batches (the
 scheduled retention). Each (DSN, schema) has its own lock, so a tenant whose database hangs stalls
-only the JobQueues that share that very DSN; connects are bounded per namespace as well. No caller waits for
-that lock longer than ``timeout``, and a caller that waited while the connection failed gets the same verdict at
-once: however many JobQueues share a database, each sees an outage within the one bound.
+only the JobQueues that share that very DSN; each JobQueue has its own connect slot, and host names are
+resolved by :class:`Resolver` on the operator's own small thread pool (never the pool that runs the Kubernetes
+calls). No caller waits for that lock longer than ``timeout``, and a caller that waited while the connection failed
+gets the same verdict at once: however many JobQueues share a database, each sees an outage within the one bound.
 
 Every call is bounded by ``timeout``. When a query outlives it, the socket is shut down from our side and
 the connection dropped: no cancel request is sent over a link that may be dead (that waits for its own
@@ -17,27 +18,28 @@ text a Secret held), so none of them reaches a status, an Event or a log line.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import ipaddress
 import logging
 import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from skiplock import DatabaseUnavailableError, QueueStats
 from skiplock.migrate import amigrate
-from skiplock.schedule import STALE_SECONDS, Fired
+from skiplock.schedule import STALE_SECONDS, Fired, fire_params, scope_params
 from skiplock.settings import Settings
 from skiplock.store.purge import apurge_batch
 from skiplock.store.run import aexecute
-from skiplock.store.schedules import fire_due
 from skiplock.store.statements import FlowCursor, PurgePolicy, Statements
 from skiplock_operator.scaling import connection_budget
 
@@ -78,8 +80,11 @@ SHARED_REASONS = frozenset(
     {CONNECT_REFUSED, CONNECT_TIMEOUT, HOST_UNKNOWN, CONNECT_FAILED, QUERY_TIMEOUT, CONNECTION_LOST}
 )
 """Failures of the link itself: a caller that waited for the connection meanwhile reports the same at once."""
-CONNECT_SLOTS_PER_NAMESPACE = 2
-"""At most this many connects in flight per namespace: one tenant's slow databases cannot hold them all."""
+SCHEDULE_COMPUTE_SECONDS = 0.5
+"""Longest a schedules round computes ticks (cron arithmetic, on its namespace's schedule thread, never the event
+loop); the due schedules left wait for the next round, which comes at once."""
+LOOKUPS_PER_NAMESPACE = 2
+"""Threads of the resolver per namespace: a tenant whose DNS hangs holds at most these, and only its own."""
 
 
 class DatabaseProblem(DatabaseUnavailableError):
@@ -134,6 +139,7 @@ def dsn_hosts(dsn: str) -> tuple[str, ...]:
     return tuple(hosts)
 
 
+@functools.lru_cache(maxsize=1024)
 def server_key(dsn: str) -> str:
     """The database server a DSN names (hosts and port), the unit of the connection cap: ``max_connections`` is
     the server's, shared by every database and role on it. Raises DSNInvalid."""
@@ -164,6 +170,59 @@ def check_dsn(dsn: str, allowed_hosts: Sequence[str]) -> None:
         raise DatabaseProblem(HOST_NOT_ALLOWED)
 
 
+class Resolver:
+    """Host names to addresses for the connects (``hostaddr``), so psycopg resolves nothing itself. Each namespace
+    has its own LOOKUPS_PER_NAMESPACE threads, and each lookup is bounded by ``timeout`` (one that is still queued
+    then is dropped; one that hangs keeps its thread). A blackholed DNS costs the tenant whose names it serves,
+    never another namespace and never the event loop's default executor, which runs every Kubernetes call."""
+
+    def __init__(self, timeout: float) -> None:
+        self._timeout = timeout
+        self._pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+
+    async def hostaddr(self, namespace: str, dsn: str) -> str | None:
+        """The ``hostaddr`` list for ``dsn`` (one address per host, in order), or None when there is nothing to
+        resolve (no host, a socket path, or ``hostaddr`` given). Raises DatabaseProblem (HostUnknown)."""
+        params = conninfo_to_dict(dsn)
+        hosts = [h.strip() for h in str(params.get("host") or "").split(",")]
+        if params.get("hostaddr") or not all(hosts) or any(h.startswith("/") for h in hosts):
+            return None
+        names = [h for h in hosts if not _is_ip(h)]
+        if not names:
+            return None
+        port = str(params.get("port") or "5432").split(",")[0]
+        pool = self._pools.get(namespace)
+        if pool is None:
+            pool = self._pools[namespace] = concurrent.futures.ThreadPoolExecutor(
+                max_workers=LOOKUPS_PER_NAMESPACE, thread_name_prefix="skiplock-resolve"
+            )
+        loop = asyncio.get_running_loop()
+        found: dict[str, str] = {}
+        try:
+            async with asyncio.timeout(self._timeout):
+                for name in dict.fromkeys(names):
+                    answers = await loop.run_in_executor(
+                        pool, socket.getaddrinfo, name, port, 0, socket.SOCK_STREAM, socket.IPPROTO_TCP
+                    )
+                    found[name] = str(answers[0][4][0])
+        except (TimeoutError, OSError, IndexError):
+            raise DatabaseProblem(HOST_UNKNOWN) from None
+        return ",".join(found.get(h, h) for h in hosts)
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._pools.clear()
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def sever(conn: psycopg.AsyncConnection[Any]) -> None:
     """Shut the socket down under a pending read: the read fails at once, and psycopg sends no cancel."""
     with contextlib.suppress(Exception):
@@ -172,6 +231,33 @@ def sever(conn: psycopg.AsyncConnection[Any]) -> None:
             sock.shutdown(socket.SHUT_RDWR)
         finally:
             sock.close()
+
+
+@dataclass(frozen=True)
+class ScheduleRound:
+    """What one schedules round did: the ticks fired, the seconds until the next is due (0: more are due now),
+    and the schedules that could not fire (a row the jobs table or the cron arithmetic refuses: park them)."""
+
+    fired: list[Fired]
+    next_due: float | None
+    failed: list[str]
+
+
+def compute_ticks(
+    rows: Sequence[dict[str, Any]], channel: str, budget_seconds: float
+) -> list[tuple[dict[str, Any], tuple[dict[str, Any], int] | None]]:
+    """Each due row with its ``schedule_fire`` parameters and skipped ticks (None: it cannot fire), until
+    ``budget_seconds`` are spent (at least one row). Pure and CPU-bound: run it off the event loop."""
+    out: list[tuple[dict[str, Any], tuple[dict[str, Any], int] | None]] = []
+    started = time.monotonic()
+    for row in rows:
+        if out and time.monotonic() - started > budget_seconds:
+            break
+        try:
+            out.append((row, fire_params(row, channel)))
+        except Exception:  # a row written by hand (bad cron, zone, bounds): it alone fails
+            out.append((row, None))
+    return out
 
 
 @dataclass
@@ -190,14 +276,15 @@ class Databases:
         *,
         timeout: float = 5.0,
         allowed_hosts: Sequence[str] = (),
-        connect_slots: int = CONNECT_SLOTS_PER_NAMESPACE,
     ) -> None:
         self._timeout = timeout
         self._allowed_hosts = tuple(allowed_hosts)
-        self._connect_slots = connect_slots
+        self._resolver = Resolver(timeout)
         self._entries: dict[PoolKey, _Entry] = {}
         self._users: dict[Hashable, PoolKey] = {}
-        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._slots: dict[Hashable, asyncio.Semaphore] = {}
+        self._pinned: dict[str, str] = {}
+        self._schedule_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._retiring: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
@@ -230,18 +317,25 @@ class Databases:
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
 
-    def _namespace_slots(self, user: Hashable) -> asyncio.Semaphore:
-        namespace = str(user[0]) if isinstance(user, tuple) and user else ""
-        return self._slots.setdefault(namespace, asyncio.Semaphore(self._connect_slots))
+    def pinned(self, dsn: str) -> str:
+        """``dsn`` with the addresses its last connect resolved (``hostaddr``), so another connection to it (the
+        LISTEN one) resolves nothing; ``dsn`` itself before any connect."""
+        hostaddr = self._pinned.get(dsn)
+        return make_conninfo(dsn, hostaddr=hostaddr) if hostaddr else dsn
 
     async def _connect(self, user: Hashable, dsn: str) -> psycopg.AsyncConnection[Any]:
+        """One JobQueue connects at a time (its own slot: another JobQueue's hanging connects never delay it)."""
         check_dsn(dsn, self._allowed_hosts)
         seconds = max(2, round(self._timeout))
-        async with self._namespace_slots(user):
+        namespace = str(user[0]) if isinstance(user, tuple) and user else ""
+        async with self._slots.setdefault(user, asyncio.Semaphore(1)):
             try:
                 async with asyncio.timeout(seconds + 1):  # psycopg's connect_timeout fires first
+                    hostaddr = await self._resolver.hostaddr(namespace, dsn)
+                    if hostaddr:
+                        self._pinned[dsn] = hostaddr
                     conn = await psycopg.AsyncConnection.connect(
-                        dsn,
+                        make_conninfo(dsn, hostaddr=hostaddr) if hostaddr else dsn,
                         connect_timeout=seconds,
                         application_name="skiplock-operator",
                         keepalives=1,
@@ -370,16 +464,55 @@ class Databases:
         return await self._call(user, (dsn, schema), read)
 
     async def fire_schedules(
-        self, user: Hashable, dsn: str, schema: str, queues: Sequence[str], channel: str
-    ) -> tuple[list[Fired], float | None]:
-        """Fire the due schedules of ``queues`` (see :mod:`skiplock.schedule`); the seconds until the next one."""
+        self,
+        user: Hashable,
+        dsn: str,
+        schema: str,
+        queues: Sequence[str],
+        channel: str,
+        *,
+        parked: Collection[str] = (),
+    ) -> ScheduleRound:
+        """Fire the due schedules of ``queues`` but ``parked`` (see :mod:`skiplock.schedule`): at most the 100 the
+        query returns and SCHEDULE_COMPUTE_SECONDS of cron arithmetic per round, computed on the namespace's own
+        schedule thread; each tick in its own savepoint, so a row the jobs table refuses fails alone."""
         s = _statements(schema)
+        scope = scope_params(None, queues)
+        pool = self._schedule_pool(user)
+        loop = asyncio.get_running_loop()
 
-        async def fire(conn: psycopg.AsyncConnection[Any], _: _Entry) -> tuple[list[Fired], float | None]:
+        async def fire(conn: psycopg.AsyncConnection[Any], _: _Entry) -> ScheduleRound:
+            fired: list[Fired] = []
+            failed: list[str] = []
             async with conn.transaction():
-                return await fire_due(conn, s, queues=queues, channel=channel)
+                due = [r for r in await aexecute(conn, s.schedule_due(scope)) if r["name"] not in parked]
+                ticks = await loop.run_in_executor(pool, compute_ticks, due, channel, SCHEDULE_COMPUTE_SECONDS)
+                for row, computed in ticks:
+                    if computed is None:
+                        failed.append(row["name"])
+                        continue
+                    params, missed = computed
+                    try:
+                        async with conn.transaction():  # a savepoint per tick
+                            job_id = await aexecute(conn, s.schedule_fire(params))
+                    except (psycopg.DataError, psycopg.IntegrityError):
+                        failed.append(row["name"])
+                        continue
+                    fired.append(Fired(row["name"], row["task"], params["tick"], job_id, missed if job_id else 0))
+                next_due = 0.0 if len(ticks) < len(due) else await aexecute(conn, s.schedule_next_due(scope))
+            return ScheduleRound(fired, next_due, failed)
 
         return await self._call(user, (dsn, schema), fire)
+
+    def _schedule_pool(self, user: Hashable) -> concurrent.futures.ThreadPoolExecutor:
+        """One thread per namespace for schedule arithmetic: a tenant's late cron rows cost only its own rounds."""
+        namespace = str(user[0]) if isinstance(user, tuple) and user else ""
+        pool = self._schedule_pools.get(namespace)
+        if pool is None:
+            pool = self._schedule_pools[namespace] = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="skiplock-schedule"
+            )
+        return pool
 
     async def default_budget(self, user: Hashable, dsn: str, schema: str) -> int:
         """The budget ``connectionBudget: 0`` stands for (see :func:`skiplock_operator.scaling.connection_budget`)."""
@@ -485,11 +618,15 @@ class Databases:
             await self._call(user, (dsn, schema), write)
 
     async def release(self, user: Hashable) -> None:
+        self._slots.pop(user, None)
         key = self._users.pop(user, None)
         if key is not None:
             self._close_unused(key)
 
     async def close(self) -> None:
+        self._resolver.close()
+        for pool in self._schedule_pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
         for task in list(self._retiring):
             task.cancel()
         entries = list(self._entries.values())

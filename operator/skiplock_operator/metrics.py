@@ -13,7 +13,7 @@ from skiplock.store.statements import WAITING_REASONS
 RESULTS = ("success", "invalid", "retry", "error")
 STATES = ("ready", "delayed", "processing", "stalled", "failed", "waiting")
 PURGED = ("done", "failed", "cancelled")
-TICK_RESULTS = ("enqueued", "skipped")
+TICK_RESULTS = ("enqueued", "skipped", "failed")
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
@@ -52,8 +52,8 @@ class OperatorMetrics:
         )
         self.schedule_ticks = Counter(
             "skiplock_operator_schedule_ticks",
-            "Ticks of periodic tasks by result: enqueued by this operator, or skipped (missed while nobody fired "
-            "them: only the last missed tick runs), by JobQueue.",
+            "Ticks of periodic tasks by result: enqueued by this operator, skipped (missed while nobody fired "
+            "them: only the last missed tick runs), or failed (a schedule row that cannot fire, parked), by JobQueue.",
             ["namespace", "jobqueue", "result"],
             registry=registry,
         )

@@ -180,6 +180,16 @@ def build_deployment(
     return body
 
 
+def with_selector(desired: Mapping[str, Any], selector: Mapping[str, str]) -> dict[str, Any]:
+    """``desired`` keeping an existing Deployment's ``selector`` (immutable): one made before a long JobQueue name
+    got a hashed instance label keeps its own, in its labels and its pods' labels too."""
+    body = copy.deepcopy(dict(desired))
+    body["spec"]["selector"] = {"matchLabels": dict(selector)}
+    body["metadata"]["labels"].update(selector)
+    body["spec"]["template"]["metadata"]["labels"].update(selector)
+    return body
+
+
 def is_subset(wanted: Any, actual: Any) -> bool:
     """Whether everything in ``wanted`` is in ``actual`` (the server may add defaults we did not set)."""
     if isinstance(wanted, Mapping):

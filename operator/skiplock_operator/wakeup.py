@@ -25,12 +25,12 @@ CONNECT_TIMEOUT_SECONDS = 5
 
 
 class _Shared:
-    def __init__(self, dsn: str, channel: str, queues: frozenset[str]) -> None:
+    def __init__(self, dsn: str, channel: str, queues: frozenset[str], connect_dsn: str) -> None:
         self.events: dict[Hashable, asyncio.Event] = {}
         self.queues: dict[Hashable, frozenset[str]] = {}
-        self.dsn, self.channel, self.serving = dsn, channel, queues
+        self.dsn, self.channel, self.serving, self.connect_dsn = dsn, channel, queues, connect_dsn
         self.listener = Listener(
-            dsn=make_conninfo(dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS),
+            dsn=make_conninfo(connect_dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS),
             channel=channel,
             queue=sorted(queues),
             wake=self.wake,
@@ -81,30 +81,41 @@ class Wakeups:
         return key is not None and self._shared[key].listener.connected
 
     async def subscribe(
-        self, user: Hashable, dsn: str, channel: str, queues: Iterable[str], event: asyncio.Event
+        self,
+        user: Hashable,
+        dsn: str,
+        channel: str,
+        queues: Iterable[str],
+        event: asyncio.Event,
+        *,
+        connect_dsn: str | None = None,
     ) -> None:
-        """Set ``event`` when one of ``queues`` is notified on ``channel`` (``Settings.channel``)."""
+        """Set ``event`` when one of ``queues`` is notified on ``channel`` (``Settings.channel``). ``connect_dsn``:
+        what the listener dials (``dsn`` with its resolved ``hostaddr``, so it resolves nothing itself)."""
         key, wanted = (dsn, channel), frozenset(queues)
         current = self._users.get(user)
         if current is not None and current != key:
             await self.unsubscribe(user)
         shared = self._shared.get(key)
-        if shared is not None and shared.queues.get(user) == wanted:
+        if shared is not None and shared.queues.get(user) == wanted and connect_dsn in (None, shared.connect_dsn):
             return
         if shared is not None:
             shared.queues[user], shared.events[user] = wanted, event
-            if not shared.wanted() <= shared.serving:  # a queue more: listen for the new set
+            if connect_dsn and connect_dsn != shared.connect_dsn:  # the host's address changed: dial the new one
+                shared.connect_dsn = connect_dsn
+                await self._restart(key)
+            elif not shared.wanted() <= shared.serving:  # a queue more: listen for the new set
                 await self._restart(key)
             elif shared.listener.connected:
                 event.set()  # a job may have arrived between the last poll and now: look once more
         else:
-            shared = self._shared[key] = _Shared(dsn, channel, wanted)
+            shared = self._shared[key] = _Shared(dsn, channel, wanted, connect_dsn or dsn)
             shared.queues[user], shared.events[user] = wanted, event
         self._users[user] = key
 
     async def _restart(self, key: ListenKey) -> None:
         old = self._shared[key]
-        new = self._shared[key] = _Shared(old.dsn, old.channel, old.wanted())
+        new = self._shared[key] = _Shared(old.dsn, old.channel, old.wanted(), old.connect_dsn)
         new.queues, new.events = old.queues, old.events
         await old.close()
 

@@ -88,6 +88,9 @@ async def ensure(
     if controller_uid(actual) != uid:
         return None
     desired = resources.build_deployment(body, spec, replicas=None, version=__version__)
+    selector = ((actual.get("spec") or {}).get("selector") or {}).get("matchLabels")
+    if selector and selector != desired["spec"]["selector"]["matchLabels"]:
+        desired = resources.with_selector(desired, selector)  # immutable: an older Deployment keeps its own
     patch = resources.drift_patch(desired, actual) or {}
     manual = manual_replicas(spec, cap)
     if manual is not None and not spec.paused and replicas_of(actual) != manual:

@@ -82,7 +82,8 @@ def cli_enqueue(dsn: str, schema: str, key: str) -> tuple[int, float]:
 
 
 def listeners_up(fleet: Fleet, before: dict[str, int]) -> bool:
-    """Every live worker logged "listener connected" once more than it had in ``before``."""
+    """Every live worker logged "listener connected" once more than it had in ``before``: its own line, or the
+    outage filter's "database back after N s; listener connected" when its return ended an outage."""
     return all(p.output().count("listener connected") > before.get(p.name, 0) for p in fleet.live())
 
 

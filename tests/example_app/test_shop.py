@@ -14,8 +14,10 @@ from pathlib import Path
 
 import jsonschema
 import psycopg
+import pytest
 import yaml
 from fastapi.testclient import TestClient
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from support.pg import wait_for
 
@@ -154,5 +156,78 @@ def test_the_kubernetes_manifest_and_helm_values_fit_the_crd(shop_modules):
         jsonschema.validate(spec, spec_schema)
         assert spec["app"] == "examples.app.tasks:app"
         assert sorted(spec["queues"]) == sorted(shop_modules.tasks.app.queues), "it serves every queue of the app"
-    secret = yaml.safe_load((ROOT / "examples/app/k8s/secret.yaml").read_text(encoding="utf-8"))
-    assert manifest["spec"]["dsnSecretRef"]["name"] == secret["metadata"]["name"]
+    secrets = {
+        d["metadata"]["name"]: d["stringData"]["dsn"]
+        for d in yaml.safe_load_all((ROOT / "examples/app/k8s/secret.yaml").read_text(encoding="utf-8"))
+    }
+    for spec in (manifest["spec"], values["jobQueue"]["spec"]):
+        workers, operator = secrets[spec["dsnSecretRef"]["name"]], secrets[spec["operatorDsnSecretRef"]["name"]]
+        users = conninfo_to_dict(workers)["user"], conninfo_to_dict(operator)["user"]
+        assert users == ("shop_worker", "shop_owner"), "the workers' role is not the owner the operator uses"
+
+
+def test_each_process_runs_as_its_own_role_as_the_readme_says(shop, receiver, pg_dsn, testing, monkeypatch):
+    """The README's least-privilege run: the owner migrates and grants, the web app and the worker connect as roles
+    with only their rights, and an order goes through to its receipt and webhook."""
+    readme = (ROOT / "examples/app/README.md").read_text(encoding="utf-8")
+    assert "grant --producer shop_api --worker shop_worker" in readme
+    assert "python -m examples.app.db --api-role shop_api --worker-role shop_worker" in readme
+    suffix = os.urandom(4).hex()  # roles are cluster-wide: names of this run only
+    api, worker_role = f"shop_api_{suffix}", f"shop_worker_{suffix}"
+    dsns = {role: make_conninfo(pg_dsn, user=role, password=f"pw-{suffix}") for role in (api, worker_role)}
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for role in (api, worker_role):
+            conn.execute(
+                psycopg.sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                    psycopg.sql.Identifier(role), psycopg.sql.Literal(f"pw-{suffix}")
+                )
+            )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_") and k != "DATABASE_URL"}
+    env.update(SKIPLOCK_SCHEMA=shop.skiplock_schema, SHOP_SCHEMA=shop.shop_schema)
+    skiplock = str(Path(sys.executable).with_name("skiplock"))
+    try:
+        granted = subprocess.run(
+            [skiplock, "--dsn", pg_dsn, "grant", "--producer", api, "--worker", worker_role],
+            env=env, cwd=ROOT, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert granted.returncode == 0, granted.stderr
+        tables = subprocess.run(
+            [sys.executable, "-m", "examples.app.db", "--api-role", api, "--worker-role", worker_role],
+            env=env | {"DATABASE_URL": pg_dsn}, cwd=ROOT, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert tables.returncode == 0 and f"rights granted to {api}, {worker_role}" in tables.stdout, tables
+
+        monkeypatch.setenv("DATABASE_URL", dsns[api])
+        order = place_order(shop)
+        assert order.status_code == 201, order.text
+        order_id = order.json()["id"]
+        worker = subprocess.Popen(
+            [skiplock, "--dsn", dsns[worker_role], "worker", "--app", "examples.app.tasks:app", "--poll", "0.5"],
+            cwd=ROOT, env=env | {"SHOP_WEBHOOK_URL": receiver.url}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        try:
+            wait_for(
+                lambda: (
+                    shop.one(f'SELECT 1 FROM "{shop.shop_schema}".outbox WHERE order_id = %s', order_id)
+                    and receiver.requests
+                ),
+                timeout=30,
+                what="the worker role to send the receipt and call the webhook",
+            )
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            out, _ = worker.communicate(timeout=60)
+            print(out)  # the worker's log, shown when the test fails
+        assert worker.returncode == 0, out
+        assert "permission denied" not in out, out
+        with psycopg.connect(dsns[api]) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(f'SELECT payload FROM "{shop.skiplock_schema}".jobs')  # a producer reads no payloads
+        with psycopg.connect(dsns[worker_role]) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(f'DELETE FROM "{shop.shop_schema}".orders')  # the worker cannot touch the orders
+        assert testing.enqueued(settings=shop.settings) == []
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            for role in (api, worker_role):
+                conn.execute(psycopg.sql.SQL("DROP OWNED BY {}").format(psycopg.sql.Identifier(role)))
+                conn.execute(psycopg.sql.SQL("DROP ROLE {}").format(psycopg.sql.Identifier(role)))

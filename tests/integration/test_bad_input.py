@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import subprocess
@@ -558,3 +559,26 @@ async def test_one_refused_result_does_not_stop_the_worker_recording_results(set
         worker.request_stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 15)
+
+
+def test_show_renders_a_payload_nested_too_deep_for_python_clearly_and_briefly(pg_dsn, schema):
+    """Issue 37 (low): `skiplock show` died with a RecursionError on a payload nested 5,000 levels deep (stored by
+    plain SQL; jsonb takes it). It shows the reason, the size and the start of the payload, and --json answers too."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (queue, payload) VALUES ('q', (repeat('[', 5000) || repeat(']', 5000))::jsonb) "
+                "RETURNING id"
+            ).format(sql.Identifier(schema, "jobs"))
+        ).fetchone()
+    assert row is not None
+    env = {"SKIPLOCK_DSN": pg_dsn, "SKIPLOCK_SCHEMA": schema}
+    out = cli("show", str(row[0]), env=env)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert "payload cannot be decoded: RecursionError (10,000 characters); it begins: [[[" in out.stdout, out.stdout
+    assert len(out.stdout) < 2_000, "bounded: not the whole payload"
+    shown = cli("show", str(row[0]), "--json", env=env)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["payload_error"].startswith("PayloadError:")
+    with Queue(settings=Settings(dsn=pg_dsn, schema=schema)) as q:
+        assert q.get(int(row[0]))["payload"] is None  # type: ignore[index]
+        assert q.get(q.enqueue("q", {"a": [1, {"b": 2**70}]}).id)["payload"] == {"a": [1, {"b": 2**70}]}  # type: ignore[index]

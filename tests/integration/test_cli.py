@@ -323,3 +323,16 @@ def test_tables_left_align_text_and_right_align_numbers(pg_dsn, schema):
     header, _, row, done = run("stats", dsn=pg_dsn, schema=schema).stdout.splitlines()
     assert done.startswith("no job done in the last hour")
     assert row.startswith("emails ") and row[: header.index("failed") + len("failed")].endswith("2")
+
+
+def test_migrate_leaves_a_connection_idle_autocommit_or_not(pg_dsn):
+    """The operator migrates on a connection that is not autocommit and then runs short transactions on it: a
+    migration that left a transaction open froze now() in every later one (its schedules stopped firing)."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    try:
+        for _ in range(2):  # a new schema, then an up-to-date one
+            with psycopg.connect(pg_dsn) as conn:
+                migrate(conn, schema)
+                assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    finally:
+        drop_schema(pg_dsn, schema)

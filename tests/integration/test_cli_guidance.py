@@ -95,6 +95,8 @@ def test_durations_take_units_everywhere(pg_dsn, schema):
     assert run("stats", "--lease", "2m", dsn=pg_dsn, schema=schema).returncode == 0
     bad = run("worker", "--lease", "soon", "--app", "support.raising_app:app", dsn=pg_dsn, schema=schema)
     assert bad.returncode == 2 and "'soon' is not a duration like 90, 90s, 15m" in bad.stderr
+    too_long = run("enqueue", "--queue", "q", "--payload", "{}", "--timeout", "400d", dsn=pg_dsn, schema=schema)
+    assert too_long.returncode == 2 and "'400d' must be a duration > 0 and <= 365d (a year)" in too_long.stderr
     shown = " ".join(run("worker", "--help").stdout.split())
     assert "(SKIPLOCK_RETAIN_DONE_SECONDS; default 7d)" in shown and "(SKIPLOCK_LEASE_SECONDS; default 60s)" in shown
     assert "604800" not in shown, "defaults are shown with units, as they are typed"
@@ -155,3 +157,23 @@ def test_every_command_and_option_has_help_and_commands_come_in_a_sensible_order
     assert not [h for h in help_texts if h[0].isupper() and h.split()[0] not in ("PostgreSQL", "JSON", "Python")]
     out = run("enqueue", "--help")
     assert out.returncode == 0 and "--payload-file PATH" in out.stdout and "--delay DURATION" in out.stdout
+
+
+@pytest.mark.parametrize("ignored", [False, True])
+def test_a_worker_started_with_sigint_ignored_keeps_ignoring_it(pg_dsn, schema, ignored):
+    """SIGINT, then SIGTERM: a worker that handles SIGINT takes the SIGTERM as a second signal and exits at once
+    (130); one started with SIGINT ignored (a script's background job, the demo's workers) drains once (0)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.default_int_handler)
+    try:  # the child inherits SIG_IGN, as from a shell that starts it in the background
+        w = WorkerProcess(pg_dsn, schema, "q", None, app="support.raising_app:app", poll_seconds=0.2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        wait_for(lambda: "worker started" in w.output(), timeout=30, what="the worker to start")
+        w.signal(signal.SIGINT)
+        w.signal(signal.SIGTERM)
+        code = w.wait(30)
+    finally:
+        w.stop()
+    assert code == (0 if ignored else 130), w.output()
+    assert ("second signal" in w.output()) is not ignored, w.output()

@@ -51,6 +51,8 @@ def test_show_prints_the_file_and_line_of_each_failed_attempt(pg_dsn, schema, fa
     assert "errors (2, oldest first):" in out.stdout, out.stdout
     history = out.stdout.split("errors (2, oldest first):")[1]
     assert "attempt 1/2 at" in history and "attempt 2/2 at" in history, history
+    at = re.findall(r"attempt \d/2 at (\S+) on ", history)
+    assert len(at) == 2 and all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", t) for t in at), at
     assert history.count(FRAME) == 2, history
     assert history.count("TypeError: 'int' object is not subscriptable") >= 2
     assert "executor.py" not in history, "the worker's own frames that called the task are left out"

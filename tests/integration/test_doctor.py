@@ -72,6 +72,8 @@ def test_expected_indexes_follow_the_migrations() -> None:
         "jobs_serial_running_idx",
         "jobs_failure_fingerprint_idx",
         "jobs_failed_id_idx",
+        "jobs_workflow_idx",
+        "jobs_waiting_idx",
     )
     later = "CREATE INDEX jobs_x_idx ON {schema}.jobs (queue);\nDROP INDEX {schema}.jobs_failed_idx;"
     assert expected_indexes(["CREATE INDEX jobs_failed_idx ON {schema}.jobs (queue);", later]) == (

@@ -627,7 +627,8 @@ async def test_scheduled_retention_keeps_each_status_its_own_time_one_worker_at_
     from prometheus_client import CollectorRegistry
 
     from skiplock.metrics import WorkerMetrics
-    from skiplock.store.statements import retention_lock_key
+    from skiplock.store.run import execute
+    from skiplock.store.statements import Statements
     from skiplock.store.worker import PgWorkerStore
     from skiplock.worker.retention import Retention
 
@@ -639,10 +640,10 @@ async def test_scheduled_retention_keeps_each_status_its_own_time_one_worker_at_
     _old_rows(pg_dsn, schema, "pending", 2, "90 days")  # never purged, whatever its age
     metrics = WorkerMetrics(CollectorRegistry())
     retention = Retention(settings, metrics, PgWorkerStore(settings, metrics), batch=5)  # several batches
-    with psycopg.connect(pg_dsn, autocommit=True) as holder:  # another worker is purging
-        holder.execute("SELECT pg_advisory_lock(%s)", (retention_lock_key(schema),))
+    with psycopg.connect(pg_dsn) as holder:  # another worker is purging: its transaction holds the purge lock
+        assert execute(holder, Statements(settings).purge_lock(wait=True))
         assert await retention.purge_once() is None and _count(pg_dsn, schema, "done") == 17
-        holder.execute("SELECT pg_advisory_unlock(%s)", (retention_lock_key(schema),))  # not left to the backend's exit
+        holder.rollback()
     purged = await retention.purge_once()
     assert purged == {"done": 12, "failed": 4, "cancelled": 3}
     assert [_count(pg_dsn, schema, s) for s in ("done", "failed", "cancelled", "pending")] == [5, 7, 0, 2]

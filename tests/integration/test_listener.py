@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -13,8 +14,12 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from skiplock import AsyncQueue, Settings
+from skiplock.grant import apply_grants
 from skiplock.listener import Listener
+from skiplock.worker import Worker
 from support.pg import await_for
+from support.roles import login_roles
 
 
 @pytest.fixture
@@ -84,3 +89,63 @@ async def test_the_listener_comes_back_within_a_second_of_the_database_after_a_l
         with pytest.raises(asyncio.CancelledError):
             await task
 
+
+
+async def test_a_probe_that_succeeded_before_is_repeated_a_second_later_not_a_minute(
+    pg_dsn: str, role_dsn: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe that gets no answer once the listener has proven itself (a server still recovering from a restart)
+    is no PgBouncer in transaction mode: before, it was retried a minute later, polling only meanwhile."""
+    role, dsn = role_dsn
+    answers = iter([True, False])  # the first probe is answered, the one after a reconnect is not; then real ones
+    real = Listener._probe
+
+    async def probe(self: Listener, conn: psycopg.AsyncConnection[object]) -> bool:
+        answer = next(answers, None)
+        return answer if answer is not None else await real(self, conn)
+
+    monkeypatch.setattr(Listener, "_probe", probe)
+    states: list[bool] = []
+    listener = Listener(dsn, f"c_{uuid.uuid4().hex[:10]}", "q", lambda: None, on_state=states.append)
+    task = asyncio.create_task(listener.run())
+    try:
+        await await_for(lambda: listener.connected, timeout=10, what="the listener's first connection")
+        assert await asyncio.to_thread(terminate, pg_dsn, role) >= 1
+        await await_for(lambda: states.count(True) == 2, timeout=8, what="the listener back after a missed probe")
+        assert not listener.unsupported
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_pick_up_resumes_within_the_poll_of_the_listener_being_back_after_refused_connections(
+    pg_dsn: str, schema: str, settings: Settings
+) -> None:
+    """Issue 42: pick-up within poll + 1 s of the listener being back. Before: while the database refused
+    connections, the control pool gave up each connection attempt at once (psycopg_pool, reconnect_timeout=0) and
+    tried again only at the next checkout, so the claim already waiting for a connection waited its whole 10 s
+    after the database was back. Now the listener's return makes the pool connect at once."""
+    with login_roles(pg_dsn, schema) as roles:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            apply_grants(conn, schema, worker=roles.worker)
+        ran: list[int] = []
+        s = settings.replace(dsn=roles.dsn(pg_dsn, roles.worker), poll_seconds=1.0, lease_seconds=30)
+        worker = Worker(settings=s, handler=lambda job: ran.append(job.id))
+        async with worker, await AsyncQueue.open(settings=settings) as aq:
+            listening = worker.listener
+            assert listening is not None
+            await await_for(lambda: listening.connected, timeout=15, what="the listener connected")
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("ALTER ROLE {} NOLOGIN").format(sql.Identifier(roles.worker)))
+            await asyncio.to_thread(terminate, pg_dsn, roles.worker)
+            await await_for(lambda: not listening.connected, timeout=5, what="the listener down")
+            await asyncio.sleep(3.0)  # claims fail, then wait for a connection the pool gave up making
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("ALTER ROLE {} LOGIN").format(sql.Identifier(roles.worker)))
+            await await_for(lambda: listening.connected, timeout=5, what="the listener back")
+            back = time.monotonic()
+            job = (await aq.enqueue("default", {})).id
+            await await_for(lambda: job in ran, timeout=20, what="the job run")
+            took = time.monotonic() - back
+    assert took <= s.poll_seconds + 1.0, f"picked up {took:.1f} s after the listener was back"

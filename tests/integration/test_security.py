@@ -3,6 +3,7 @@ but not claim, and a DSN's password never shows in any output (CLI, logs, errors
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -20,6 +21,9 @@ from skiplock.errors import ConfigError, DatabaseUnavailableError
 from skiplock.grant import ENQUEUE_COLUMNS, LEASE_COLUMNS, PRODUCER_READ_COLUMNS, apply_grants, grant_sql
 from skiplock.migrate import migrate
 from skiplock.settings import mask_dsn, redact
+from skiplock.sql import queries_for
+from skiplock.store.purge import purge_batch
+from skiplock.store.statements import PurgePolicy, Statements
 from support.chaos import Fleet, read_executions, setup_schema, terminate_worker_backends
 from support.pg import wait_for
 from support.roles import Roles, login_roles
@@ -660,3 +664,49 @@ async def test_unique_jobs_and_schedules_under_least_privilege_roles(pg_dsn, sch
     async with await psycopg.AsyncConnection.connect(roles.dsn(pg_dsn, roles.operator), autocommit=True) as conn:
         fired, _ = await fire_due(conn, q, channel="skiplock_jobs")
     assert [(f.name, f.job_id is not None) for f in fired] == [("least.tick", True)]
+
+
+def _former_advisory_key(kind: str, schema: str) -> int:
+    """The advisory keys skiplock serialized migrations and purges on before issue 37, item 8: public hashes of the
+    schema name (kept here only to show that holding them changes nothing now)."""
+    digest = hashlib.blake2b(f"skiplock.{kind}:{schema}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def test_no_other_role_can_hold_the_migration_or_the_purge_lock(pg_dsn, schema, roles):
+    """Issue 37, item 8: any role could take the advisory keys of migrations and purges and hold them: another
+    tenant's producer kept a JobQueue `MigrationPending` with no Deployment, and stopped its purge. The locks are now
+    a table lock of schema_migrations and a row lock in `locks`, which only the owner may take."""
+    _grant(pg_dsn, schema, roles)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        # 0011 is a no-op: forgotten, it is pending again, so the owner's migrate below takes the migration lock
+        conn.execute(sql.SQL("DELETE FROM {} WHERE version = 11").format(sql.Identifier(schema, "schema_migrations")))
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (queue, payload, status, updated_at) VALUES ('q', '{{}}', 'done', now() - "
+                "interval '30 days')"
+            ).format(sql.Identifier(schema, "jobs"))
+        )
+    q = queries_for(schema)
+    squatters = [psycopg.connect(roles.dsn(pg_dsn, r), autocommit=True) for r in (roles.producer, roles.worker)]
+    try:
+        squatters[0].execute(
+            "SELECT pg_advisory_lock(%s), pg_advisory_lock(%s)",
+            (_former_advisory_key("migrate", schema), _former_advisory_key("retention", schema)),
+        )
+        # The owner migrates and purges all the same (before the fix: the migration waited for the squatter, and a
+        # scheduled purge found its lock taken).
+        s = Statements(Settings(schema=schema))
+        policy = PurgePolicy.retention(Settings(schema=schema))
+        with psycopg.connect(pg_dsn, autocommit=True, options="-c lock_timeout=3s") as owner:
+            assert migrate(owner, schema).applied == ("0011_reserved",)
+            assert purge_batch(owner, s, policy, 100, wait=False) == {"done": 1}
+            assert purge_batch(owner, s, policy, 100, wait=True) == {}
+        # And neither role of the schema can take the locks that replaced the keys.
+        for squatter in squatters:
+            for statement in (q.schema_lock, q.retention_xact_lock, q.retention_try_xact_lock):
+                with pytest.raises(errors.InsufficientPrivilege), squatter.transaction():
+                    squatter.execute(statement)
+    finally:
+        for squatter in squatters:
+            squatter.close()

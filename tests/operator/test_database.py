@@ -57,20 +57,26 @@ async def test_unreachable_database_is_one_classified_error_and_no_connection() 
     await dbs.close()
 
 
-async def test_listen_hub_sets_the_event_for_its_queue_only(pg_dsn: str, schema: str, aqueue: AsyncQueue) -> None:
+async def test_listen_hub_shares_one_listener_per_dsn_and_channel(pg_dsn: str, schema: str, aqueue: AsyncQueue) -> None:
+    """One LISTEN connection per (DSN, channel) (issue 37 item 7): JobQueues of one schema share it and wake
+    together (each then polls its own queues); a JobQueue of another schema (another channel) is not woken."""
     hub = Wakeups()
-    mine, other = asyncio.Event(), asyncio.Event()
+    mine, same_schema, elsewhere = asyncio.Event(), asyncio.Event(), asyncio.Event()
     try:
         await hub.subscribe("a", pg_dsn, aqueue.settings.channel, ["mine"], mine)
-        await hub.subscribe("b", pg_dsn, aqueue.settings.channel, ["other"], other)
-        await await_for(lambda: hub.listening("a") and hub.listening("b"), what="LISTEN established")
-        mine.clear()
-        other.clear()
+        await hub.subscribe("b", pg_dsn, aqueue.settings.channel, ["other"], same_schema)
+        await hub.subscribe("c", pg_dsn, aqueue.settings.channel + "_x", ["mine"], elsewhere)
+        await await_for(lambda: all(hub.listening(u) for u in "abc"), what="LISTEN established")
+        assert len(hub) == 2, "one listener per (DSN, channel)"
+        for event in (mine, same_schema, elsewhere):
+            event.clear()
         await aqueue.enqueue("mine", {"id": uuid.uuid4().hex})
         await asyncio.wait_for(mine.wait(), timeout=5)
-        assert not other.is_set()
+        assert not elsewhere.is_set()
         await hub.unsubscribe("a")
+        assert hub.listening("b"), "the shared listener stays while a subscriber remains"
         await hub.unsubscribe("b")
-        assert not hub.subscribed("a") and not hub.listening("b")
+        await hub.unsubscribe("c")
+        assert not hub.subscribed("a") and not hub.listening("b") and len(hub) == 0
     finally:
         await hub.close()

@@ -50,26 +50,73 @@ async def test_a_partition_is_reported_within_poll_plus_timeout_and_healed_withi
         print(f"partition detected after {detected:.2f}s, heal seen after {recovered:.2f}s")
 
 
-async def test_tarpit_tenants_do_not_stall_a_healthy_one(pg_dsn: str, schema: str) -> None:
-    dbs = Databases(timeout=3.0, connect_slots=2)
+async def test_tarpit_jobqueues_do_not_stall_a_healthy_one_of_the_same_namespace(pg_dsn: str, schema: str) -> None:
+    """Issue 37 item 9: connects are isolated per JobQueue, so four tarpit DSNs of one namespace (the default
+    install's single namespace) never delay another JobQueue's poll there."""
+    dbs = Databases(timeout=3.0)
     try:
         async with Tarpit() as tarpit:
             stuck = [
                 asyncio.create_task(
-                    dbs.stats(("evil", f"jq{i}"), tarpit.dsn(f"pw{i}"), "skiplock", ["q"], lease_seconds=60)
+                    dbs.stats((NAMESPACE, f"evil{i}"), tarpit.dsn(f"pw{i}"), "skiplock", ["q"], lease_seconds=60)
                 )
                 for i in range(4)
             ]
-            await await_for(lambda: tarpit.accepted >= 2, what="the tarpit holds connects")
-            healthy = await dbs.stats(("good", "jq"), pg_dsn, schema, ["q"], lease_seconds=60)
+            await await_for(lambda: tarpit.accepted == 4, what="the tarpit holds every evil JobQueue's connect")
+            healthy = await dbs.stats((NAMESPACE, "good"), pg_dsn, schema, ["q"], lease_seconds=60)
             assert healthy["q"].ready == 0
-            assert not any(t.done() for t in stuck), "the healthy tenant had to wait for the tarpits"
-            assert tarpit.accepted == 2, "one namespace had more connects in flight than its slots"
+            assert not any(t.done() for t in stuck), "the healthy JobQueue had to wait for the tarpits"
             results = await asyncio.gather(*stuck, return_exceptions=True)
             assert all(isinstance(r, DatabaseProblem) and r.reason == "ConnectTimeout" for r in results), results
-            assert tarpit.accepted == 4
     finally:
         await dbs.close()
+
+
+async def test_a_blackholed_dns_holds_neither_the_kubernetes_threads_nor_other_tenants(
+    pg_dsn: str, schema: str, monkeypatch: Any
+) -> None:
+    """Issue 37 item 9: host names are resolved on the operator's own threads, a few per namespace: forty
+    JobQueues in twenty namespaces whose DNS never answers leave the default executor (every Kubernetes call)
+    and another namespace's connect to a host name alone."""
+    import socket
+    import threading
+
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "blackhole.invalid":
+            release.wait(30)  # a lookup that never answers, holding its thread
+            raise socket.gaierror(socket.EAI_NONAME, "blackholed")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    dbs = Databases(timeout=2.0)
+    try:
+        evil = [
+            asyncio.create_task(
+                dbs.stats(
+                    (f"evil{i % 20}", f"jq{i}"),
+                    f"postgresql://u{i}:p@blackhole.invalid/app",
+                    "s",
+                    ["q"],
+                    lease_seconds=60,
+                )
+            )
+            for i in range(40)
+        ]
+        await asyncio.sleep(0.2)  # the lookups start and hang
+        kube_like = await asyncio.wait_for(asyncio.to_thread(lambda: "answered"), timeout=1.5)
+        assert kube_like == "answered"
+        by_name = pg_dsn.replace("127.0.0.1", "localhost")
+        assert (await dbs.stats(("good", "jq"), by_name, schema, ["q"], lease_seconds=60))["q"].ready == 0
+        results = await asyncio.gather(*evil, return_exceptions=True)
+        assert {getattr(r, "reason", r) for r in results} <= {"HostUnknown", "ConnectTimeout"}, results
+    finally:
+        release.set()
+        await dbs.close()
+        resolving = [t for t in threading.enumerate() if t.name.startswith("skiplock-resolve")]
+        await await_for(lambda: not any(t.is_alive() for t in resolving), what="the resolver's threads end")
 
 
 async def test_a_query_stuck_behind_a_partition_fails_within_the_timeout(pg_dsn: str, schema: str) -> None:

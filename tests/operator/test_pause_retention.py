@@ -17,7 +17,8 @@ from psycopg import sql
 from skiplock import Settings
 from skiplock.app import App
 from skiplock.grant import apply_grants
-from skiplock.store.statements import PurgePolicy, retention_lock_key
+from skiplock.store.run import execute
+from skiplock.store.statements import PurgePolicy, Statements
 from skiplock.worker import Worker
 from skiplock_operator.database import PERMISSION_DENIED, Databases
 from support.pg import await_for
@@ -252,11 +253,11 @@ async def test_a_purge_batch_waits_its_turn_behind_the_retention_lock(pg_dsn: st
     policy = PurgePolicy.retention(Settings(schema=schema))
     dbs = Databases(timeout=5.0)
     try:
-        with psycopg.connect(pg_dsn, autocommit=True) as holder:  # a worker's purge in progress
-            holder.execute("SELECT pg_advisory_lock(%s)", (retention_lock_key(schema),))
+        with psycopg.connect(pg_dsn) as holder:  # a worker's purge in progress: its transaction holds the lock
+            assert execute(holder, Statements(Settings(schema=schema)).purge_lock(wait=True))
             assert await dbs.purge_batch("t", pg_dsn, schema, policy, 1000) is None
             assert surviving(pg_dsn, schema, doomed) == doomed
-            holder.execute("SELECT pg_advisory_unlock(%s)", (retention_lock_key(schema),))
+            holder.rollback()
         assert await dbs.purge_batch("t", pg_dsn, schema, policy, 1000) == {"done": 5}
         assert not surviving(pg_dsn, schema, doomed)
     finally:

@@ -3,7 +3,9 @@ every-second schedule once, and a queue with no worker at all still gets its tic
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import time
 
 import psycopg
 
@@ -93,3 +95,106 @@ async def test_a_jobqueue_the_policy_refuses_fires_no_ticks(
     assert condition.get("reason") == "PolicyViolation"
     assert tick_times(pg_dsn, schema) == [], "the schedules daemon fired ticks for a JobQueue the policy refuses"
     assert not refused
+
+
+# ------------------------------------------------------------------ issue 37 item 3 (operator part) and Low
+def add_schedule(
+    dsn: str, schema: str, name: str, *, late_days: float = 0.0, cron: str | None = None, **cols: object
+) -> None:
+    values = {
+        "name": name,
+        "app": "test",
+        "queue": "sched",
+        "task": "periodic.tick",
+        "cron": cron,
+        "every_seconds": None if cron else 1.0,
+        "timezone": "Europe/Paris",
+        "period_seconds": 60.0,
+        **cols,
+    }
+    names = ", ".join(values)
+    holders = ", ".join(f"%({k})s" for k in values)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f'INSERT INTO "{schema}".schedules ({names}, next_run_at) '
+            f"VALUES ({holders}, now() - make_interval(secs => %(late)s))",
+            {**values, "late": max(1.0, late_days * 86400)},
+        )
+
+
+async def test_a_schedule_row_the_jobs_table_refuses_fails_alone_and_is_parked(pg_dsn: str, schema: str) -> None:
+    """One bad row (max_attempts 0: the jobs CHECK refuses its tick) used to roll back the whole round, so no
+    schedule of the JobQueue fired again. Each tick has its own savepoint now; the bad row is reported to park."""
+    from skiplock_operator.database import Databases
+
+    add_schedule(pg_dsn, schema, "bad", max_attempts=0)
+    add_schedule(pg_dsn, schema, "good")
+    dbs = Databases(timeout=5.0)
+    try:
+        done = await dbs.fire_schedules(("default", "jq"), pg_dsn, schema, ["sched"], "skiplock_wake")
+        assert done.failed == ["bad"] and [f.name for f in done.fired] == ["good"]
+        assert done.fired[0].job_id is not None
+        again = await dbs.fire_schedules(("default", "jq"), pg_dsn, schema, ["sched"], "skiplock_wake", parked={"bad"})
+        assert again.failed == [] and "bad" not in [f.name for f in again.fired]
+    finally:
+        await dbs.close()
+
+
+async def test_late_cron_rows_are_computed_off_the_event_loop_a_bounded_amount_per_round(
+    pg_dsn: str, schema: str
+) -> None:
+    """A tenant's late cron rows (10,000 cron steps each) used to be computed inline, stalling every other
+    JobQueue's polls; now each round computes on the namespace's schedule thread, within a time budget."""
+    from skiplock_operator.database import Databases
+
+    for i in range(12):
+        add_schedule(pg_dsn, schema, f"late{i}", cron="* * * * *", late_days=8)
+    dbs = Databases(timeout=5.0)
+    gaps: list[float] = []
+    stop = asyncio.Event()
+
+    async def ticker() -> None:  # what every other JobQueue's daemon needs: a loop that turns
+        last = time.monotonic()
+        while not stop.is_set():
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    task = asyncio.create_task(ticker())
+    try:
+        first = await dbs.fire_schedules(("default", "jq"), pg_dsn, schema, ["sched"], "skiplock_wake")
+        assert 0 < len(first.fired) < 12 and first.next_due == 0.0, (len(first.fired), first.next_due)
+        fired = {f.name for f in first.fired}
+        for _ in range(20):
+            if len(fired) == 12:
+                break
+            fired |= {
+                f.name for f in (await dbs.fire_schedules(("default", "jq"), pg_dsn, schema, ["sched"], "ch")).fired
+            }
+        assert len(fired) == 12
+    finally:
+        stop.set()
+        await task
+        await dbs.close()
+    assert max(gaps) < 0.25, f"the event loop stalled {max(gaps):.2f}s during a schedules round"
+
+
+async def test_the_operator_parks_a_bad_row_and_keeps_firing_the_others(
+    pg_dsn: str, schema: str, cluster: Cluster
+) -> None:
+    add_schedule(pg_dsn, schema, "bad", max_attempts=0)
+    add_schedule(pg_dsn, schema, "good")
+    await cluster.apply_secret("db", pg_dsn)
+    labels = {"namespace": NAMESPACE, "jobqueue": "parking"}
+    async with running_operator(cluster) as metrics:
+        await cluster.create_jobqueue("parking", jobqueue_spec("sched", schema, pollingIntervalSeconds=60))
+        await await_for(lambda: good_ticks(pg_dsn, schema) >= 3, timeout=20, what="three ticks of the good row")
+        failed = metric(metrics, "skiplock_operator_schedule_ticks_total", **labels, result="failed")
+    assert failed == 1, "the bad row was tried again within its parking time (or never reported)"
+
+
+def good_ticks(dsn: str, schema: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(f"SELECT count(*) FROM \"{schema}\".jobs WHERE queue = 'sched'").fetchone()
+    return int(row[0]) if row else 0

@@ -44,7 +44,10 @@ class WorkerCalls:
         conn: psycopg.Connection[Any] | None = None,
     ) -> tuple[set[int], list[Job]]:
         call = self.s.complete_and_claim(
-            done, Claim(queue, worker, lease_seconds, leases, limited, rotate, after, shares), limit, now
+            done,
+            Claim(queue, worker, lease_seconds, leases, limited=limited, rotate=rotate, after=after, shares=shares),
+            limit,
+            now,
         )
         return self._run(call, conn)
 

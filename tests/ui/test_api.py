@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -11,8 +12,9 @@ from psycopg import sql
 from starlette.testclient import TestClient
 
 from skiplock import Queue
+from skiplock.sql import queries_for
 from skiplock.store import ui as store_ui
-from ui.conftest import AUTH, add_failed, audit_rows
+from ui.conftest import AUTH, TOKEN, add_failed, audit_rows
 
 POSTS = [
     "/api/jobs/{job}/retry",
@@ -202,6 +204,22 @@ def test_retry_and_cancel_a_job_write_one_audit_row_each_and_a_second_click_repe
     assert [e["action"] for e in client.get("/api/audit").json()["entries"]] == ["cancel", "retry"]
 
 
+def test_jobs_waiting_for_their_parents_are_counted_and_listed(client: TestClient, queue: Queue) -> None:
+    parent = queue.enqueue("flow", {"step": 1}).id
+    children = [queue.enqueue("flow", {"step": 2}, after=[parent]).id for _ in range(2)]
+    assert queue.statuses(children) == {c: "waiting" for c in children}
+    (row,) = client.get("/api/queues").json()["queues"]
+    assert (row["queue"], row["waiting"], row["ready"]) == ("flow", 2, 1)
+    listed = client.get("/api/jobs?status=waiting").json()["jobs"]
+    assert [j["id"] for j in listed] == sorted(children, reverse=True)
+    page = client.get("/queues").text
+    assert 'data-k="waiting"><a href="/jobs?queue=flow&amp;status=waiting">2</a>' in page
+    assert "<option selected>waiting</option>" in client.get("/jobs?status=waiting").text
+    assert f"/jobs/{children[0]}/cancel" in client.get(f"/jobs/{children[0]}").text
+    stopped = client.post(f"/api/jobs/{children[0]}/cancel", headers=AUTH).json()["action"]
+    assert stopped["job_count"] == 1 and queue.statuses(children) == {children[0]: "cancelled", children[1]: "waiting"}
+
+
 def test_pause_and_resume_show_on_the_queues(client: TestClient, queue: Queue) -> None:
     queue.enqueue("mail", {})
     assert client.post("/api/queues/mail/pause", headers=AUTH).json()["action"]["action"] == "pause"
@@ -322,6 +340,79 @@ def test_bulk_actions_by_filter(client: TestClient, queue: Queue, pg_dsn: str, s
     assert cancelled["job_count"] == 1 and queue.statuses(pending) == {pending[0]: "pending", pending[1]: "cancelled"}
 
 
+def test_a_bulk_action_by_filter_walks_bounded_windows_of_every_status_it_changes(
+    client: TestClient, queue: Queue, pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_ui, "BULK_SCAN", 3)  # windows of 3 candidates, batches of 2 matches: many batches
+    monkeypatch.setattr(store_ui, "BATCH", 2)
+    monkeypatch.setattr(store_ui, "BULK_SECONDS", 0.0)  # one batch a request: each answer is a 202 until the end
+
+    def bulk(verb: str, body: dict[str, str]) -> dict[str, Any]:
+        for _ in range(50):
+            r = client.post(f"/api/jobs/{verb}", headers=AUTH | {"Idempotency-Key": verb}, json=body)
+            if r.status_code == 200:
+                return dict(r.json()["action"])
+            assert r.status_code == 202, r.text
+        raise AssertionError("the bulk action never finished")
+
+    errors = [f"TimeoutError: call {n}" if n % 3 else f"KeyError: 'k{n}'" for n in range(12)]
+    failed = add_failed(pg_dsn, schema, errors, queue="mail")
+    timeouts = [i for i, e in zip(failed, errors, strict=True) if e.startswith("TimeoutError")]
+    elsewhere = add_failed(pg_dsn, schema, ["TimeoutError: call 99"], queue="other")
+    cancelled = add_failed(pg_dsn, schema, ["TimeoutError: call 7"], queue="mail")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("UPDATE {}.jobs SET status = 'cancelled' WHERE id = %s").format(sql.Identifier(schema)), cancelled
+        )
+    retried = bulk("retry", {"queue": "mail", "q": "timeout"})
+    assert retried["detail"]["finished"] is True and retried["job_count"] == len(timeouts) + 1
+    assert set(queue.statuses(timeouts + cancelled).values()) == {"pending"}
+    assert set(queue.statuses([i for i in failed if i not in timeouts] + elsewhere).values()) == {"failed"}
+
+    running = [j.id for j in queue.claim("mail", limit=3, worker="w-test")]  # three run, the rest stay pending
+    live = timeouts + cancelled + [queue.enqueue("mail", {"n": n}).id for n in range(4)]
+    other = queue.enqueue("other", {}).id
+    live += [queue.enqueue("mail", {"n": n}, after=[other]).id for n in range(3)]  # waiting for a job of "other"
+    stopped = bulk("cancel", {"queue": "mail"})
+    assert stopped["detail"]["finished"] is True and stopped["job_count"] == len(live)
+    assert len(running) == 3 and set(running) <= set(live)
+    assert set(queue.statuses(live).values()) == {"cancelled"} and queue.statuses([other]) == {other: "pending"}
+
+
+def test_a_bulk_batch_reads_its_statuses_through_their_own_indexes_not_the_done_jobs(
+    queue: Queue, pg_dsn: str, schema: str
+) -> None:
+    """The plan of one batch on a table of mostly done jobs: every job it reads comes through a partial index of
+    a status it changes; none through the primary key or a sequential scan (which walk the done jobs)."""
+    s = sql.Identifier(schema)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.jobs (queue, task, payload, status) SELECT 'mail', 'send', '{{}}', 'done' "
+                "FROM generate_series(1, 20000)"
+            ).format(s)
+        )
+        add_failed(pg_dsn, schema, ["TimeoutError: call 1"], queue="mail")
+        queue.enqueue("mail", {})
+        conn.execute(sql.SQL("ANALYZE {}.jobs").format(s))
+        statement = queries_for(schema).ui_filter_batch
+        params = store_ui.JobFilter(queue="mail", text="timeout").params()
+        for retry in (True, False):
+            args = params | {"retry": retry, "after": 0, "upto": 2**62, "scan": 10_000, "limit": 500}
+            plan = conn.execute("EXPLAIN (FORMAT JSON) " + statement, args).fetchone()[0]  # type: ignore[index]
+            scans = list(_scans(plan[0]["Plan"]))
+            assert scans and all(
+                node["Node Type"] != "Seq Scan" and node.get("Index Name") != "jobs_pkey" for node in scans
+            ), scans
+
+
+def _scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    if node.get("Relation Name") == "jobs":
+        yield {k: node.get(k) for k in ("Node Type", "Index Name")}
+    for child in node.get("Plans", []):
+        yield from _scans(child)
+
+
 def test_job_pages_are_keyset_paginated_and_a_sparse_filter_reads_a_bounded_window(
     client: TestClient, queue: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -351,6 +442,14 @@ def test_hide_payloads_shows_only_sizes(make_client: Callable[..., TestClient], 
     assert "secret@example.com" not in hidden.get(f"/jobs/{failed}").text
     assert "secret@example.com" not in hidden.get("/jobs").text
     assert "secret@example.com" not in hidden.get("/api/failures").text
+    for url in ("/api/jobs?q=secret@example.com", "/jobs?q=secret"):  # a search would tell what the errors hold
+        r = hidden.get(url)
+        assert r.status_code == 400 and "off with --hide-payloads" in r.text
+    assert 'name="q"' not in hidden.get("/jobs").text
+    acting = make_client(hide_payloads=True, token=TOKEN)
+    r = acting.post("/api/jobs/retry", headers=AUTH, json={"queue": "default", "q": "secret"})
+    assert r.status_code == 400 and audit_rows(pg_dsn, schema) == []
+    assert [j["id"] for j in acting.get("/api/jobs?status=failed").json()["jobs"]] == [failed]
 
 
 def test_a_trusted_proxy_header_is_honoured_only_when_configured(

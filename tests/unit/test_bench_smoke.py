@@ -67,7 +67,7 @@ def test_every_case_ran_once(bench_lines: list[dict[str, Any]]) -> None:
     assert {"enqueue", "drain noop", "drain noop [ceiling]", "drain write", "drain write [plain tx]"} <= cases
     assert {"drain noop async", "drain write async", "drain noop C=64", "drain noop W=4"} <= cases
     assert {"drain noop [ceiling] W=4", "drain noop, 5,000 finished rows", "latency NOTIFY", "latency poll"} <= cases
-    assert {"drain noop [honest]", "drain noop [honest] W=4"} <= cases  # the design source's own table
+    assert {"drain noop [honest]", "drain noop [honest] W=4", "latency NOTIFY [honest]"} <= cases  # the seed's table
     assert {"drain noop, 10% serial keys", "drain noop, limited task", "drain noop, 50 queues"} <= cases
     assert "drain noop, 2 queues, 1 idle" in cases
     assert {"workflow fan-out 200 + callback", "workflow chain of 20"} <= cases
@@ -120,6 +120,9 @@ def test_latency_percentiles_are_ordered(bench_lines: list[dict[str, Any]]) -> N
         assert 0 <= m["p50_ms"] <= m["p95_ms"] <= m["p99_ms"] <= m["max_ms"], name
         # counted by the workers themselves (their stop lines), not inferred from the server's commits
         assert m["empty_claims_per_job"] is not None and 0 <= m["empty_claims_per_job"] < 5, name
+    honest = _by(bench_lines, "median")["latency NOTIFY [honest]"]
+    assert 0 <= honest["p50_ms"] <= honest["p99_ms"] <= honest["max_ms"]
+    assert _positive(_by(bench_lines, "median")["latency NOTIFY"]["p50_vs_honest"])
 
 
 def test_targets_are_reported(bench_lines: list[dict[str, Any]]) -> None:

@@ -9,7 +9,6 @@ import pytest
 
 from skiplock import Job, Snooze
 from skiplock.app import App
-from skiplock.store.statements import retention_lock_key
 from skiplock.worker.executor import Entry, Router, Slots, Target, is_timeout, timed_out_error, timeout_for
 
 
@@ -65,8 +64,3 @@ def test_snooze_takes_a_bounded_number_of_seconds(bad):
     assert Snooze(0).seconds == 0 and Snooze(2.5).seconds == 2.5
     with pytest.raises(ValueError, match="Snooze"):
         Snooze(bad)  # type: ignore[arg-type]
-
-
-def test_the_retention_lock_key_is_per_schema_and_stable():
-    assert retention_lock_key("a") == retention_lock_key("a") != retention_lock_key("b")
-    assert -(2**63) <= retention_lock_key("skiplock") < 2**63

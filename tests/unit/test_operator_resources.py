@@ -127,3 +127,22 @@ def test_jobqueue_names_sharing_their_first_63_characters_get_distinct_selectors
         value = labels["app.kubernetes.io/instance"]
         assert len(value) <= 63 and value[0].isalnum() and value[-1].isalnum()
     assert selector_labels("short")["app.kubernetes.io/instance"] == "short"  # names that fit are unchanged
+
+
+def test_a_deployment_made_with_an_older_selector_keeps_it() -> None:
+    """The selector is immutable: a JobQueue with a long name whose Deployment predates the hashed instance label
+    keeps its old selector, and its pod template stays matched by it (else every patch would be refused)."""
+    from skiplock_operator.resources import build_deployment, drift_patch, with_selector
+    from skiplock_operator.spec import parse_spec
+
+    name = "a" * 70
+    owner = {"apiVersion": "skiplock.io/v1alpha1", "kind": "JobQueue", "metadata": {"name": name, "uid": "u1"}}
+    spec = parse_spec({"queue": "q", "handler": "a.b:c", "image": "img:1", "dsnSecretRef": {"name": "db"}})
+    desired = build_deployment(owner, spec, replicas=None, version="1")
+    old = {"app.kubernetes.io/name": "skiplock-worker", "app.kubernetes.io/instance": "a" * 63}
+    kept = with_selector(desired, old)
+    assert kept["spec"]["selector"]["matchLabels"] == old
+    template_labels = kept["spec"]["template"]["metadata"]["labels"]
+    assert all(template_labels[k] == v for k, v in old.items())
+    actual = {**kept, "spec": {**kept["spec"], "replicas": 1}}
+    assert drift_patch(kept, actual) is None

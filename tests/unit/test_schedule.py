@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from skiplock import App, ConfigError
+from skiplock import App, ConfigError, schedule
 from skiplock.schedule import Timing, fire_params, tick_key
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -115,3 +115,35 @@ def test_periodic_tasks_become_schedules() -> None:
     assert (s.name, s.app, s.queue, s.priority) == ("invoices.close", "billing", "billing", 3)
     assert s.timing == Timing(cron="0 3 * * *", timezone="Europe/Berlin")
     assert plain.schedule is None
+
+
+def test_the_missed_ticks_of_a_row_late_by_a_year_cost_a_bounded_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37, item 3: a late cron row was counted one tick at a time, up to 10,000 cron steps per row inline on
+    the firer's loop (the operator's, shared by every tenant). The walk stops at WALK_STEPS and estimates the rest."""
+    steps = 0
+    real = schedule.CronSim
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __next__(self) -> datetime:
+            nonlocal steps
+            steps += 1
+            return super().__next__()
+
+    monkeypatch.setattr(schedule, "CronSim", Counting)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    every_second = Timing(cron="* * * * * *")
+    assert every_second.ticks_between(start, start + timedelta(days=365)) == schedule.MISSED_COUNT_LIMIT
+    assert steps <= schedule.WALK_STEPS + 2, steps
+    steps = 0
+    five_minutes = Timing(cron="*/5 * * * *")
+    exact = 30 * 24 * 12 - 1  # strictly between: the tick at either end is not missed
+    assert five_minutes.ticks_between(start, start + timedelta(days=30)) == exact  # a regular cron: estimated exactly
+    assert steps <= schedule.WALK_STEPS + 2, steps
+    assert five_minutes.ticks_between(start, start + timedelta(hours=2)) == 23  # under the walk: counted
+
+
+def test_every_is_bounded_as_the_schedules_table_bounds_it() -> None:
+    Timing(every=schedule.EVERY_SECONDS_MAX)
+    for bad in (schedule.EVERY_SECONDS_MAX * 2, 1e300, float("nan")):
+        with pytest.raises(ValueError, match=r"every must be a number of seconds from 0\.001"):
+            Timing(every=bad)

@@ -1198,6 +1198,38 @@ async def test_recovered_jobs_and_cancels_reach_the_claim_loop_and_the_executors
 
 
 # ---------------------------------------------------------------------------------------------- the shared wake-up
+async def test_control_notifications_are_folded_a_burst_into_one_look_a_flood_into_a_few() -> None:
+    from skiplock.worker.wakeup import CONTROL_FOLD_SECONDS
+
+    wakeup = Wakeup()
+    looks = 0
+
+    async def look() -> None:  # what the leases and the claimer do: wait, clear, look
+        nonlocal looks
+        while True:
+            await wakeup.cancels_changed.wait()
+            wakeup.cancels_changed.clear()
+            looks += 1
+
+    looking = asyncio.create_task(look())
+    wakeup.control()
+    await asyncio.sleep(0)
+    assert looks == 1, "the first is passed on at once (a cancel takes effect without delay)"
+    for _ in range(1000):  # a burst: folded into one more look, at the end of the interval
+        wakeup.control()
+        await asyncio.sleep(0)
+    assert looks == 1
+    await asyncio.sleep(CONTROL_FOLD_SECONDS * 1.5)
+    assert looks == 2, "the burst's notifications are looked at once, after the interval"
+    flood_until = time.monotonic() + CONTROL_FOLD_SECONDS * 4
+    while time.monotonic() < flood_until:  # a flood for four intervals: about one look each
+        wakeup.control()
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(CONTROL_FOLD_SECONDS * 1.5)
+    assert 3 <= looks <= 2 + 4 + 1, looks
+    looking.cancel()
+
+
 def test_the_wakeup_hurries_only_a_gathering_claim_loop_and_a_second_stop_forces_the_drain() -> None:
     wakeup = Wakeup()
     assert not wakeup.hurry()

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from skiplock import __version__, duration, render
 from skiplock.errors import ConfigError, DatabaseUnavailableError, PayloadError, SchemaNotReadyError, SkiplockError
+from skiplock.job import TIMEOUT_SECONDS_MAX
 from skiplock.knobs import KNOBS, Knob
 from skiplock.logs import configure_logging
 from skiplock.settings import Settings, redact
@@ -118,15 +119,19 @@ def _delay(text: str) -> float:
     """A duration (units allowed) of at most the enqueue bound."""
     value = parse_duration(text)
     if not 0 <= value <= MAX_DELAY_SECONDS:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a duration >= 0 and <= {MAX_DELAY_SECONDS:g} s")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a duration >= 0 and <= {duration.format_duration(MAX_DELAY_SECONDS)}"
+        )
     return value
 
 
 def _timeout(text: str) -> float:
     """A duration (units allowed) within the timeout bound the database checks too."""
     value = _positive_duration(text)
-    if problem := timeout_problem(value, "the timeout"):
-        raise argparse.ArgumentTypeError(problem)
+    if timeout_problem(value, "the timeout"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} must be a duration > 0 and <= {duration.format_duration(TIMEOUT_SECONDS_MAX)} (a year)"
+        )
     return value
 
 
@@ -384,6 +389,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--ui",
         metavar="ROLE",
         help="role of `skiplock ui`: reads everything, retries, cancels, pauses, writes ui_audit",
+    )
+    gr.add_argument(
+        "--connection-limit",
+        action="append",
+        default=[],
+        metavar="ROLE=N",
+        help="set the role's CONNECTION LIMIT (repeatable; -1: none); a worker role needs replicas x (concurrency + 6)",
     )
     gr.add_argument("--dry-run", action="store_true", help="print the statements, change nothing")
 
@@ -950,15 +962,18 @@ def cmd_grant(args: argparse.Namespace, settings: Settings) -> int:
     from skiplock.store.run import check_connect
 
     roles = {"producer": args.producer, "worker": args.worker, "operator": args.operator, "ui": args.ui}
+    limits = grant.parse_connection_limits(args.connection_limit)
     if args.dry_run:
-        for statement in grant.grant_sql(settings.schema, **roles):
+        for statement in grant.grant_sql(settings.schema, **roles, connection_limits=limits):
             print(statement.as_string(None) + ";")
         return EXIT_OK
     dsn = settings.require_dsn()
     check_connect(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        done = grant.apply_grants(conn, settings.schema, **roles)
+        done = grant.apply_grants(conn, settings.schema, **roles, connection_limits=limits)
     print(f"applied {len(done)} statement(s) on schema {settings.schema!r}")
+    if args.worker and args.worker not in limits:
+        print(grant.connection_limit_hint(args.worker))
     return EXIT_OK
 
 

@@ -26,21 +26,29 @@ also how a role loses a right.
   ``DELETE`` of jobs, no DDL, and the payload, task, queue, priority and key of a job cannot be changed. Within
   its schema a worker role may claim any queue: the schema is the isolation boundary (one schema per tenant,
   one worker role per schema).
-- operator: owns the schema and its tables, so it can migrate (forward migrations alter the jobs table, which
-  only its owner may do), read stats, retry, cancel, purge (the JobQueue's scheduled retention) and pause or
-  resume queues (the ``queues`` table, from ``JobQueue.spec.paused``). It needs no ``CREATE`` on the database: migrate
-  creates the schema only when it is missing. Changing an owner needs a superuser, or a role that is a member
-  of both the current owner and the operator role.
+- operator: owns the schema and its tables, so it can migrate (forward migrations alter the jobs table, which only
+  its owner may do), read stats, retry, cancel, purge (the JobQueue's scheduled retention) and pause or resume queues
+  (the ``queues`` table, from ``JobQueue.spec.paused``). Only the owner may take the migration lock
+  (``schema_migrations``) and the purge lock (the ``locks`` table): no other role has a right on either. It needs no
+  ``CREATE`` on the database: migrate creates the schema only when it is missing. Changing an owner needs a
+  superuser, or a role that is a member of both the current owner and the operator role.
 - ui (``skiplock ui``): ``USAGE`` on the schema, ``SELECT`` on ``schema_migrations``, ``jobs`` (every column: the
   job page shows payloads and errors), ``schedules``, ``task_limits`` and ``task_slots``; ``UPDATE`` of the
   columns its actions set (:data:`UI_JOB_COLUMNS`: retry and cancel a job, cancel a failed one); ``SELECT,
   INSERT, UPDATE`` on ``queues`` (pause and resume); ``SELECT, INSERT`` on ``ui_audit`` and ``UPDATE`` of its
   count and detail only (an action's progress: an audit row's actor, action and time cannot be rewritten). No
   ``INSERT`` or ``DELETE`` of jobs, no change of a payload, task, queue or key, no DDL.
+
+Connection limits: ``connection_limits`` sets ``ALTER ROLE ... CONNECTION LIMIT n`` on the named roles, the bound
+the server itself enforces whoever connects (the operator's per-server cap covers only the workers it runs). For a
+worker role, :func:`recommended_connection_limit` gives what its replicas can hold: ``replicas x (concurrency +``
+:data:`~skiplock.settings.WORKER_EXTRA_CONNECTIONS` ``)``; several tenants' limits should add up to less than the
+server's ``max_connections`` minus its reserved connections.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -48,7 +56,7 @@ from psycopg import sql
 
 from skiplock.errors import ConfigError
 from skiplock.migrate import check_version, current_version
-from skiplock.settings import Settings
+from skiplock.settings import WORKER_EXTRA_CONNECTIONS, Settings
 from skiplock.store.run import execute
 from skiplock.store.statements import Statements
 
@@ -92,14 +100,46 @@ UI_AUDIT_COLUMNS = ("job_count", "detail")
 """The audit columns the ui role may update: an action's progress (its count, its keyset cursor)."""
 
 
+def recommended_connection_limit(replicas: int, concurrency: int) -> int:
+    """The ``CONNECTION LIMIT`` a worker role needs for ``replicas`` workers of ``concurrency`` each."""
+    if replicas < 0 or concurrency < 1:
+        raise ConfigError("grant: replicas must be >= 0 and concurrency >= 1")
+    return replicas * (concurrency + WORKER_EXTRA_CONNECTIONS)
+
+
+def parse_connection_limits(items: list[str]) -> dict[str, int]:
+    """``ROLE=N`` items (the CLI's ``--connection-limit``) as a mapping; raises ConfigError."""
+    out: dict[str, int] = {}
+    for item in items:
+        role, sep, value = item.rpartition("=")
+        try:
+            out[role] = int(value)
+        except ValueError:
+            role = ""
+        if not sep or not role:
+            raise ConfigError(f"grant: --connection-limit wants ROLE=N (got {item!r})")
+    return out
+
+
+def connection_limit_hint(worker: str) -> str:
+    """The recommendation printed when the worker role gets no limit."""
+    example = recommended_connection_limit(10, 4)
+    return (
+        f"hint: cap the worker role's connections on the server: --connection-limit {worker}=N with "
+        f"N = replicas x (concurrency + {WORKER_EXTRA_CONNECTIONS}), e.g. {example} for 10 replicas of concurrency 4"
+    )
+
+
 def grant_sql(
     schema: str,
     producer: str | None = None,
     worker: str | None = None,
     operator: str | None = None,
     ui: str | None = None,
+    connection_limits: Mapping[str, int] | None = None,
 ) -> list[sql.Composed]:
-    """The statements that give each named role exactly its privileges on ``schema`` (None: leave it alone)."""
+    """The statements that give each named role exactly its privileges on ``schema`` (None: leave it alone), and
+    ``CONNECTION LIMIT`` per role in ``connection_limits`` (role name -> limit, -1: none; roles named here only)."""
     if producer is None and worker is None and operator is None and ui is None:
         raise ConfigError("grant: name at least one role (producer, worker, operator or ui)")
     for label, role in (("producer", producer), ("worker", worker), ("operator", operator), ("ui", ui)):
@@ -112,6 +152,13 @@ def grant_sql(
     if operator is not None and schema == "public":
         raise ConfigError("grant: will not hand the shared 'public' schema to the operator; keep skiplock in its own")
 
+    limits = dict(connection_limits or {})
+    for role, limit in limits.items():
+        if role not in (producer, worker, operator, ui):
+            raise ConfigError(f"grant: a connection limit for {role!r}, which is not one of the roles named")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < -1:
+            raise ConfigError(f"grant: the connection limit of {role!r} must be an integer >= -1 (-1: no limit)")
+
     s = sql.Identifier(schema)
     jobs = sql.Identifier(schema, "jobs")
     versions = sql.Identifier(schema, "schema_migrations")
@@ -121,6 +168,9 @@ def grant_sql(
     flow = sql.SQL(", ").join(sql.Identifier(schema, t) for t in ("task_limits", "task_slots"))
     registry = sql.Identifier(schema, "tasks")  # task queues and defaults: registered by workers, read by producers
     audit = sql.Identifier(schema, "ui_audit")  # the web UI's actions: written by the ui role
+    control = sql.Identifier(schema, "control_channel")  # its random name: read by workers (LISTEN) and the ui (NOTIFY)
+    drains = sql.Identifier(schema, "drains")  # the operator's drain requests: read by the workers
+    locks = sql.Identifier(schema, "locks")  # the purge lock: only the owner may take it (no other role any right)
     out: list[sql.Composed] = []
     if operator is not None:
         op = sql.Identifier(operator)
@@ -136,16 +186,19 @@ def grant_sql(
             sql.SQL("ALTER FUNCTION {}() OWNER TO {}").format(sql.Identifier(schema, "jobs_free_slot"), op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(registry, op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(audit, op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(control, op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(drains, op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(locks, op),
         ]
     out.append(sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM PUBLIC").format(jobs, versions, queues, schedules))
     out.append(sql.SQL("REVOKE ALL ON {}, {} FROM PUBLIC").format(flow, audit))
-    out.append(sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(registry))
+    out.append(sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM PUBLIC").format(registry, control, drains, locks))
     members = [sql.Identifier(r) for r in dict.fromkeys(r for r in (producer, worker, ui) if r is not None)]
     for member in members:  # converge: start from nothing, then grant exactly
         out += [
             sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM {}").format(jobs, versions, queues, schedules, member),
             sql.SQL("REVOKE ALL ON {}, {} FROM {}").format(flow, audit, member),
-            sql.SQL("REVOKE ALL ON {} FROM {}").format(registry, member),
+            sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM {}").format(registry, control, drains, locks, member),
             sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(s, member),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, member),
             sql.SQL("GRANT SELECT ON {} TO {}").format(versions, member),
@@ -166,6 +219,7 @@ def grant_sql(
             sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(schedules, w),  # registers its schedules
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(flow, w),
             sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(registry, w),  # registers its tasks
+            sql.SQL("GRANT SELECT ON {}, {} TO {}").format(control, drains, w),  # what the controls say
         ]
     if ui is not None:
         u = sql.Identifier(ui)
@@ -174,9 +228,12 @@ def grant_sql(
             sql.SQL("GRANT SELECT ON {} TO {}").format(flow, u),
             sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(UI_JOB_COLUMNS), jobs, u),
             sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(queues, u),  # pause, resume
+            sql.SQL("GRANT SELECT ON {} TO {}").format(control, u),  # pause, cancel tell the workers
             sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(audit, u),
             sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(UI_AUDIT_COLUMNS), audit, u),
         ]
+    for role, limit in limits.items():
+        out.append(sql.SQL("ALTER ROLE {} CONNECTION LIMIT {}").format(sql.Identifier(role), sql.Literal(limit)))
     return out
 
 
@@ -192,6 +249,7 @@ def apply_grants(
     worker: str | None = None,
     operator: str | None = None,
     ui: str | None = None,
+    connection_limits: Mapping[str, int] | None = None,
 ) -> list[str]:
     """Run :func:`grant_sql` in one transaction; returns the statements as text (for ``--dry-run`` style output).
 
@@ -200,7 +258,7 @@ def apply_grants(
     """
     names = [r for r in (producer, worker, operator, ui) if r is not None]
     with conn.transaction():
-        statements = grant_sql(schema, producer, worker, operator, ui)
+        statements = grant_sql(schema, producer, worker, operator, ui, connection_limits)
         s = Statements(Settings(schema=schema))
         found = execute(conn, s.roles_existing(names))
         missing = [r for r in names if r not in found]

@@ -143,8 +143,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("retain_cancelled_seconds", float, 7 * 86400.0, "How long cancelled jobs are kept.",
          flag="--retain-cancelled", crd="retention.cancelledSeconds", min=0, min_exclusive=True, duration=True),
     Knob("purge_interval_seconds", float, 3600.0, "How often a worker runs the scheduled purge (one worker of the "
-         "fleet at a time, under an advisory lock); 0 turns it off (`skiplock purge` still works). In a JobQueue "
-         "the operator runs the purge at this interval and its workers never do.",
+         "fleet at a time, under the schema's purge lock); 0 turns it off (`skiplock purge` still works). In a "
+         "JobQueue the operator runs the purge at this interval and its workers never do.",
          flag="--purge-interval", crd="retention.purgeIntervalSeconds", min=0, duration=True),
     Knob("metrics_port", int, 0, "Port of /metrics, /healthz and /readyz (0 = off; the operator sets 9464).",
          flag="--metrics-port", min=0, max=65535),

@@ -17,7 +17,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -27,6 +28,8 @@ from skiplock.backoff import backoff_seconds
 from skiplock.settings import redact
 
 log = logging.getLogger(__name__)
+Channels = Mapping[str, tuple[Collection[str], Callable[[], None]]]
+"""More channels on the listener's connection: channel -> (the payloads that count, the callback)."""
 PROBE_TIMEOUT = 3.0
 PROBE_RETRY_SECONDS = 60.0
 """First retry of a probe that never succeeded (PgBouncer in transaction mode): doubled up to ten minutes."""
@@ -66,10 +69,12 @@ class Listener:
         on_notify: Callable[[], None] = lambda: None,
         application_name: str = "skiplock",
         on_unsupported: Callable[[], None] = lambda: None,
-        also: Mapping[str, tuple[Collection[str], Callable[[], None]]] | None = None,
+        also: Callable[[psycopg.AsyncConnection[Any]], Awaitable[Channels]] | None = None,
     ) -> None:
-        """``also`` listens on more channels over the same connection: channel -> (payloads, callback)."""
-        self._also = {ch: (frozenset(words), fn) for ch, (words, fn) in (also or {}).items()}
+        """``also`` names more channels to listen on over the same connection: it is asked on each connection,
+        given it (a channel name kept in the database is read there, and a changed one followed at the next)."""
+        self._resolve = also
+        self._also: dict[str, tuple[frozenset[str], Callable[[], None]]] = {}
         self._application_name = application_name
         self._on_unsupported = on_unsupported
         self._dsn = dsn
@@ -94,6 +99,8 @@ class Listener:
             try:
                 async with await self._connect() as conn:
                     failures = 0
+                    more = await self._resolve(conn) if self._resolve is not None else {}
+                    self._also = {ch: (frozenset(words), fn) for ch, (words, fn) in more.items()}
                     for channel in (self._channel, *self._also):
                         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     if await self._probe(conn):

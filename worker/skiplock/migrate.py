@@ -1,13 +1,20 @@
-"""Apply the packaged migrations, each in its own transaction under an advisory lock (safe from many pods at once)."""
+"""Apply the packaged migrations, each in its own transaction under a lock of the migrations table (safe from many
+pods at once).
+
+The lock is ``LOCK TABLE schema_migrations IN SHARE ROW EXCLUSIVE MODE``: it conflicts with itself, not with the
+version checks' reads, and needs the UPDATE, DELETE or TRUNCATE privilege on the table, which only the schema's owner
+has. An advisory key (as before) could be taken by any role of the database and held, keeping every migration, and
+so a JobQueue's workers, waiting.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import errors
 
 from skiplock.errors import SchemaNotReadyError
 from skiplock.sql import Migration, migrations, queries_for, render
@@ -15,10 +22,9 @@ from skiplock.sql import Migration, migrations, queries_for, render
 log = logging.getLogger(__name__)
 
 
-def lock_key(schema: str) -> int:
-    """A stable signed 64-bit advisory-lock key for one schema."""
-    digest = hashlib.blake2b(f"skiplock.migrate:{schema}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
+_RACED = (errors.UniqueViolation, errors.DuplicateSchema, errors.DuplicateTable)
+"""What a create-if-missing raises when another process created the same object at the same moment."""
+_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -35,11 +41,13 @@ def latest_version() -> int:
 def migrate(conn: psycopg.Connection[Any], schema: str) -> MigrationReport:
     """Bring ``schema`` up to the latest version. ``conn`` must not be in a transaction; it is left idle."""
     q = queries_for(schema)
+    _bootstrap(conn, schema)
+    with conn.transaction():  # a transaction of its own: the connection is left idle, autocommit or not
+        versions = conn.execute(q.schema_versions).fetchall()
     applied: list[str] = []
-    for m in migrations():
+    for m in _pending(migrations(), {r[0] for r in versions}):
         with conn.transaction():
-            conn.execute(q.schema_lock, {"key": lock_key(schema)})
-            _prepare(conn, schema)
+            conn.execute(q.schema_lock)
             done = {r[0] for r in conn.execute(q.schema_versions).fetchall()}
             if m.version in done:
                 continue
@@ -53,11 +61,13 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> MigrationReport:
 async def amigrate(conn: psycopg.AsyncConnection[Any], schema: str) -> MigrationReport:
     """Async twin of :func:`migrate` (the operator runs it before any worker starts)."""
     q = queries_for(schema)
+    await _abootstrap(conn, schema)
+    async with conn.transaction():
+        versions = await (await conn.execute(q.schema_versions)).fetchall()
     applied: list[str] = []
-    for m in migrations():
+    for m in _pending(migrations(), {r[0] for r in versions}):
         async with conn.transaction():
-            await conn.execute(q.schema_lock, {"key": lock_key(schema)})
-            await _aprepare(conn, schema)
+            await conn.execute(q.schema_lock)
             done = {r[0] for r in await (await conn.execute(q.schema_versions)).fetchall()}
             if m.version in done:
                 continue
@@ -67,6 +77,36 @@ async def amigrate(conn: psycopg.AsyncConnection[Any], schema: str) -> Migration
     if applied:
         log.info("migrated", extra={"action": "migrated", "schema": schema, "applied": applied})
     return MigrationReport(schema, tuple(applied), latest_version())
+
+
+def _pending(every: tuple[Migration, ...], done: set[int]) -> list[Migration]:
+    """The migrations not applied yet (each is checked again under the lock): an up-to-date schema takes no lock,
+    so a role that may read it but not lock it (a worker's) finds nothing to do."""
+    return [m for m in every if m.version not in done]
+
+
+def _bootstrap(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Create the schema and the migrations table when missing, each try its own transaction: two processes
+    creating them at the same moment is a race one of them loses, and looks again."""
+    for attempt in range(_TRIES):
+        try:
+            with conn.transaction():
+                _prepare(conn, schema)
+            return
+        except _RACED:
+            if attempt == _TRIES - 1:
+                raise
+
+
+async def _abootstrap(conn: psycopg.AsyncConnection[Any], schema: str) -> None:
+    for attempt in range(_TRIES):
+        try:
+            async with conn.transaction():
+                await _aprepare(conn, schema)
+            return
+        except _RACED:
+            if attempt == _TRIES - 1:
+                raise
 
 
 def _prepare(conn: psycopg.Connection[Any], schema: str) -> None:

@@ -41,6 +41,8 @@ def schedules(rows: Sequence[Mapping[str, Any]]) -> str:
         if r["cron"] and r["timezone"] != "UTC":
             when += f" ({r['timezone']})"
         nxt = "stale: not fired" if r["stale"] else utc(r["next_run_at"])
+        if r.get("parked"):  # the reason in full: skiplock schedules --json
+            nxt = "parked: not fired (" + r["parked"][:60] + ")"
         body.append((r["name"], r["queue"], when, nxt, utc(r["last_run_at"]) if r["last_run_at"] else "-"))
     return table(("name", "queue", "when", "next_run_utc", "last_run_utc"), body)
 
@@ -71,7 +73,10 @@ def job(row: dict[str, Any]) -> str:
             "updated_at", "last_error", "workflow_id", "waiting_on")  # fmt: skip
     width = max(map(len, keys))
     lines = [f"{k.ljust(width)}  {show_value(row.get(k))}" for k in keys]
-    lines.append(f"{'payload'.ljust(width)}  {json.dumps(row.get('payload'), ensure_ascii=False)}")
+    if error := row.get("payload_error"):  # nested too deep for Python to read: the reason and its start only
+        lines.append(f"{'payload'.ljust(width)}  {error}; it begins: {row.get('payload_text')}...")
+    else:
+        lines.append(f"{'payload'.ljust(width)}  {json.dumps(row.get('payload'), ensure_ascii=False)}")
     lines.append(f"{'result'.ljust(width)}  {json.dumps(row.get('result'), ensure_ascii=False)}")
     for kind in ("parents", "children"):
         relatives = row.get(kind) or []
@@ -84,10 +89,18 @@ def job(row: dict[str, Any]) -> str:
     lines.append(f"errors ({len(errors)}, oldest first):" if errors else "errors: none")
     for e in errors:
         attempt = f"attempt {e.get('attempt')}/{row.get('max_attempts')}"
-        lines.append(f"  {attempt} at {e.get('at')} on {e.get('worker') or '-'}: {e.get('error')}")
+        lines.append(f"  {attempt} at {_instant(e.get('at'))} on {e.get('worker') or '-'}: {e.get('error')}")
         if tb := e.get("traceback"):
             lines.extend("      " + x for x in str(tb).splitlines())
     return "\n".join(lines)
+
+
+def _instant(text: Any) -> str:
+    """An error history's time (ISO text from the JSON), to the second like the job's own timestamps."""
+    try:
+        return datetime.fromisoformat(str(text)).isoformat(timespec="seconds")
+    except ValueError:
+        return str(text)
 
 
 def show_value(value: Any) -> str:

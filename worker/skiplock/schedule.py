@@ -36,7 +36,15 @@ REGISTER_EVERY_SECONDS = 3600.0
 MAX_WAIT_SECONDS = 30.0
 """Longest sleep of a firer between two looks (new or changed schedules are seen within it)."""
 MISSED_COUNT_LIMIT = 10_000
-"""Missed cron ticks are counted one by one up to this many (then the count stops there)."""
+"""Missed ticks are counted up to this many (then the count stops there)."""
+WALK_STEPS = 100
+"""Most cron steps taken to count the missed ticks of one late row; beyond them the rest is estimated from the gaps
+walked, so a row late by years costs no more than one a little late."""
+EVERY_SECONDS_MAX = 315_360_000.0
+"""Longest ``every`` (ten years), as the schedules table bounds it (so a tick time always fits)."""
+UNFIREABLE: tuple[type[Exception], ...] = (ValueError, StopIteration, OverflowError, CronSimError)
+"""What computing a stored row's ticks may raise when the row cannot be fired (a bad zone or cron, a date out of
+range): the row is parked, never the round stopped."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,8 @@ class Timing:
         return next(CronSim(self.cron, probe, reverse=True)).astimezone(UTC)
 
     def ticks_between(self, after: datetime, before: datetime, limit: int = MISSED_COUNT_LIMIT) -> int:
-        """How many ticks fall strictly between ``after`` and ``before`` (at most ``limit``)."""
+        """How many ticks fall strictly between ``after`` and ``before`` (at most ``limit``): exact for ``every``
+        and for up to :data:`WALK_STEPS` cron ticks, estimated from the average gap of those beyond."""
         if before <= after:
             return 0
         if self.every is not None:
@@ -82,10 +91,14 @@ class Timing:
             first = _epoch_micros(after) // step + 1
             last = -(-_epoch_micros(before) // step) - 1
             return max(0, min(limit, last - first + 1))
-        count, tick = 0, self.next_after(after)
-        while tick < before and count < limit:
+        start = tick = self.next_after(after)
+        count = 0
+        while tick < before and count < min(limit, WALK_STEPS):
             count, tick = count + 1, self.next_after(tick)
-        return count
+        if tick >= before or count >= limit:
+            return count
+        gap = (tick - start) / count  # the walk stopped short: the ticks left, at the pace walked so far
+        return min(limit, count + math.ceil((before - tick) / gap))  # tick, tick + gap, ... strictly before
 
     def period_seconds(self, at: datetime) -> float:
         """About one period: the longest of the next few gaps between ticks (a month for a monthly cron)."""
@@ -102,9 +115,12 @@ def timing_problem(cron: Any, every: Any, timezone: Any) -> str | None:
     if cron is not None and every is not None:
         return "give cron or every, not both"
     if every is not None and (
-        not isinstance(every, int | float) or isinstance(every, bool) or not math.isfinite(every) or every < 0.001
+        not isinstance(every, int | float)
+        or isinstance(every, bool)
+        or not math.isfinite(every)
+        or not 0.001 <= every <= EVERY_SECONDS_MAX
     ):
-        return f"every must be a number of seconds >= 0.001 (got {every!r})"
+        return f"every must be a number of seconds from 0.001 to {EVERY_SECONDS_MAX:.0f} (ten years) (got {every!r})"
     if not isinstance(timezone, str) or not timezone:
         return f"timezone must be an IANA zone name such as 'Europe/Berlin' (got {timezone!r})"
     try:

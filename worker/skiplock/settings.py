@@ -176,11 +176,6 @@ class Settings:
         return f"{self.schema}_done"
 
     @property
-    def control_channel(self) -> str:
-        """NOTIFY channel of worker controls (cancel, pause) for this schema."""
-        return f"{self.schema}_control"
-
-    @property
     def masked_dsn(self) -> str:
         return mask_dsn(self.dsn or "")
 

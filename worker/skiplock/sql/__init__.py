@@ -136,6 +136,7 @@ class Queries:
     queue_stats: LiteralString
     queue_done_recently: LiteralString
     queue_set_paused: LiteralString
+    control_channel_read: LiteralString
     session_generic_plans: LiteralString
     session_reset_plans: LiteralString
     session_forget_plans: LiteralString
@@ -177,6 +178,7 @@ class Queries:
     schedule_next_due: LiteralString
     schedule_fire: LiteralString
     schedule_list: LiteralString
+    schedule_park: LiteralString
     schedule_delete: LiteralString
     schedule_prune: LiteralString
     schedule_now: LiteralString
@@ -205,7 +207,7 @@ class Queries:
     ui_failure_groups: LiteralString
     ui_failure_group: LiteralString
     ui_group_ids: LiteralString
-    ui_filter_ids: LiteralString
+    ui_filter_batch: LiteralString
     ui_newest_id: LiteralString
     ui_discard_failed: LiteralString
     ui_workers: LiteralString

@@ -1,8 +1,8 @@
 """The one purge: old done, failed and cancelled jobs deleted in batches, each batch a short transaction that first
-takes the schema's purge lock (``pg_advisory_xact_lock`` on :func:`~skiplock.store.statements.retention_lock_key`).
-So two purges never delete at once, whoever runs them: the workers' scheduled retention, the operator's, and
-``skiplock purge`` / ``Queue.purge``. A scheduled round skips a batch whose lock is taken (``wait=False``: someone
-else is purging); an explicit purge waits for its turn."""
+takes the schema's purge lock (the ``purge`` row of the ``locks`` table, ``FOR UPDATE``: only the owner may lock it,
+so no other role can hold it to stop the purges). So two purges never delete at once, whoever runs them: the workers'
+scheduled retention, the operator's, and ``skiplock purge`` / ``Queue.purge``. A scheduled round skips a batch whose
+lock is taken (``wait=False``: someone else is purging); an explicit purge waits for its turn."""
 
 from __future__ import annotations
 

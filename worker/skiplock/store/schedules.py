@@ -9,11 +9,13 @@ from typing import Any
 
 import psycopg
 
-from skiplock.schedule import STALE_SECONDS, Fired, Schedule, fire_params, scope_params
+from skiplock.schedule import STALE_SECONDS, UNFIREABLE, Fired, Schedule, fire_params, scope_params
 from skiplock.store.run import aexecute, execute
 from skiplock.store.statements import Statements
 
 log = logging.getLogger(__name__)
+PARKED: tuple[type[Exception], ...] = (*UNFIREABLE, psycopg.errors.DataError, psycopg.errors.IntegrityError)
+"""What parks a due row: its ticks cannot be computed, or the jobs table refuses its job (a check, a bad value)."""
 
 
 async def register(conn: psycopg.AsyncConnection[Any], s: Statements, schedules: Sequence[Schedule]) -> None:
@@ -41,16 +43,21 @@ async def fire_due(
 ) -> tuple[list[Fired], float | None]:
     """Fire every due schedule (of ``names`` / ``queues``, or all); returns what was fired and the seconds until
     the next one is due (None: no schedule). ``channel``: the wake-up channel (default the schema's). Each tick
-    is its own statement (autocommit), or all of them one transaction when the caller opened one."""
+    is its own transaction, or a savepoint of the caller's. A row that cannot be fired (a timing written by hand,
+    a cron that never fires again, a job the jobs table refuses) is parked, and the others fire: one bad row never
+    stops the round. Database errors of any other kind (a lost connection, a role refused the INSERT) raise."""
     scope = scope_params(names, queues)
     fired: list[Fired] = []
     for row in await aexecute(conn, s.schedule_due(scope)):
         try:
             params, missed = fire_params(row, channel or s.settings.channel)
-        except (ValueError, StopIteration) as exc:  # a row written by hand, or a cron that never fires again
-            log.warning("schedule %s cannot be fired: %s", row["name"], exc, extra={"action": "schedule_invalid"})
+            async with conn.transaction():
+                job_id = await aexecute(conn, s.schedule_fire(params))
+        except PARKED as exc:
+            reason = f"{type(exc).__name__}: {str(exc).strip() or 'no reason given'}"
+            log.warning("schedule %s parked: %s", row["name"], reason, extra={"action": "schedule_parked"})
+            await aexecute(conn, s.schedule_park(row["name"], reason))
             continue
-        job_id = await aexecute(conn, s.schedule_fire(params))
         fired.append(Fired(row["name"], row["task"], params["tick"], job_id, missed if job_id else 0))
     return fired, await aexecute(conn, s.schedule_next_due(scope))
 

@@ -6,7 +6,6 @@ a ``Call`` on a connection, sync or async, so every caller sends the same SQL wi
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import operator
 from collections import Counter
@@ -17,7 +16,7 @@ from typing import Any, TypeVar
 
 from skiplock.backoff import backoff_seconds
 from skiplock.errors import EnqueueError, NonRetryableError, format_error, format_traceback
-from skiplock.job import CLAIM_ROW, EnqueueManyResult, EnqueueResult, Job, QueueStats, job_from_claim
+from skiplock.job import CLAIM_ROW, EnqueueManyResult, EnqueueResult, Job, QueueStats, decode_payload, job_from_claim
 from skiplock.limits import TaskLimits, register_params
 from skiplock.settings import Settings
 from skiplock.sql import Queries, queries_for
@@ -203,14 +202,27 @@ class Recovered:
     attempts: int
 
 
+PAYLOAD_PREVIEW_CHARS = 200
+"""How much of a payload that cannot be decoded a fetched job keeps (``payload_text``)."""
+
+
+def with_payload(row: dict[str, Any]) -> dict[str, Any]:
+    """A fetched job whose payload came as text: decoded; or, when Python cannot read it (nested thousands of levels
+    deep), ``payload`` None with ``payload_error`` (the reason and the size) and the start of its text."""
+    payload, error = decode_payload(row["payload"])
+    if error is None:
+        return {**row, "payload": payload}
+    text = row["payload"]
+    return {
+        **row,
+        "payload": None,
+        "payload_error": f"{error} ({len(text):,} characters)",
+        "payload_text": text[:PAYLOAD_PREVIEW_CHARS],
+    }
+
+
 def stats_from_row(row: dict[str, Any]) -> QueueStats:
     return QueueStats(**row)
-
-
-def retention_lock_key(schema: str) -> int:
-    """A stable signed 64-bit advisory-lock key for the purges of one schema (every purge takes it)."""
-    digest = hashlib.blake2b(f"skiplock.retention:{schema}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 @dataclass(frozen=True)
@@ -487,7 +499,7 @@ class Statements:
         return Call(self.q.queue_stats, params, lambda r: [stats_from_row(x) for x in r.rows])
 
     def get(self, job_id: int) -> Call[dict[str, Any] | None]:
-        return Call(self.q.job_get, {"id": job_id}, lambda r: r.rows[0] if r.rows else None)
+        return Call(self.q.job_get, {"id": job_id}, lambda r: with_payload(r.rows[0]) if r.rows else None)
 
     def list_enqueued(self, task: str | None, queue: str | None, status: str | None) -> Call[list[dict[str, Any]]]:
         return Call(self.q.job_list_enqueued, {"task": task, "queue": queue, "status": status}, lambda r: r.rows)
@@ -520,7 +532,6 @@ class Statements:
         params = selection_params(ids, queue, now) | {
             "task": task,
             "reason": reason,
-            "control_channel": self.settings.control_channel,
         }
         return Call(self.q.job_cancel, params, _ids)
 
@@ -538,10 +549,13 @@ class Statements:
             "queue": check_queue_name(queue),
             "paused": paused,
             "now": now,
-            "control_channel": self.settings.control_channel,
             "channel": self.settings.channel,
         }
         return Call(self.q.queue_set_paused, params, lambda r: None)
+
+    def control_channel(self) -> Call[str]:
+        """The schema's control channel (cancel, pause, drain): a random name only the schema's roles can read."""
+        return Call(self.q.control_channel_read, None, lambda r: str(r.rows[0]["name"]))
 
     def paused(self, queues: Sequence[str] | None) -> Call[list[str]]:
         params = {"queues": list(queues) if queues is not None else None}
@@ -589,7 +603,7 @@ class Statements:
     def purge_lock(self, *, wait: bool) -> Call[bool]:
         """The schema's purge lock for the current transaction: waited for (``wait``), or taken only if free."""
         query = self.q.retention_xact_lock if wait else self.q.retention_try_xact_lock
-        return Call(query, {"key": retention_lock_key(self.settings.schema)}, lambda r: bool(r.rows[0]["locked"]))
+        return Call(query, {}, lambda r: bool(r.rows[0]["locked"]))
 
     def purge(self, policy: PurgePolicy, limit: int, now: datetime | None) -> Call[Counter[str]]:
         """One batch of a purge (run after :meth:`purge_lock`, in its transaction): the rows deleted by status."""
@@ -673,7 +687,6 @@ class Statements:
             "workers": list(pods),
             "reason": reason,
             "now": None,
-            "control_channel": self.settings.control_channel,
         }
         return Call(self.q.drain_request if draining else self.q.drain_cancel, params, lambda r: None)
 
@@ -711,6 +724,10 @@ class Statements:
     def schedule_fire(self, params: dict[str, Any]) -> Call[int | None]:
         """Enqueue one tick's job; its id, or None when the tick was taken meanwhile."""
         return Call(self.q.schedule_fire, params, lambda r: r.rows[0]["id"] if r.rows else None)
+
+    def schedule_park(self, name: str, reason: str) -> Call[None]:
+        """Stop firing ``name`` (until its app registers it again), saying why."""
+        return Call(self.q.schedule_park, {"name": name, "reason": reason[:1000]}, lambda r: None)
 
     def schedule_next_due(self, scope: dict[str, Any]) -> Call[float | None]:
         def read(r: Result) -> float | None:

@@ -35,6 +35,9 @@ BULK_SECONDS = 0.1
 continues where it stopped (its detail says ``finished``)."""
 SCAN = 10_000
 """Rows of the primary key (or of the failed jobs' index) one page of the job list reads at most."""
+BULK_SCAN = 2_000
+"""Jobs of the statuses it changes one batch of a bulk action by filter reads at most (with its changes, one batch
+stays well within a request's time; bench/ui.py)."""
 DONE_CAP = 100_000
 """Done jobs counted per queue for "done in the last minute" (past it the UI shows the cap and a "+")."""
 STATEMENT_TIMEOUT_MS = 5_000
@@ -85,6 +88,15 @@ class JobFilter:
         out = dataclasses.asdict(self)
         out["text"] = None if self.text is None else "%" + _escape_like(self.text) + "%"
         return out
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One transaction's jobs of a bulk action, the keyset cursor after them, and whether none is left."""
+
+    ids: list[int]
+    after: int
+    finished: bool
 
 
 @dataclass(frozen=True)
@@ -175,11 +187,14 @@ class UiStatements:
         params = {"fingerprint": fingerprint, "after": after, "upto": upto, "limit": limit}
         return Call(self.q.ui_group_ids, params, _ids)
 
-    def filter_ids(
-        self, f: JobFilter, statuses: Sequence[str], *, after: int, upto: int, limit: int
-    ) -> Call[list[int]]:
-        params = f.params() | {"statuses": list(statuses), "after": after, "upto": upto, "limit": limit}
-        return Call(self.q.ui_filter_ids, params, _ids)
+    def filter_batch(self, f: JobFilter, *, retry: bool, after: int, upto: int, scan: int, limit: int) -> Call[Batch]:
+        """The next batch of a bulk action by filter, from a window of at most ``scan`` jobs it could change."""
+        params = f.params() | {"retry": retry, "after": after, "upto": upto, "scan": scan, "limit": limit}
+        return Call(
+            self.q.ui_filter_batch,
+            params,
+            lambda r: Batch(list(r.rows[0]["ids"]), r.rows[0]["after"], r.rows[0]["finished"]),
+        )
 
     def newest_id(self) -> Call[int]:
         return Call(self.q.ui_newest_id, None, lambda r: int(r.rows[0]["id"]))
@@ -509,20 +524,25 @@ class UiStore:
                     if d.get("finished"):  # finished before this request looked: a repeat
                         return row | {"repeated": first and begun is None}
                     first = False
-                    ids = await aexecute(conn, self._batch(verb, d, group, jobs))
-                    changed = await self._apply(conn, verb, ids, actor) if ids else []
-                    patch = {"after": max(ids) if ids else d["after"], "finished": len(ids) < BATCH}
+                    batch = await self._batch(conn, verb, d, group, jobs)
+                    changed = await self._apply(conn, verb, batch.ids, actor) if batch.ids else []
+                    patch = {"after": batch.after, "finished": batch.finished}
                     row = await aexecute(conn, self.u.audit_progress(row["id"], len(changed), patch))
                 if patch["finished"] or time.monotonic() - started > BULK_SECONDS:
                     return row | {"repeated": False}
 
-    def _batch(self, verb: str, d: dict[str, Any], group: str | None, f: JobFilter | None) -> Call[list[int]]:
+    async def _batch(
+        self, conn: psycopg.AsyncConnection[Any], verb: str, d: dict[str, Any], group: str | None, f: JobFilter | None
+    ) -> Batch:
         """The next batch of a bulk action's jobs after its cursor."""
         if group is not None:
-            return self.u.group_ids(group, after=d["after"], upto=d["upto"], limit=BATCH)
+            ids = await aexecute(conn, self.u.group_ids(group, after=d["after"], upto=d["upto"], limit=BATCH))
+            return Batch(ids, max(ids) if ids else d["after"], len(ids) < BATCH)
         assert f is not None
-        statuses = ["failed", "cancelled"] if verb.startswith("retry") else ["pending", "processing"]
-        return self.u.filter_ids(f, statuses, after=d["after"], upto=d["upto"], limit=BATCH)
+        call = self.u.filter_batch(
+            f, retry=verb.startswith("retry"), after=d["after"], upto=d["upto"], scan=BULK_SCAN, limit=BATCH
+        )
+        return await aexecute(conn, call)
 
     async def _apply(self, conn: psycopg.AsyncConnection[Any], verb: str, ids: Sequence[int], actor: str) -> list[int]:
         reason = f"from the UI by {actor}"

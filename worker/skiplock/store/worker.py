@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 import psycopg
-from psycopg_pool import PoolTimeout
+from psycopg_pool import PoolClosed, PoolTimeout
 
 from skiplock.backoff import backoff_seconds
 from skiplock.errors import DatabaseUnavailableError
@@ -169,6 +169,7 @@ class PgWorkerStore:
         self.plans = 0  # replans so far (see replan): a connection's plans are current when made after the last
         self._claim_conn: psycopg.AsyncConnection[Any] | None = None  # kept between claims: no checkout per claim
         self._streaming = False  # the kept connection plans its claims once (see stream_claims)
+        self._refilling: asyncio.Task[None] | None = None  # see connect_now
 
     # ------------------------------------------------------------------ pool and plans
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -208,7 +209,22 @@ class PgWorkerStore:
     async def open(self) -> None:
         await self.pool.open()
 
+    def connect_now(self) -> None:
+        """The database answers again (the listener is back): the pool connects now, for the calls waiting.
+        psycopg_pool gives a failed connection attempt up at once here (``reconnect_timeout=0``) and tries again
+        only at a later checkout, so a call already waiting for a connection waited out its whole timeout (10 s)
+        after the database was back, and the claim with it."""
+        if self._refilling is None or self._refilling.done():
+            self._refilling = asyncio.create_task(self._refill(), name="pool-refill")
+
+    async def _refill(self) -> None:
+        with contextlib.suppress(PoolClosed):
+            await self.pool.check()  # grows the pool if it holds no connection, and pings the idle ones
+
     async def close(self) -> None:
+        if self._refilling is not None:
+            self._refilling.cancel()
+            await asyncio.gather(self._refilling, return_exceptions=True)
         await self.pool.close()
 
     # ------------------------------------------------------------------ retries and error accounting

@@ -74,9 +74,16 @@ async def read_queues(request: Request) -> dict[str, Any]:
     return {"queues": page.rows, "next_after": page.next}
 
 
+def searchable(f: JobFilter, config: UiConfig) -> JobFilter:
+    """``f``, unless it searches the errors' text while they are hidden: a search would tell what they hold."""
+    if f.text is not None and config.hide_payloads:
+        raise p.BadRequest("searching the errors' text (q) is off with --hide-payloads: it would tell what they hold")
+    return f
+
+
 async def read_jobs(request: Request) -> dict[str, Any]:
     q = request.query_params
-    f = p.job_filter(q)
+    f = searchable(p.job_filter(q), config_of(request))
     before, limit = p.optional_int(q.get("before"), "before"), p.limit(q)
     store = await store_of(request)
     page = await store.jobs(f, before=before, limit=limit)
@@ -207,7 +214,7 @@ def bulk_filter(body: Mapping[str, Any], verb: str) -> JobFilter:
     return p.job_filter(given)
 
 
-def action_for(kind: str, path: Mapping[str, Any], body: Mapping[str, Any]) -> Action:
+def action_for(kind: str, path: Mapping[str, Any], body: Mapping[str, Any], config: UiConfig) -> Action:
     """What one action does, from its kind, the path's parameters and the body or form (checked here: 400)."""
     if kind in ("retry_job", "cancel_job"):
         job_id = p.job_id(str(path["job_id"]))
@@ -231,7 +238,7 @@ def action_for(kind: str, path: Mapping[str, Any], body: Mapping[str, Any]) -> A
             return lambda s, actor, key: s.retry_canary(fp, n, actor=actor, key=key)
         return lambda s, actor, key: s.bulk(kind, f"group {fp}", actor=actor, key=key, group=fp)
     if kind in ("retry_filter", "cancel_filter"):
-        f = bulk_filter(body, kind.split("_", maxsplit=1)[0])
+        f = searchable(bulk_filter(body, kind.split("_", maxsplit=1)[0]), config)
         target = "jobs " + " ".join(f"{k}={v}" for k, v in vars(f).items() if v is not None)
         return lambda s, actor, key: s.bulk(kind, target, actor=actor, key=key, jobs=f)
     raise p.BadRequest(f"unknown action {kind!r}")
@@ -284,7 +291,7 @@ def _post(kind: str) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         actor = api_actor(request, config_of(request))
         body = await _body(request)
-        act = action_for(kind, request.path_params, body)
+        act = action_for(kind, request.path_params, body, config_of(request))
         key = action_key(request.headers.get("idempotency-key") or body.get("action_key"))
         result = await act(await store_of(request), actor, key)
         if (result.get("detail") or {}).get("finished") is False:  # a bulk action's time ran out: POST it again

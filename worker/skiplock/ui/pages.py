@@ -47,7 +47,7 @@ def _form_action(kind: str, fallback: str) -> Callable[[Request], Awaitable[Resp
     async def endpoint(request: Request) -> Response:
         form = await request.form()
         actor = form_actor(request, request.app.state.config, form)
-        act = api.action_for(kind, request.path_params, form)
+        act = api.action_for(kind, request.path_params, form, request.app.state.config)
         key = api.action_key(form.get("action_key"))
         result = await act(await api.store_of(request), actor, key)
         request.session["flash"] = _said(result)

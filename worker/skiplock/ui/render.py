@@ -12,6 +12,7 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from skiplock.ui.auth import csrf_token
+from skiplock.ui.params import STATUSES
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 
@@ -66,6 +67,7 @@ def number(value: Any) -> str:
 
 
 templates.env.filters.update(ago=ago, when=when, number=number)
+templates.env.globals["statuses"] = STATUSES
 
 
 def page(request: Request, name: str, context: dict[str, Any], *, status: int = 200) -> Response:

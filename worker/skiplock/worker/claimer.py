@@ -426,14 +426,14 @@ class Claimer:
     ) -> tuple[set[int], list[Job]] | None:
         """The hot path, on the connection the store keeps between claims."""
         claim = Claim(
-            self._queues,
-            self._identity,
-            self._settings.lease_seconds,
-            self._leases_by_task,
-            self._limited,
-            self._rotate,
-            after,
-            shares,
+            queues=self._queues,
+            worker=self._identity,
+            lease_seconds=self._settings.lease_seconds,
+            leases=self._leases_by_task,
+            limited=self._limited,
+            rotate=self._rotate,
+            after=after,
+            shares=shares,
         )
         result = await self._store.complete_and_claim(done, claim, want)
         if result is not None and want > 1 and self._busy(want, shares, result[1]):  # see CLAIM_PLANS

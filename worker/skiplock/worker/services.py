@@ -60,7 +60,9 @@ def start(
         if app is not None and app.schedules:  # periodic tasks: register and fire their ticks
             upkeep.append(asyncio.create_task(Scheduler(s, app, metrics, store).run(), name="ticks"))
     metrics.listener_enabled.set(1 if s.listen else 0)
-    heard = listener(s, queues, wakeup, metrics) if s.listen and not until_idle else None
+    heard = None
+    if s.listen and not until_idle:  # its return after an outage makes the pool connect now (see connect_now)
+        heard = listener(s, queues, wakeup, metrics, store.statements, on_up=store.connect_now)
     if heard is not None:
         others.append(asyncio.create_task(heard.run(), name="listener"))
     return Services(upkeep, others, heard)

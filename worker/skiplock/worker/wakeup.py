@@ -10,16 +10,27 @@ holds no job and owns no seam: events and a few flags, each written by one party
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from skiplock.listener import Listener
+import psycopg
+
+from skiplock.listener import Channels, Listener
 from skiplock.metrics import WorkerMetrics
 from skiplock.settings import Settings
+from skiplock.store.run import aexecute
+from skiplock.store.statements import Statements
 from skiplock.worker.pools import APPLICATION_NAME
 
+log = logging.getLogger(__name__)
 CONTROL_WORDS = ("cancel", "pause")
-"""Payloads of the control channel (``Settings.control_channel``): what the workers recheck."""
+"""Payloads of the control channel (its name is read from the schema's ``control_channel`` table): what the
+workers recheck."""
+CONTROL_FOLD_SECONDS = 0.25
+"""Control notifications this soon after the last one that was passed on are folded into one, passed on when the
+interval ends: a burst costs one recheck (two at most), a flood about four a second, whoever sends it."""
 
 
 class Wakeup:
@@ -45,6 +56,8 @@ class Wakeup:
         self._gathering = False  # the claim loop waits for room for a whole batch
         self._claiming = False  # a claim statement is in flight
         self._hurry = False  # the completer asked for a claim now
+        self._control_next = 0.0  # monotonic time before which control notifications are folded
+        self._control_later: asyncio.TimerHandle | None = None  # the folded ones, passed on at _control_next
 
     # ------------------------------------------------------------------ told by the seams
     def wake(self, source: str = "notify") -> None:
@@ -53,7 +66,19 @@ class Wakeup:
         self.work.set()
 
     def control(self) -> None:
-        """A notification on the control channel (cancel, pause): the leases and the claimer look again."""
+        """A notification on the control channel (cancel, pause): the leases and the claimer look again, at once
+        if none was passed on for :data:`CONTROL_FOLD_SECONDS`, else once when that interval ends."""
+        if self._control_later is not None:
+            return  # folded into the one already due
+        wait = self._control_next - time.monotonic()
+        if wait > 0:
+            self._control_later = asyncio.get_running_loop().call_later(wait, self._control_now)
+        else:
+            self._control_now()
+
+    def _control_now(self) -> None:
+        self._control_later = None
+        self._control_next = time.monotonic() + CONTROL_FOLD_SECONDS
         self.cancels_changed.set()
         self.paused_changed.set()
 
@@ -94,14 +119,42 @@ class Wakeup:
         return self._hurry
 
 
-def listener(settings: Settings, queues: Sequence[str], wakeup: Wakeup, metrics: WorkerMetrics) -> Listener:
+def listener(
+    settings: Settings,
+    queues: Sequence[str],
+    wakeup: Wakeup,
+    metrics: WorkerMetrics,
+    statements: Statements,
+    on_up: Callable[[], None] = lambda: None,
+) -> Listener:
     """The worker's LISTEN connection: NOTIFY on its queues wakes the claim loop, the control channel (same
-    connection) wakes the leases and the claimer; its state is exported."""
+    connection, its name read there at each connection) wakes the leases and the claimer; its state is exported,
+    and ``on_up`` is told each time it is connected (the database answers)."""
+
+    warned = False
+
+    async def control(conn: psycopg.AsyncConnection[Any]) -> Channels:
+        nonlocal warned
+        try:
+            name = await aexecute(conn, statements.control_channel())
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable) as exc:
+            # wake-ups must not be lost with the controls: listen to the queues, let heartbeats and polls find controls
+            if not warned:
+                warned = True
+                log.warning(
+                    "cannot read the control channel's name (%s; run `skiplock grant` after `skiplock migrate`): "
+                    "cancels, pauses and drains are seen by heartbeats and polls only",
+                    type(exc).__name__,
+                    extra={"action": "control_channel_unreadable"},
+                )
+            return {}
+        return {name: (CONTROL_WORDS, wakeup.control)}
 
     def state(up: bool) -> None:
         metrics.listener_connected.set(1 if up else 0)
         if up:
             metrics.listener_enabled.set(1)  # a later probe proved it after all
+            on_up()
 
     return Listener(
         settings.require_dsn(),
@@ -112,5 +165,5 @@ def listener(settings: Settings, queues: Sequence[str], wakeup: Wakeup, metrics:
         on_state=state,
         on_notify=lambda: metrics.last_notification.set(time.time()),
         on_unsupported=lambda: metrics.listener_enabled.set(0),
-        also={settings.control_channel: (CONTROL_WORDS, wakeup.control)},
+        also=control,
     )

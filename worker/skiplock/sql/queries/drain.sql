@@ -9,13 +9,13 @@ WITH added AS (
     SELECT w, %(reason)s, coalesce(%(now)s::timestamptz, now()) FROM unnest(%(workers)s::text[]) AS w
     ON CONFLICT (worker) DO NOTHING
     RETURNING worker)
-SELECT (SELECT count(*) FROM added) AS added, pg_notify(%(control_channel)s, 'pause');
+SELECT (SELECT count(*) FROM added) AS added, pg_notify((SELECT name FROM {schema}.control_channel), 'pause');
 
 -- name: drain_cancel
 -- Withdraw the drain requests of the given pods (they claim again) and tell the workers on the control channel.
 WITH gone AS (
     DELETE FROM {schema}.drains WHERE worker = ANY(%(workers)s::text[]) RETURNING worker)
-SELECT (SELECT count(*) FROM gone) AS removed, pg_notify(%(control_channel)s, 'pause');
+SELECT (SELECT count(*) FROM gone) AS removed, pg_notify((SELECT name FROM {schema}.control_channel), 'pause');
 
 -- name: drain_list
 -- Every pod asked to drain, with when.

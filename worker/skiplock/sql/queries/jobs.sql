@@ -381,9 +381,9 @@ WHERE j.id = expired.id
 RETURNING j.id, j.queue, j.status, j.attempts;
 
 -- name: job_get
--- One job by id, every column (CLI show and tests).
-SELECT id, queue, task, payload, status, priority, attempts, max_attempts, visible_at, locked_by, locked_at,
-       lease_expires_at, timeout_seconds, last_error, errors, idempotency_key, created_at, updated_at,
+-- One job by id, every column (CLI show and tests); the payload as text, decoded in Python (one nested too deep to read is shown, not raised).
+SELECT id, queue, task, payload::text AS payload, status, priority, attempts, max_attempts, visible_at, locked_by,
+       locked_at, lease_expires_at, timeout_seconds, last_error, errors, idempotency_key, created_at, updated_at,
        result, waiting_on, workflow_id
 FROM {schema}.jobs WHERE id = %(id)s;
 
@@ -457,7 +457,7 @@ WITH picked AS (
     WHERE j.id = picked.id
     RETURNING j.id, j.queue, picked.status AS was
 ), told AS (
-    SELECT pg_notify(%(control_channel)s, 'cancel') WHERE EXISTS (SELECT 1 FROM cancelled WHERE was = 'processing')
+    SELECT pg_notify((SELECT name FROM {schema}.control_channel), 'cancel') WHERE EXISTS (SELECT 1 FROM cancelled WHERE was = 'processing')
 )
 SELECT c.id, c.queue, c.was, (SELECT count(*) FROM told) AS told FROM cancelled AS c ORDER BY c.id;
 
@@ -475,10 +475,14 @@ WITH upsert AS (
     ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, updated_at = excluded.updated_at
     RETURNING q.queue, q.paused
 ), told AS (
-    SELECT pg_notify(%(control_channel)s, 'pause') UNION ALL
+    SELECT pg_notify((SELECT name FROM {schema}.control_channel), 'pause') UNION ALL
     SELECT pg_notify(%(channel)s, %(queue)s) WHERE NOT %(paused)s
 )
 SELECT u.queue, u.paused, (SELECT count(*) FROM told) AS told FROM upsert AS u;
+
+-- name: control_channel_read
+-- The name of this schema's control channel (random, readable by the schema's roles only: the control_channel migration); each worker's listener reads it when it connects.
+SELECT name FROM {schema}.control_channel;
 
 -- name: session_generic_plans
 -- The claimer's connection keeps one generic plan per claim statement (a custom plan is planned again at each claim, and PostgreSQL keeps choosing custom ones once the table has statistics: ADR 0007).
@@ -543,12 +547,12 @@ WHERE j.id = doomed.id
 RETURNING j.status;
 
 -- name: retention_xact_lock
--- Wait for the purge lock of this schema, held until the current transaction ends (an explicit purge: `skiplock purge`, Queue.purge).
-SELECT true AS locked FROM (SELECT pg_advisory_xact_lock(%(key)s::bigint)) AS l;
+-- Wait for the purge lock of this schema, held until the current transaction ends (an explicit purge: `skiplock purge`, Queue.purge); a row lock, so only a role allowed to update the locks table (the owner) can take or hold it.
+SELECT true AS locked FROM {schema}.locks WHERE name = 'purge' FOR UPDATE;
 
 -- name: retention_try_xact_lock
 -- Take the purge lock of this schema for the current transaction if free (the scheduled retention of a worker or of the operator: a round that finds it taken ends, someone else purges).
-SELECT pg_try_advisory_xact_lock(%(key)s::bigint) AS locked;
+SELECT count(*) > 0 AS locked FROM (SELECT FROM {schema}.locks WHERE name = 'purge' FOR UPDATE SKIP LOCKED) AS l;
 
 -- name: task_limits_register
 -- Register the limits of an app's tasks (a worker at start; the latest registration wins): upsert or remove each task's limits and bring its slot rows to the new counts (slots above a lowered limit go at once, held or not: their runs go on without one); returns what each task had before.

@@ -1,5 +1,5 @@
 -- name: schedule_register
--- Register (or refresh) one schedule; its next run is kept unless its timing changed or it had gone stale (then it starts from the next tick).
+-- Register (or refresh) one schedule; its next run is kept unless its timing changed or it had gone stale (then it starts from the next tick); a parked schedule is unparked.
 INSERT INTO {schema}.schedules AS s (name, app, queue, task, cron, every_seconds, timezone, priority, max_attempts,
                                      next_run_at, period_seconds)
 VALUES (%(name)s, %(app)s, %(queue)s, %(task)s, %(cron)s, %(every_seconds)s, %(timezone)s, %(priority)s,
@@ -13,14 +13,14 @@ SET app = EXCLUDED.app, queue = EXCLUDED.queue, task = EXCLUDED.task, cron = EXC
                                                                      EXCLUDED.timezone)
           OR s.seen_at < now() - make_interval(secs => greatest(%(stale_seconds)s, 3 * s.period_seconds))
         THEN EXCLUDED.next_run_at ELSE s.next_run_at END,
-    seen_at = now(), updated_at = now()
+    seen_at = now(), updated_at = now(), parked = NULL
 RETURNING name, next_run_at;
 
 -- name: schedule_due
--- The schedules due now (of some names, some queues, or all), skipping stale ones, with the database's clock.
+-- The schedules due now (of some names, some queues, or all), skipping stale and parked ones, with the database's clock.
 SELECT name, queue, task, cron, every_seconds, timezone, next_run_at, now() AS now
 FROM {schema}.schedules
-WHERE next_run_at <= now()
+WHERE next_run_at <= now() AND parked IS NULL
   AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND seen_at >= now() - make_interval(secs => greatest(%(stale_seconds)s, 3 * period_seconds))
@@ -28,10 +28,11 @@ ORDER BY next_run_at
 LIMIT 100;
 
 -- name: schedule_next_due
--- Seconds until the next run of these schedules (of some names, some queues, or all; stale ones left out), or NULL.
+-- Seconds until the next run of these schedules (of some names, some queues, or all; stale and parked ones left out), or NULL.
 SELECT extract(epoch FROM min(next_run_at) - now())::float8 AS seconds
 FROM {schema}.schedules
-WHERE (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
+WHERE parked IS NULL
+  AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND seen_at >= now() - make_interval(secs => greatest(%(stale_seconds)s, 3 * period_seconds));
 
@@ -54,9 +55,13 @@ WITH due AS (
 )
 SELECT (SELECT count(*) FROM due) AS advanced, (SELECT id FROM ins) AS id, (SELECT count(*) FROM woke) AS notified;
 
+-- name: schedule_park
+-- Stop firing one schedule that cannot be fired, saying why (its app's next registration unparks it).
+UPDATE {schema}.schedules SET parked = %(reason)s, updated_at = now() WHERE name = %(name)s;
+
 -- name: schedule_list
--- Every schedule with its next run and whether it went stale (not registered for a long time: not fired).
-SELECT name, app, queue, task, cron, every_seconds, timezone, next_run_at, last_run_at, seen_at,
+-- Every schedule with its next run, whether it went stale (not registered for a long time: not fired) and why it is parked (not fired either).
+SELECT name, app, queue, task, cron, every_seconds, timezone, next_run_at, last_run_at, seen_at, parked,
        seen_at < now() - make_interval(secs => greatest(%(stale_seconds)s, 3 * period_seconds)) AS stale
 FROM {schema}.schedules
 ORDER BY name;

@@ -1,6 +1,6 @@
 -- name: schema_lock
--- Serialize migrations of one schema across processes (released at commit).
-SELECT pg_advisory_xact_lock(%(key)s::bigint);
+-- Serialize migrations of one schema across processes (released at commit). A table lock this strong needs UPDATE, DELETE or TRUNCATE on the table, which only the owner has: no other role can hold it (an advisory key could be taken by any role).
+LOCK TABLE {schema}.schema_migrations IN SHARE ROW EXCLUSIVE MODE;
 
 -- name: schema_exists
 -- Whether the schema exists (creating it needs CREATE on the database, so it is only tried when missing).

@@ -1,6 +1,10 @@
 -- name: ui_queue_stats
--- Each queue's (by name after the keyset cursor `after`, at most `limit` of them) ready, delayed, processing, stalled and failed jobs, oldest ready job and next due, and whether it is paused: from index-only scans of the partial indexes of pending and failed jobs and the few processing rows (queue_stats reads every failed row's heap page).
-WITH pending AS (
+-- Each queue's (by name after the keyset cursor `after`, at most `limit` of them) waiting (for their parents), ready, delayed, processing, stalled and failed jobs, oldest ready job and next due, and whether it is paused: from index-only scans of the partial indexes of waiting, pending and failed jobs and the few processing rows (queue_stats reads every failed row's heap page).
+WITH waiting AS (
+    SELECT j.queue, count(*) AS waiting FROM {schema}.jobs AS j
+    WHERE j.status = 'waiting' AND j.queue > %(after)s
+    GROUP BY j.queue
+), pending AS (
     SELECT j.queue,
            count(*) FILTER (WHERE j.visible_at <= now()) AS ready,
            count(*) FILTER (WHERE j.visible_at > now()) AS delayed,
@@ -19,11 +23,12 @@ WITH pending AS (
     WHERE j.status = 'failed' AND j.queue > %(after)s
     GROUP BY j.queue
 )
-SELECT queue, coalesce(p.ready, 0) AS ready, coalesce(p.delayed, 0) AS delayed,
+SELECT queue, coalesce(w.waiting, 0) AS waiting, coalesce(p.ready, 0) AS ready, coalesce(p.delayed, 0) AS delayed,
        coalesce(r.processing, 0) AS processing, coalesce(r.stalled, 0) AS stalled, coalesce(f.failed, 0) AS failed,
        coalesce(extract(epoch FROM now() - p.oldest_ready), 0)::float8 AS oldest_ready_age_seconds, p.next_due,
        coalesce(q.paused, false) AS paused
-FROM pending AS p
+FROM waiting AS w
+FULL JOIN pending AS p USING (queue)
 FULL JOIN processing AS r USING (queue)
 FULL JOIN failed AS f USING (queue)
 FULL JOIN (SELECT c.queue, c.paused FROM {schema}.queues AS c WHERE c.queue > %(after)s) AS q USING (queue)
@@ -159,17 +164,41 @@ WHERE j.status = 'failed' AND j.failure_fingerprint = %(fingerprint)s
 ORDER BY j.id
 LIMIT %(limit)s;
 
--- name: ui_filter_ids
--- The next batch of jobs in one of `statuses` matching a filter, above the keyset cursor `after` and at most `upto` (the newest id when the action started): what a bulk action by filter changes in one transaction.
-SELECT j.id FROM {schema}.jobs AS j
-WHERE j.status = ANY(%(statuses)s::text[]) AND j.id > %(after)s AND j.id <= %(upto)s
-  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
-  AND (%(task)s::text IS NULL OR j.task = %(task)s)
-  AND (%(text)s::text IS NULL OR j.last_error ILIKE %(text)s)
-  AND (%(since)s::timestamptz IS NULL OR j.created_at >= %(since)s)
-  AND (%(until)s::timestamptz IS NULL OR j.created_at < %(until)s)
-ORDER BY j.id
-LIMIT %(limit)s;
+-- name: ui_filter_batch
+-- The next batch of a bulk action by filter. Its window: at most `scan` jobs above the keyset cursor `after` and at most `upto` (the newest id when the action started) in the statuses the action changes (`retry`: failed and cancelled, else waiting, pending and processing), each status read in id order through its own partial index (a status list would read the primary key through every done job). Of the window, the first `limit` jobs matching the filter (`ids`), the cursor after this batch (`after`), and whether no job is left above it (`finished`).
+WITH w AS (
+    SELECT * FROM (
+        (SELECT j.id, j.queue, j.task, j.last_error, j.created_at FROM {schema}.jobs AS j
+         WHERE %(retry)s AND j.status = 'failed' AND j.id > %(after)s AND j.id <= %(upto)s ORDER BY j.id LIMIT %(scan)s)
+        UNION ALL
+        (SELECT j.id, j.queue, j.task, j.last_error, j.created_at FROM {schema}.jobs AS j
+         WHERE %(retry)s AND j.status = 'cancelled' AND j.id > %(after)s AND j.id <= %(upto)s ORDER BY j.id LIMIT %(scan)s)
+        UNION ALL
+        (SELECT j.id, j.queue, j.task, j.last_error, j.created_at FROM {schema}.jobs AS j
+         WHERE NOT %(retry)s AND j.status = 'pending' AND j.id > %(after)s AND j.id <= %(upto)s ORDER BY j.id LIMIT %(scan)s)
+        UNION ALL
+        (SELECT j.id, j.queue, j.task, j.last_error, j.created_at FROM {schema}.jobs AS j
+         WHERE NOT %(retry)s AND j.status = 'processing' AND j.id > %(after)s AND j.id <= %(upto)s ORDER BY j.id LIMIT %(scan)s)
+        UNION ALL
+        (SELECT j.id, j.queue, j.task, j.last_error, j.created_at FROM {schema}.jobs AS j
+         WHERE NOT %(retry)s AND j.status = 'waiting' AND j.id > %(after)s AND j.id <= %(upto)s ORDER BY j.id LIMIT %(scan)s)
+    ) AS u
+    ORDER BY u.id
+    LIMIT %(scan)s
+), hits AS (
+    SELECT w.id FROM w
+    WHERE (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+      AND (%(task)s::text IS NULL OR w.task = %(task)s)
+      AND (%(text)s::text IS NULL OR w.last_error ILIKE %(text)s)
+      AND (%(since)s::timestamptz IS NULL OR w.created_at >= %(since)s)
+      AND (%(until)s::timestamptz IS NULL OR w.created_at < %(until)s)
+    ORDER BY w.id
+    LIMIT %(limit)s
+)
+SELECT coalesce((SELECT array_agg(h.id ORDER BY h.id) FROM hits AS h), '{{}}'::bigint[]) AS ids,
+       CASE WHEN (SELECT count(*) FROM hits) >= %(limit)s THEN (SELECT max(h.id) FROM hits AS h)
+            ELSE coalesce((SELECT max(w.id) FROM w), %(after)s) END AS after,
+       (SELECT count(*) FROM w) < %(scan)s AND (SELECT count(*) FROM hits) < %(limit)s AS finished;
 
 -- name: ui_newest_id
 -- The newest job id (a bulk action never reaches past it: jobs enqueued while it runs are left alone).
