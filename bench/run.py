@@ -88,7 +88,7 @@ FLOW_CASES = (
     "drain noop, 2 queues, 1 idle",
 )
 GROUPS = ("enqueue", "drain", "transactional", "tablesize", "latency", "scale", "workflows")
-FLOW_SIZES = {"quick": (500, 2, 50), "default": (10_000, 3, 1_000), "full": (10_000, 5, 1_000)}
+FLOW_SIZES = {"quick": (200, 2, 20), "default": (10_000, 3, 1_000), "full": (10_000, 5, 1_000)}
 """Workflow cases by mode: fan-out children, fan-out rounds per run, chain links."""
 DRAIN_COLUMNS = (
     ("jobs_per_s", "jobs/s", "{:,.0f}"),

@@ -70,6 +70,7 @@ def test_every_case_ran_once(bench_lines: list[dict[str, Any]]) -> None:
     assert {"drain noop [honest]", "drain noop [honest] W=4", "latency NOTIFY [honest]"} <= cases  # the seed's table
     assert {"drain noop, 10% serial keys", "drain noop, limited task", "drain noop, 50 queues"} <= cases
     assert "drain noop, 2 queues, 1 idle" in cases
+    assert {"workflow fan-out 200 + callback", "workflow chain of 20"} <= cases
     assert all(line["rep"] == 1 for line in runs)
     assert set(_by(bench_lines, "median")) == cases
 
@@ -178,3 +179,12 @@ def test_cases_filter_runs_only_the_matching_cases(monkeypatch: pytest.MonkeyPat
     a = run.parse_args(["--cases", r"^drain noop( \[honest\])?( W=4)?$"])
     names = [name for _, name, _ in run.build_cases(cfg, a)[0]]
     assert names == ["drain noop", "drain noop [honest]", "drain noop W=4", "drain noop [honest] W=4"]
+
+
+def test_workflow_figures_are_sane(bench_lines: list[dict[str, Any]]) -> None:
+    medians = _by(bench_lines, "median")
+    fan = medians["workflow fan-out 200 + callback"]
+    assert fan["jobs"] == 200 and fan["rounds"] == 2 and fan["jobs_per_s"] > 0
+    assert 0 < fan["callback_p50_ms"] <= fan["callback_p99_ms"], "the callback starts after its last child ends"
+    chain = medians["workflow chain of 20"]
+    assert chain["jobs"] == 20 and chain["jobs_per_s"] > 0
