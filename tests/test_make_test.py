@@ -19,7 +19,7 @@ def make_test(tmp_path: Path, dsn: str, **env: str) -> subprocess.CompletedProce
     """``make test`` with a PATH that has no npm (a few tools the recipe needs, nothing else)."""
     tools = tmp_path / "bin"
     tools.mkdir()
-    for name in ("bash", "sh", "mktemp", "rm", "dirname", "true"):
+    for name in ("bash", "sh", "mktemp", "chmod", "rm", "dirname", "true"):
         found = shutil.which(name)
         assert found, name
         (tools / name).symlink_to(found)

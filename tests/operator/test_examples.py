@@ -41,7 +41,9 @@ async def test_every_example_jobqueue_is_ready_on_the_default_install(
     where: str, doc: dict[str, Any], pg_dsn: str, schema: str, cluster: Cluster, operator: object
 ) -> None:
     spec = {**doc["spec"], "schema": schema}
-    await cluster.apply_secret(spec["dsnSecretRef"]["name"], pg_dsn, spec["dsnSecretRef"].get("key", "dsn"))
+    for ref in ("dsnSecretRef", "operatorDsnSecretRef"):  # the workers' DSN, and the owner's where one is named
+        if ref in spec:
+            await cluster.apply_secret(spec[ref]["name"], pg_dsn, spec[ref].get("key", "dsn"))
     name = doc["metadata"]["name"]
     await cluster.create_jobqueue(name, spec)
     await await_for(
