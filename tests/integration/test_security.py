@@ -710,3 +710,51 @@ def test_no_other_role_can_hold_the_migration_or_the_purge_lock(pg_dsn, schema, 
     finally:
         for squatter in squatters:
             squatter.close()
+
+
+def test_workflows_under_least_privilege_roles(pg_dsn, schema, roles):
+    """Issue 39 under `skiplock grant`: the producer role enqueues with after= and waits for a result through the
+    owner's functions only (it still cannot lock or update a job by itself); the worker role stores results and
+    durable steps and reads its parents' results; neither can link a job another transaction inserted, nor resolve
+    a parent's children by hand."""
+    from skiplock import App, Job
+    from skiplock.testing import run_jobs
+
+    _grant(pg_dsn, schema, roles)
+    app = App("least_flow", schema=schema)
+
+    @app.task(name="lf.add", queue="lf")
+    def add(job: Job) -> int:
+        return int(job.step("sum", lambda: job.payload["a"] + job.payload["b"]))
+
+    @app.task(name="lf.total", queue="lf")
+    def total(job: Job) -> int:
+        return sum(job.parent_results.values())
+
+    producer = Settings.load(env={}, dsn=roles.dsn(pg_dsn, roles.producer), schema=schema)
+    with Queue(settings=producer, max_size=1) as q:
+        a = q.enqueue("lf", {"a": 1, "b": 2}, task="lf.add")
+        b = q.enqueue("lf", {"a": 3, "b": 4}, task="lf.add")
+        c = q.enqueue("lf", {}, task="lf.total", after=[a.id, b.id])
+        other = q.enqueue("lf", {"a": 0, "b": 0}, task="lf.add")
+    jobs = sql.Identifier(schema, "jobs")
+    with psycopg.connect(roles.dsn(pg_dsn, roles.producer), autocommit=True) as conn:
+        linked = conn.execute(
+            sql.SQL("SELECT linked FROM {}.jobs_link(%s, %s, false, NULL)").format(sql.Identifier(schema)),
+            ([a.id], [other.id]),
+        ).fetchone()
+        assert linked == (0,), "a job another transaction inserted is never linked"
+        for statement, params in (
+            (sql.SQL("SELECT {}.jobs_resolve_children(%s, 'failed', 'x')").format(sql.Identifier(schema)), (a.id,)),
+            (sql.SQL("SELECT id FROM {} WHERE id = %s FOR UPDATE").format(jobs), (a.id,)),
+            (sql.SQL("UPDATE {} SET awaited = true WHERE id = %s").format(jobs), (a.id,)),
+            (sql.SQL("SELECT * FROM {}").format(sql.Identifier(schema, "job_dependencies")), None),
+        ):
+            with pytest.raises(errors.InsufficientPrivilege):
+                conn.execute(statement, params)
+    worker = Settings.load(env={}, dsn=roles.dsn(pg_dsn, roles.worker), schema=schema)
+    report = run_jobs(app, settings=worker)
+    assert sorted(report.done) == sorted([a.id, b.id, c.id, other.id])
+    with Queue(settings=producer, max_size=1) as q:
+        assert q.wait(c.id, timeout=10) == 10
+        assert q.wait(a.id, timeout=10) == 3

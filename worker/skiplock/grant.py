@@ -15,14 +15,18 @@ also how a role loses a right.
   ``locked_by``, ``last_error`` or the timestamps, cannot read payloads or errors, and has no ``UPDATE``: it
   cannot claim, finish or cancel (nor replace a unique job: ``unique_conflict="replace"`` needs a role with
   ``UPDATE`` of payload, priority, visible_at and updated_at, which grant does not give). The identity column
-  needs no sequence privilege, so none is granted.
+  needs no sequence privilege, so none is granted. For ``after=``, workflows and ``wait()`` it may call the
+  functions of :data:`PRODUCER_FUNCTIONS`, which run as the owner: they lock the parents an enqueue names until its
+  transaction ends, link and tag only the jobs the calling transaction inserted, mark one job as awaited, and read
+  one job's status, result and last error line (what ``wait()`` returns or raises).
 - worker: ``USAGE`` on the schema, ``SELECT`` on ``jobs`` and ``queues`` (paused queues) plus ``UPDATE`` of the
   lease and outcome columns only
   (:data:`LEASE_COLUMNS`: claim, heartbeat, complete, fail, release, lease recovery), ``SELECT`` on
   ``schema_migrations``, ``SELECT, INSERT, UPDATE`` on ``schedules`` (it registers its app's periodic
   tasks), and all of ``task_limits`` and ``task_slots`` (flow control: a worker registers its tasks' limits at
   start and takes slots when claiming), ``SELECT, INSERT, UPDATE`` on ``tasks`` (it registers each task's queue and
-  defaults at start). No ``INSERT`` of jobs (so it fires no ticks: the operator does), no
+  defaults at start), ``SELECT`` on ``job_dependencies`` (``job.parent_results``) and ``SELECT, INSERT`` on
+  ``job_steps`` (durable steps). No ``INSERT`` of jobs (so it fires no ticks: the operator does), no
   ``DELETE`` of jobs, no DDL, and the payload, task, queue, priority and key of a job cannot be changed. Within
   its schema a worker role may claim any queue: the schema is the isolation boundary (one schema per tenant,
   one worker role per schema).
@@ -33,7 +37,8 @@ also how a role loses a right.
   ``CREATE`` on the database: migrate creates the schema only when it is missing. Changing an owner needs a
   superuser, or a role that is a member of both the current owner and the operator role.
 - ui (``skiplock ui``): ``USAGE`` on the schema, ``SELECT`` on ``schema_migrations``, ``jobs`` (every column: the
-  job page shows payloads and errors), ``schedules``, ``task_limits`` and ``task_slots``; ``UPDATE`` of the
+  job page shows payloads and errors), ``schedules``, ``task_limits``, ``task_slots``, ``job_dependencies`` and
+  ``job_steps`` (a job's parents, children and steps); ``UPDATE`` of the
   columns its actions set (:data:`UI_JOB_COLUMNS`: retry and cancel a job, cancel a failed one); ``SELECT,
   INSERT, UPDATE`` on ``queues`` (pause and resume); ``SELECT, INSERT`` on ``ui_audit`` and ``UPDATE`` of its
   count and detail only (an action's progress: an audit row's actor, action and time cannot be rewritten). No
@@ -49,7 +54,7 @@ server's ``max_connections`` minus its reserved connections.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
@@ -71,8 +76,11 @@ LEASE_COLUMNS = (
     "errors",
     "updated_at",
     "slot",
+    "result",
+    "has_steps",
 )
-"""The columns the worker role may update: the lease and outcome of a job, never its content."""
+"""The columns the worker role may update: the lease and outcome of a job (its result, whether it stored durable
+steps), never its content."""
 
 ENQUEUE_COLUMNS = (
     "queue",
@@ -90,8 +98,27 @@ ENQUEUE_COLUMNS = (
 )
 """The columns the producer role may insert; every other column takes its default (id, status, attempts...)."""
 
-PRODUCER_READ_COLUMNS = ("id", "queue", "status", "visible_at", "idempotency_key", "unique_key", "unique_states")
+PRODUCER_READ_COLUMNS = (
+    "id",
+    "queue",
+    "status",
+    "visible_at",
+    "idempotency_key",
+    "unique_key",
+    "unique_states",
+)
 """The columns the producer role may read: what enqueue returns and what finds the live job of a key."""
+
+PRODUCER_FUNCTIONS: tuple[LiteralString, ...] = (
+    "jobs_lock_parents(bigint[])",
+    "jobs_link(bigint[], bigint[], boolean, uuid)",
+    "jobs_tag_workflow(bigint[], uuid)",
+    "jobs_await(bigint)",
+    "jobs_outcome(bigint)",
+)
+"""The functions the producer role may call (migration 0016, SECURITY DEFINER): lock the parents its enqueue names,
+link the jobs its transaction inserted to them, tag them with their workflow, ask to be told when a job ends and read
+that job's outcome."""
 
 UI_JOB_COLUMNS = ("status", "attempts", "visible_at", "lease_expires_at", "last_error", "updated_at")
 """The columns the ui role may update: what retrying and cancelling a job set."""
@@ -171,6 +198,8 @@ def grant_sql(
     control = sql.Identifier(schema, "control_channel")  # its random name: read by workers (LISTEN) and the ui (NOTIFY)
     drains = sql.Identifier(schema, "drains")  # the operator's drain requests: read by the workers
     locks = sql.Identifier(schema, "locks")  # the purge lock: only the owner may take it (no other role any right)
+    links = sql.SQL(", ").join(sql.Identifier(schema, t) for t in ("job_dependencies", "job_steps"))  # workflows
+    functions = sql.SQL(", ").join(sql.SQL("{}.{}").format(s, sql.SQL(f)) for f in PRODUCER_FUNCTIONS)
     out: list[sql.Composed] = []
     if operator is not None:
         op = sql.Identifier(operator)
@@ -189,16 +218,30 @@ def grant_sql(
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(control, op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(drains, op),
             sql.SQL("ALTER TABLE {} OWNER TO {}").format(locks, op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.Identifier(schema, "job_dependencies"), op),
+            sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.Identifier(schema, "job_steps"), op),
         ]
+        # The workflow functions run as their owner (SECURITY DEFINER): the schema's owner, not whoever migrated.
+        for function in (
+            *PRODUCER_FUNCTIONS,
+            "jobs_resolve_children(bigint, text, text)",
+            "jobs_ended()",
+            "jobs_unlinked()",
+        ):
+            out.append(sql.SQL("ALTER FUNCTION {}.{} OWNER TO {}").format(s, sql.SQL(function), op))
     out.append(sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM PUBLIC").format(jobs, versions, queues, schedules))
     out.append(sql.SQL("REVOKE ALL ON {}, {} FROM PUBLIC").format(flow, audit))
     out.append(sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM PUBLIC").format(registry, control, drains, locks))
+    out.append(sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(links))
+    out.append(sql.SQL("REVOKE ALL ON FUNCTION {} FROM PUBLIC").format(functions))
     members = [sql.Identifier(r) for r in dict.fromkeys(r for r in (producer, worker, ui) if r is not None)]
     for member in members:  # converge: start from nothing, then grant exactly
         out += [
             sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM {}").format(jobs, versions, queues, schedules, member),
             sql.SQL("REVOKE ALL ON {}, {} FROM {}").format(flow, audit, member),
             sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM {}").format(registry, control, drains, locks, member),
+            sql.SQL("REVOKE ALL ON {} FROM {}").format(links, member),
+            sql.SQL("REVOKE ALL ON FUNCTION {} FROM {}").format(functions, member),
             sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(s, member),
             sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(s, member),
             sql.SQL("GRANT SELECT ON {} TO {}").format(versions, member),
@@ -209,6 +252,7 @@ def grant_sql(
             sql.SQL("GRANT INSERT ({}) ON {} TO {}").format(_columns(ENQUEUE_COLUMNS), jobs, p),
             sql.SQL("GRANT SELECT ({}) ON {} TO {}").format(_columns(PRODUCER_READ_COLUMNS), jobs, p),
             sql.SQL("GRANT SELECT ON {} TO {}").format(registry, p),
+            sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(functions, p),  # after=, workflows, wait()
         ]
     if worker is not None:
         w = sql.Identifier(worker)
@@ -220,12 +264,15 @@ def grant_sql(
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(flow, w),
             sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(registry, w),  # registers its tasks
             sql.SQL("GRANT SELECT ON {}, {} TO {}").format(control, drains, w),  # what the controls say
+            sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(schema, "job_dependencies"), w),  # parent_results
+            sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(sql.Identifier(schema, "job_steps"), w),  # job.step
         ]
     if ui is not None:
         u = sql.Identifier(ui)
         out += [
             sql.SQL("GRANT SELECT ON {}, {} TO {}").format(jobs, schedules, u),
             sql.SQL("GRANT SELECT ON {} TO {}").format(flow, u),
+            sql.SQL("GRANT SELECT ON {} TO {}").format(links, u),  # the job page's parents, children and steps
             sql.SQL("GRANT UPDATE ({}) ON {} TO {}").format(_columns(UI_JOB_COLUMNS), jobs, u),
             sql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(queues, u),  # pause, resume
             sql.SQL("GRANT SELECT ON {} TO {}").format(control, u),  # pause, cancel tell the workers

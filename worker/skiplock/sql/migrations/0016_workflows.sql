@@ -139,3 +139,80 @@ DROP TRIGGER IF EXISTS jobs_unlinked ON {schema}.jobs;
 CREATE TRIGGER jobs_unlinked AFTER DELETE ON {schema}.jobs
     FOR EACH ROW WHEN (OLD.has_children OR OLD.waiting_on IS NOT NULL OR OLD.has_steps)
     EXECUTE FUNCTION {schema}.jobs_unlinked();
+
+-- What a producer role needs for after=, workflows and wait() without UPDATE of jobs or SELECT of their errors:
+-- functions that run as the schema's owner (SECURITY DEFINER, a fixed search_path). skiplock grant gives the producer
+-- role EXECUTE on them; PUBLIC has none. jobs_lock_parents locks the parents an enqueue names (until its transaction
+-- ends, as after= needs: a parent cannot end unseen); jobs_link and jobs_tag_workflow change only rows the calling
+-- transaction inserted (created_at = now(), the transaction's start: a producer cannot make another's job wait, nor
+-- re-tag it); jobs_await asks for a notification when one job ends; jobs_outcome reads one job's status, result and
+-- last error line (what wait() returns).
+CREATE OR REPLACE FUNCTION {schema}.jobs_lock_parents(bigint[]) RETURNS TABLE (id bigint)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+SELECT j.id FROM {schema}.jobs AS j WHERE j.id = ANY($1) ORDER BY j.id FOR NO KEY UPDATE;
+$$;
+
+CREATE OR REPLACE FUNCTION {schema}.jobs_await(bigint) RETURNS TABLE (id bigint)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+UPDATE {schema}.jobs AS j SET awaited = true
+WHERE j.id = $1 AND j.status NOT IN ('done', 'failed', 'cancelled') AND j.awaited IS NOT TRUE
+RETURNING j.id;
+$$;
+
+CREATE OR REPLACE FUNCTION {schema}.jobs_link(bigint[], bigint[], boolean, uuid)
+RETURNS TABLE (found bigint[], linked bigint, marked bigint)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+WITH parent AS (
+    SELECT id, status FROM {schema}.jobs WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE
+), complete AS (
+    SELECT (SELECT count(*) FROM parent) = cardinality($1) AS ok
+), marked AS (
+    UPDATE {schema}.jobs AS j SET has_children = true
+    FROM parent WHERE j.id = parent.id AND j.has_children IS NOT TRUE AND (SELECT ok FROM complete)
+    RETURNING j.id
+), own AS (
+    SELECT j.id FROM {schema}.jobs AS j
+    WHERE j.id = ANY($2) AND j.status = 'pending' AND j.created_at = now() AND (SELECT ok FROM complete)
+), edges AS (
+    INSERT INTO {schema}.job_dependencies (parent, child, parent_status)
+    SELECT p.id, c.id, CASE WHEN p.status IN ('done', 'failed', 'cancelled') THEN p.status END
+    FROM parent AS p CROSS JOIN own AS c
+    RETURNING parent, child, parent_status
+), judged AS (
+    SELECT child, count(*) FILTER (WHERE parent_status IS NULL) AS open,
+           min(parent) FILTER (WHERE parent_status IN ('failed', 'cancelled')) AS failed_parent,
+           min(parent_status) FILTER (WHERE parent_status IN ('failed', 'cancelled')) AS failed_as
+    FROM edges GROUP BY child
+), linked AS (
+    UPDATE {schema}.jobs AS j
+    SET waiting_on = judged.open, run_on_parent_failure = $3, workflow_id = $4,
+        status = CASE WHEN judged.failed_parent IS NOT NULL AND NOT $3 THEN 'cancelled'
+                      WHEN judged.open = 0 THEN 'pending' ELSE 'waiting' END,
+        last_error = CASE WHEN judged.failed_parent IS NOT NULL AND NOT $3
+                          THEN format('ParentFailed: parent job %s ended %s', judged.failed_parent, judged.failed_as)
+                     END,
+        updated_at = now()
+    FROM judged WHERE j.id = judged.child
+    RETURNING j.id
+)
+SELECT array(SELECT id FROM parent ORDER BY id), (SELECT count(*) FROM linked), (SELECT count(*) FROM marked);
+$$;
+
+CREATE OR REPLACE FUNCTION {schema}.jobs_tag_workflow(bigint[], uuid) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+UPDATE {schema}.jobs SET workflow_id = $2 WHERE id = ANY($1) AND created_at = now();
+$$;
+
+CREATE OR REPLACE FUNCTION {schema}.jobs_outcome(bigint)
+RETURNS TABLE (id bigint, status text, result jsonb, last_error text)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+SELECT j.id, j.status, j.result, j.last_error FROM {schema}.jobs AS j WHERE j.id = $1;
+$$;
+
+REVOKE ALL ON FUNCTION {schema}.jobs_lock_parents(bigint[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {schema}.jobs_await(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {schema}.jobs_link(bigint[], bigint[], boolean, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {schema}.jobs_tag_workflow(bigint[], uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {schema}.jobs_outcome(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {schema}.jobs_resolve_children(bigint, text, text) FROM PUBLIC;
+REVOKE ALL ON {schema}.job_dependencies, {schema}.job_steps FROM PUBLIC;

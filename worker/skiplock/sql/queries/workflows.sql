@@ -1,46 +1,15 @@
 -- name: job_lock_parents
--- Lock the parents named by after= (in id order, as job_link will) before anything is inserted: the ids found.
-SELECT id FROM {schema}.jobs WHERE id = ANY(%(parents)s::bigint[]) ORDER BY id FOR NO KEY UPDATE;
+-- Lock the parents named by after= (in id order, as job_link will) before anything is inserted (jobs_lock_parents): the ids found.
+SELECT id FROM {schema}.jobs_lock_parents(%(parents)s::bigint[]);
 
 -- name: job_link
--- Make the just-inserted jobs `children` wait for `parents` (locked in id order and marked as having children, so a parent cannot end unseen meanwhile); a child whose parents are all final already is judged at once: pending, or cancelled naming a parent that failed. Returns the parents found; when one is missing nothing is changed.
-WITH parent AS (
-    SELECT id, status FROM {schema}.jobs WHERE id = ANY(%(parents)s::bigint[]) ORDER BY id FOR NO KEY UPDATE
-), complete AS (
-    SELECT (SELECT count(*) FROM parent) = cardinality(%(parents)s::bigint[]) AS ok
-), marked AS (
-    UPDATE {schema}.jobs AS j SET has_children = true
-    FROM parent WHERE j.id = parent.id AND j.has_children IS NOT TRUE AND (SELECT ok FROM complete)
-    RETURNING j.id
-), edges AS (
-    INSERT INTO {schema}.job_dependencies (parent, child, parent_status)
-    SELECT p.id, c.child, CASE WHEN p.status IN ('done', 'failed', 'cancelled') THEN p.status END
-    FROM parent AS p CROSS JOIN unnest(%(children)s::bigint[]) AS c(child)
-    WHERE (SELECT ok FROM complete)
-    RETURNING parent, child, parent_status
-), judged AS (
-    SELECT child, count(*) FILTER (WHERE parent_status IS NULL) AS open,
-           min(parent) FILTER (WHERE parent_status IN ('failed', 'cancelled')) AS failed_parent,
-           min(parent_status) FILTER (WHERE parent_status IN ('failed', 'cancelled')) AS failed_as
-    FROM edges GROUP BY child
-), linked AS (
-    UPDATE {schema}.jobs AS j
-    SET waiting_on = judged.open, run_on_parent_failure = %(run)s, workflow_id = %(workflow)s::uuid,
-        status = CASE WHEN judged.failed_parent IS NOT NULL AND NOT %(run)s THEN 'cancelled'
-                      WHEN judged.open = 0 THEN 'pending' ELSE 'waiting' END,
-        last_error = CASE WHEN judged.failed_parent IS NOT NULL AND NOT %(run)s
-                          THEN format('ParentFailed: parent job %%s ended %%s', judged.failed_parent, judged.failed_as)
-                     END,
-        updated_at = now()
-    FROM judged WHERE j.id = judged.child AND j.status = 'pending'
-    RETURNING j.id
-)
-SELECT array(SELECT id FROM parent ORDER BY id) AS found, (SELECT count(*) FROM linked) AS linked,
-       (SELECT count(*) FROM marked) AS marked;
+-- Make the just-inserted jobs `children` wait for `parents` (jobs_link, migration 0016: parents locked in id order and marked as having children, so a parent cannot end unseen meanwhile; a child whose parents are all final already is judged at once). Returns the parents found; when one is missing nothing is changed.
+SELECT found, linked, marked
+FROM {schema}.jobs_link(%(parents)s::bigint[], %(children)s::bigint[], %(run)s::boolean, %(workflow)s::uuid);
 
 -- name: job_set_workflow
--- Tag the just-inserted jobs without parents (a workflow's first ones) with their workflow id.
-UPDATE {schema}.jobs SET workflow_id = %(workflow)s::uuid WHERE id = ANY(%(ids)s::bigint[]) RETURNING id;
+-- Tag the just-inserted jobs without parents (a workflow's first ones) with their workflow id (jobs_tag_workflow).
+SELECT {schema}.jobs_tag_workflow(%(ids)s::bigint[], %(workflow)s::uuid);
 
 -- name: job_complete_results
 -- Mark claimed jobs done with their handlers' return values, fenced as job_complete (the jobs of a batch that returned something; plain ones ride on the claim).
@@ -61,14 +30,12 @@ WHERE j.id = %(id)s AND j.attempts = %(attempts)s AND j.status = (SELECT 'proces
 RETURNING j.id;
 
 -- name: job_await
--- Ask for a NOTIFY on the `_done` channel when this job becomes final (nothing when it is final already).
-UPDATE {schema}.jobs SET awaited = true
-WHERE id = %(id)s AND status NOT IN ('done', 'failed', 'cancelled') AND awaited IS NOT TRUE
-RETURNING id;
+-- Ask for a NOTIFY on the `_done` channel when this job becomes final (jobs_await; nothing when it is final already).
+SELECT id FROM {schema}.jobs_await(%(id)s::bigint);
 
 -- name: job_outcome
--- A job's status, result and last error (what a waiter reads).
-SELECT id, status, result, last_error FROM {schema}.jobs WHERE id = %(id)s;
+-- A job's status, result and last error (what a waiter reads: jobs_outcome, which the producer role may call).
+SELECT id, status, result, last_error FROM {schema}.jobs_outcome(%(id)s::bigint);
 
 -- name: job_parent_results
 -- The results of a job's parents that still exist, by parent id.
