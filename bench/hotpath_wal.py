@@ -57,21 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     lines: list[dict[str, Any]] = []
     with external_server(a.dsn) as srv, psycopg.connect(a.dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        cfg = scenario.Config(
-            server=srv,
-            workers=a.workers,
-            concurrency=10,
-            batch=None,
-            poll_seconds=2.0,
-            drain_timeout=600.0,
-            drain_jobs=a.jobs,
-            single_jobs=0,
-            bulk_jobs=0,
-            bulk_chunk=1,
-            prefill_rows=0,
-            latency_rate=1.0,
-            latency_seconds=0.0,
-        )
+        cfg = scenario.drain_config(srv, a.jobs, workers=a.workers)
         try:
             for system in ("skiplock", "honest"):
                 conn.execute("SELECT pg_stat_statements_reset()")

@@ -110,21 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out or meter.BENCH / "results" / f"profile-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
     with database(a.dsn) as srv:
-        cfg = scenario.Config(
-            server=srv,
-            drain_jobs=a.jobs,
-            single_jobs=0,
-            bulk_jobs=0,
-            bulk_chunk=1,
-            prefill_rows=0,
-            latency_rate=1,
-            latency_seconds=1,
-            workers=2,
-            concurrency=a.concurrency,
-            batch=None,
-            poll_seconds=2.0,
-            drain_timeout=600,
-        )
+        cfg = scenario.drain_config(srv, a.jobs, concurrency=a.concurrency)
         schema = scenario.new_schema(cfg, "prof")
         logdir = Path(tempfile.mkdtemp(prefix="bench-profile-"))
         procs = scenario.start_skiplock(cfg, schema, a.handler, logdir, concurrency=a.concurrency)

@@ -81,6 +81,26 @@ class Config:
         return self.server.dsn
 
 
+def drain_config(server: Server, jobs: int, *, workers: int = 2, concurrency: int = 10) -> Config:
+    """The settings of a drain of ``jobs`` alone (no enqueue, prefill or latency phase), with the worker's own batch,
+    polling every 2 s, given 10 minutes (a profile or a statement count of one drain: sampler.py, hotpath_wal.py)."""
+    return Config(
+        server=server,
+        drain_jobs=jobs,
+        single_jobs=0,
+        bulk_jobs=0,
+        bulk_chunk=1,
+        prefill_rows=0,
+        latency_rate=1.0,
+        latency_seconds=0.0,
+        workers=workers,
+        concurrency=concurrency,
+        batch=None,
+        poll_seconds=2.0,
+        drain_timeout=600.0,
+    )
+
+
 class BenchError(RuntimeError):
     pass
 

@@ -32,26 +32,28 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-SEED_CLAIM = """
+
+def claim_statement(order_by: str, returning: str) -> str:
+    """The design source's claim (its LIMIT a parameter, ``{schema}`` left to fill), in the order and with the columns
+    given: the seed's worker loop, the honest ceiling and the own-table ceiling differ only there."""
+    return f"""
 WITH picked AS (
-    SELECT id FROM {schema}.jobs
-    WHERE queue = %(queue)s
-      AND status = 'pending'
-      AND visible_at <= now()
-    ORDER BY visible_at, id
+    SELECT id FROM {{schema}}.jobs
+    WHERE queue = %(queue)s AND status = 'pending' AND visible_at <= now()
+    ORDER BY {order_by}
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE {schema}.jobs j
-SET status = 'processing',
-    attempts = j.attempts + 1,
-    locked_by = %(name)s,
-    locked_at = now(),
-    updated_at = now()
+UPDATE {{schema}}.jobs j
+SET status = 'processing', attempts = j.attempts + 1, locked_by = %(name)s, locked_at = now(), updated_at = now()
 FROM picked
 WHERE j.id = picked.id
-RETURNING j.id, j.payload, j.attempts, j.max_attempts
+RETURNING {returning}
 """
+
+
+# The seed's worker loop (its PHP ``Worker::claim``).
+SEED_CLAIM = claim_statement("visible_at, id", "j.id, j.payload, j.attempts, j.max_attempts")
 SEED_FINISH = "UPDATE {schema}.jobs SET status = %(s)s, updated_at = now() WHERE id = %(id)s AND status = 'processing'"
 EFFECT = "INSERT INTO {schema}.bench_effects (job_id, attempt) VALUES (%(id)s, %(attempts)s)"
 TUNED_FINISH = """
@@ -59,21 +61,8 @@ UPDATE {schema}.jobs SET status = 'done', updated_at = now()
 WHERE id = ANY(%(ids)s) AND status = 'processing' AND locked_by = %(name)s
 """
 
-# skiplock's claim, unfenced and without the lease and task columns a worker needs: the ceiling's statement.
-CEILING_CLAIM = """
-WITH picked AS (
-    SELECT id FROM {schema}.jobs
-    WHERE queue = %(queue)s AND status = 'pending' AND visible_at <= now()
-    ORDER BY priority DESC, visible_at, id
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE {schema}.jobs j
-SET status = 'processing', attempts = j.attempts + 1, locked_by = %(name)s, locked_at = now(), updated_at = now()
-FROM picked
-WHERE j.id = picked.id
-RETURNING j.id, j.payload::text, j.attempts
-"""
+# The ceiling's claim: the same statement in skiplock's claim order, without the lease and task columns a worker needs.
+CEILING_CLAIM = claim_statement("priority DESC, visible_at, id", "j.id, j.payload::text, j.attempts")
 CEILING_FINISH = "UPDATE {schema}.jobs SET status = 'done', updated_at = now() WHERE id = ANY(%(ids)s)"
 CEILING_FINISH_ONE = "UPDATE {schema}.jobs SET status = 'done', updated_at = now() WHERE id = %(id)s"
 
@@ -98,27 +87,7 @@ CREATE INDEX jobs_recover_idx ON {schema}.jobs (locked_at) WHERE status = 'proce
 CREATE INDEX jobs_done_idx ON {schema}.jobs (updated_at) WHERE status IN ('done', 'failed');
 """
 # The design source's claim (its LIMIT made a parameter) and its completion, for a batch by ``id = ANY``.
-HONEST_CLAIM = """
-WITH picked AS (
-    SELECT id
-    FROM {schema}.jobs
-    WHERE queue = %(queue)s
-      AND status = 'pending'
-      AND visible_at <= now()
-    ORDER BY visible_at
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE {schema}.jobs j
-SET status     = 'processing',
-    attempts   = j.attempts + 1,
-    locked_by  = %(name)s,
-    locked_at  = now(),
-    updated_at = now()
-FROM picked
-WHERE j.id = picked.id
-RETURNING j.id, j.queue, j.payload, j.attempts
-"""
+HONEST_CLAIM = claim_statement("visible_at", "j.id, j.queue, j.payload, j.attempts")
 HONEST_FINISH = "UPDATE {schema}.jobs SET status = 'done', updated_at = now() WHERE id = ANY(%(ids)s)"
 
 # The seed's index, plus ``id`` so its ORDER BY (visible_at, id) is served without sorting every pending row.

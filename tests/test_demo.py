@@ -3,12 +3,14 @@ up and the follow-up commands it prints (with the DSN) work as typed, the stop c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -16,6 +18,7 @@ import pytest
 
 from support.ci import missing
 from support.pg import drop_schema, wait_for
+from support.scripts import run_python, user_env
 
 
 @pytest.fixture(autouse=True)
@@ -26,26 +29,59 @@ def _embedded_postgres_installed() -> None:
         missing("pgserver not installed: pip install -e '.[demo]' (make install does it)")
 
 
-def test_kept_demo_prints_commands_that_work_as_typed(tmp_path: Path) -> None:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("SKIPLOCK_") and k not in ("DATABASE_URL", "XDG_RUNTIME_DIR")
-    }
+def _demo_env(tmp_path: Path) -> dict[str, str]:
+    env = user_env(drop=("DATABASE_URL", "XDG_RUNTIME_DIR"))
     env["TMPDIR"] = str(tmp_path)  # a private data folder for this run's embedded server
+    return env
+
+
+@contextlib.contextmanager
+def _draining_demo(tmp_path: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """A demo of 20,000 jobs on two workers, in its own process group as a terminal runs it, given once it prints its
+    first progress line (the workers are draining); killed with its group if it still runs at the end."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "skiplock", "demo", "--jobs", "20000", "--workers", "2", "--concurrency", "2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            if line.startswith("["):
+                break
+        else:
+            pytest.fail(f"the demo ended before it drained: {demo.wait()} {demo.stderr and demo.stderr.read()}")
+        yield demo
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+
+
+def _ctrl_c(demo: subprocess.Popen[str]) -> str:
+    """As a terminal's Ctrl-C does: SIGINT to the whole foreground process group (the demo, its workers, the server);
+    the demo ends with 130 and no traceback; returns its last line on stderr."""
+    os.killpg(demo.pid, signal.SIGINT)
+    out, err = demo.communicate(timeout=120)
+    assert demo.returncode == 130, out + err
+    assert "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+def test_kept_demo_prints_commands_that_work_as_typed(tmp_path: Path) -> None:
+    env = _demo_env(tmp_path)
     # as `make demo` runs it: the virtualenv's bin first on the demo's PATH, but not on the user's shell's (where
     # the printed commands are pasted), and not activated
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join(d for d in env.get("PATH", "").split(os.pathsep) if d != venv_bin)
     env.pop("VIRTUAL_ENV", None)
-    demo = subprocess.run(
-        [sys.executable, "-m", "skiplock", "demo", "--jobs", "60", "--workers", "1", "--concurrency", "4", "--keep"],
-        cwd=tmp_path,
+    demo = run_python(
+        ["-m", "skiplock", "demo", "--jobs", "60", "--workers", "1", "--concurrency", "4", "--keep"],
         env=env | {"PATH": venv_bin + os.pathsep + env["PATH"]},
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
+        cwd=tmp_path,
     )
     output = demo.stdout + demo.stderr
     pid_match = re.search(r"^stop it with: (kill (\d+))", demo.stdout, re.M)
@@ -88,20 +124,10 @@ def test_kept_demo_prints_commands_that_work_as_typed(tmp_path: Path) -> None:
 
 
 def test_demo_without_keep_stops_its_server_and_says_how_to_keep_it(tmp_path: Path) -> None:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("SKIPLOCK_") and k not in ("DATABASE_URL", "XDG_RUNTIME_DIR")
-    }
-    env["TMPDIR"] = str(tmp_path)
-    demo = subprocess.run(
-        [sys.executable, "-m", "skiplock", "demo", "--jobs", "30", "--workers", "1", "--concurrency", "4"],
+    demo = run_python(
+        ["-m", "skiplock", "demo", "--jobs", "30", "--workers", "1", "--concurrency", "4"],
+        env=_demo_env(tmp_path),
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "RuntimeDirWarning" not in demo.stdout + demo.stderr
@@ -110,48 +136,14 @@ def test_demo_without_keep_stops_its_server_and_says_how_to_keep_it(tmp_path: Pa
     assert not (pgdata / "postmaster.pid").exists(), "the embedded server was stopped"
 
 
-def _demo_env(tmp_path: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("SKIPLOCK_") and k not in ("DATABASE_URL", "XDG_RUNTIME_DIR")
-    }
-    env["TMPDIR"] = str(tmp_path)  # a private data folder for this run's embedded server
-    return env
-
-
 def test_ctrl_c_stops_the_workers_and_the_embedded_server_and_says_so(tmp_path: Path) -> None:
-    # as a terminal's Ctrl-C does: SIGINT to the whole foreground process group (the demo, its workers, the server)
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "skiplock", "demo", "--jobs", "20000", "--workers", "2", "--concurrency", "2"],
-        cwd=tmp_path,
-        env=_demo_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
     pgdata = tmp_path / f"skiplock-demo-{os.getuid()}" / "pgdata"
-    try:
-        assert demo.stdout is not None
-        for line in demo.stdout:  # the first progress line: the workers are draining
-            if line.startswith("["):
-                break
-        else:
-            pytest.fail(f"the demo ended before it drained: {demo.wait()} {demo.stderr and demo.stderr.read()}")
+    with _draining_demo(tmp_path, _demo_env(tmp_path)) as demo:
         spawned = psutil.Process(demo.pid).children(recursive=True)
         assert len([p for p in spawned if "worker" in p.cmdline()]) == 2, spawned
         postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
-        os.killpg(demo.pid, signal.SIGINT)
-        out, err = demo.communicate(timeout=120)
-    finally:
-        if demo.poll() is None:
-            os.killpg(demo.pid, signal.SIGKILL)
-    assert demo.returncode == 130, out + err
-    assert err.strip().splitlines()[-1] == (
-        "demo stopped (Ctrl-C): the workers and the embedded PostgreSQL were stopped"
-    ), err
-    assert "Traceback" not in err, err
+        last = _ctrl_c(demo)
+    assert last == "demo stopped (Ctrl-C): the workers and the embedded PostgreSQL were stopped"
     wait_for(
         lambda: not any(psutil.pid_exists(p.pid) for p in spawned) and not psutil.pid_exists(postmaster),
         timeout=30,
@@ -163,33 +155,14 @@ def test_ctrl_c_stops_the_workers_and_the_embedded_server_and_says_so(tmp_path: 
 def test_ctrl_c_on_a_demo_on_the_given_database_stops_its_workers_and_says_where_its_jobs_stay(
     pg_dsn: str, tmp_path: Path
 ) -> None:
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "skiplock", "demo", "--jobs", "20000", "--workers", "2", "--concurrency", "2"],
-        cwd=tmp_path,
-        env=_demo_env(tmp_path) | {"SKIPLOCK_DSN": pg_dsn},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert demo.stdout is not None
-        for line in demo.stdout:
-            if line.startswith("["):
-                break
+    with _draining_demo(tmp_path, _demo_env(tmp_path) | {"SKIPLOCK_DSN": pg_dsn}) as demo:
         spawned = psutil.Process(demo.pid).children(recursive=True)
         assert len(spawned) == 2, spawned
-        os.killpg(demo.pid, signal.SIGINT)
-        out, err = demo.communicate(timeout=120)
-    finally:
-        if demo.poll() is None:
-            os.killpg(demo.pid, signal.SIGKILL)
-    assert demo.returncode == 130, out + err
-    assert err.strip().splitlines()[-1] == (
+        last = _ctrl_c(demo)
+    assert last == (
         "demo stopped (Ctrl-C): the workers were stopped; the demo's jobs stay in schema 'skiplock_demo' until the "
         "next run"
-    ), err
-    assert "Traceback" not in err, err
+    )
     wait_for(lambda: not any(psutil.pid_exists(p.pid) for p in spawned), timeout=30, what="the workers to be gone")
     drop_schema(pg_dsn, "skiplock_demo")
 
@@ -197,9 +170,7 @@ def test_ctrl_c_on_a_demo_on_the_given_database_stops_its_workers_and_says_where
 def test_the_demo_without_its_extra_says_how_to_install_it(tmp_path: Path) -> None:
     # pgserver made unimportable in the child, as it is where skiplock was installed without [demo]
     code = "import sys; sys.modules['pgserver'] = None; from skiplock.cli import main; sys.exit(main(['demo']))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=_demo_env(tmp_path), capture_output=True, text=True, timeout=60, check=False
-    )
+    out = run_python(["-c", code], env=_demo_env(tmp_path), timeout=60)
     assert out.returncode == 2 and out.stdout == "", out
     assert out.stderr == (
         "skiplock: error: demo: no DSN given and the embedded PostgreSQL is not installed: "

@@ -117,14 +117,12 @@ def test_a_report_request_is_idempotent_per_day_and_computes_the_totals(shop, re
     assert row == (2, 2 * 1200 + 300 + 2500)
 
 
-def test_the_documented_worker_command_runs_the_app_from_the_repository_root(shop, receiver, pg_dsn, testing):
-    """`skiplock worker --app examples.app.tasks:app`, as typed in the docs, from the repository root."""
-    order = place_order(shop).json()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_") and k != "DATABASE_URL"}
-    env.update(SKIPLOCK_DSN=pg_dsn, SKIPLOCK_SCHEMA=shop.skiplock_schema, SHOP_SCHEMA=shop.shop_schema)
-    skiplock = Path(sys.executable).with_name("skiplock")
+def run_worker_until_delivered(shop, receiver, order_id: int, env: dict[str, str], *options: str) -> str:
+    """`skiplock [OPTIONS] worker --app examples.app.tasks:app` run from the repository root until the order's receipt
+    is in the outbox and the webhook was called, then stopped (SIGTERM): it exits 0; returns its log."""
+    skiplock = str(Path(sys.executable).with_name("skiplock"))
     worker = subprocess.Popen(
-        [str(skiplock), "worker", "--app", "examples.app.tasks:app", "--poll", "0.5"],
+        [skiplock, *options, "worker", "--app", "examples.app.tasks:app", "--poll", "0.5"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -134,7 +132,7 @@ def test_the_documented_worker_command_runs_the_app_from_the_repository_root(sho
     try:
         wait_for(
             lambda: (
-                shop.one(f'SELECT 1 FROM "{shop.shop_schema}".outbox WHERE order_id = %s', order["id"])
+                shop.one(f'SELECT 1 FROM "{shop.shop_schema}".outbox WHERE order_id = %s', order_id)
                 and receiver.requests
             ),
             timeout=30,
@@ -143,7 +141,17 @@ def test_the_documented_worker_command_runs_the_app_from_the_repository_root(sho
     finally:
         worker.send_signal(signal.SIGTERM)
         out, _ = worker.communicate(timeout=60)
+        print(out)  # the worker's log, shown when the test fails
     assert worker.returncode == 0, out
+    return out
+
+
+def test_the_documented_worker_command_runs_the_app_from_the_repository_root(shop, receiver, pg_dsn, testing):
+    """`skiplock worker --app examples.app.tasks:app`, as typed in the docs, from the repository root."""
+    order = place_order(shop).json()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_") and k != "DATABASE_URL"}
+    env.update(SKIPLOCK_DSN=pg_dsn, SKIPLOCK_SCHEMA=shop.skiplock_schema, SHOP_SCHEMA=shop.shop_schema)
+    run_worker_until_delivered(shop, receiver, order["id"], env)
     assert testing.enqueued(settings=shop.settings) == []
 
 
@@ -201,25 +209,8 @@ def test_each_process_runs_as_its_own_role_as_the_readme_says(shop, receiver, pg
         order = place_order(shop)
         assert order.status_code == 201, order.text
         order_id = order.json()["id"]
-        worker = subprocess.Popen(
-            [skiplock, "--dsn", dsns[worker_role], "worker", "--app", "examples.app.tasks:app", "--poll", "0.5"],
-            cwd=ROOT, env=env | {"SHOP_WEBHOOK_URL": receiver.url}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        try:
-            wait_for(
-                lambda: (
-                    shop.one(f'SELECT 1 FROM "{shop.shop_schema}".outbox WHERE order_id = %s', order_id)
-                    and receiver.requests
-                ),
-                timeout=30,
-                what="the worker role to send the receipt and call the webhook",
-            )
-        finally:
-            worker.send_signal(signal.SIGTERM)
-            out, _ = worker.communicate(timeout=60)
-            print(out)  # the worker's log, shown when the test fails
-        assert worker.returncode == 0, out
+        worker_env = env | {"SHOP_WEBHOOK_URL": receiver.url}
+        out = run_worker_until_delivered(shop, receiver, order_id, worker_env, "--dsn", dsns[worker_role])
         assert "permission denied" not in out, out
         with psycopg.connect(dsns[api]) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute(f'SELECT payload FROM "{shop.skiplock_schema}".jobs')  # a producer reads no payloads

@@ -5,16 +5,14 @@ summary and its verdict. How fast anything was is never asserted (the figures be
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-REPO = Path(__file__).resolve().parents[2]
+from support.scripts import REPO, run_python
+
 SERIES = {
     "started_per_s",
     "enqueued_per_s",
@@ -30,19 +28,10 @@ SERIES = {
 
 
 def test_a_short_soak_samples_every_series_and_gives_a_verdict(pg_dsn: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
     args = ["--minutes", "0.25", "--sample", "2", "--window", "0.08", "--capacity-jobs", "300", "--workers", "1"]
     args += ["--concurrency", "2", "--rate", "40", "--retain-done", "4", "--retain-failed", "4"]
     args += ["--purge-interval", "4", "--dsn", pg_dsn]
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "soak.py"), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    proc = run_python([str(REPO / "bench" / "soak.py"), *args])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert re.search(
         r"^verdict: throughput (NOT )?flat, p99 (NOT )?flat, table and indexes (NOT )?bounded$", proc.stdout, re.M

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -42,6 +42,13 @@ def client(make_client: Callable[..., TestClient]) -> TestClient:
 def readonly(make_client: Callable[..., TestClient]) -> TestClient:
     """The UI without any token: read-only."""
     return make_client()
+
+
+def execute_in(pg_dsn: str, schema: str, statement: str, params: Sequence[Any] = ()) -> None:
+    """One statement on its own autocommit connection, ``{}`` in it the schema's quoted name (a test's setup: a
+    state the API cannot make, a job ended as a worker would end it)."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL(statement).format(sql.Identifier(schema)), params)
 
 
 def add_failed(pg_dsn: str, schema: str, errors: list[str], *, task: str = "send", queue: str = "default") -> list[int]:

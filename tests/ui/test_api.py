@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from skiplock import Queue
 from skiplock.sql import queries_for
 from skiplock.store import ui as store_ui
-from ui.conftest import AUTH, TOKEN, add_failed, audit_rows
+from ui.conftest import AUTH, TOKEN, add_failed, audit_rows, execute_in
 
 POSTS = [
     "/api/jobs/{job}/retry",
@@ -288,8 +288,7 @@ def test_a_failed_canary_stops_the_rest(client: TestClient, queue: Queue, pg_dsn
     refused = client.post(f"/api/failures/{fp}/retry-rest", headers=AUTH, json={"canary_id": canary["id"]})
     assert refused.status_code == 409 and "did not succeed" in refused.json()["error"]
     assert queue.statuses(ids[1:]) == {i: "failed" for i in ids[1:]}
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the canary's job purged: stale
-        conn.execute(sql.SQL("DELETE FROM {}.jobs WHERE id = %s").format(sql.Identifier(schema)), (ids[0],))
+    execute_in(pg_dsn, schema, "DELETE FROM {}.jobs WHERE id = %s", [ids[0]])  # the canary's job purged: stale
     gone = client.post(f"/api/failures/{fp}/retry-rest", headers=AUTH, json={"canary_id": canary["id"]})
     assert gone.status_code == 410 and "stale" in gone.json()["error"]
     bad = client.post(f"/api/failures/{fp}/retry", headers=AUTH, json={"canary": 5000})
@@ -312,13 +311,12 @@ def test_a_bulk_action_runs_in_batches_and_a_repeat_does_not_double_it(
         ids[-1],
     )
     assert set(queue.statuses(ids).values()) == {"pending"} and queue.statuses(other) == {other[0]: "failed"}
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # they fail again: a repeated click must not retry them
-        conn.execute(
-            sql.SQL(
-                "UPDATE {}.jobs SET status = 'failed', last_error = 'ValueError: bad amount 1' WHERE id = ANY(%s)"
-            ).format(sql.Identifier(schema)),
-            (ids,),
-        )
+    execute_in(  # they fail again: a repeated click must not retry them
+        pg_dsn,
+        schema,
+        "UPDATE {}.jobs SET status = 'failed', last_error = 'ValueError: bad amount 1' WHERE id = ANY(%s)",
+        [ids],
+    )
     again = client.post(f"/api/failures/{fp}/retry", headers=headers).json()["action"]
     assert again["repeated"] is True and again["job_count"] == 10
     assert set(queue.statuses(ids).values()) == {"failed"}
@@ -360,10 +358,7 @@ def test_a_bulk_action_by_filter_walks_bounded_windows_of_every_status_it_change
     timeouts = [i for i, e in zip(failed, errors, strict=True) if e.startswith("TimeoutError")]
     elsewhere = add_failed(pg_dsn, schema, ["TimeoutError: call 99"], queue="other")
     cancelled = add_failed(pg_dsn, schema, ["TimeoutError: call 7"], queue="mail")
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("UPDATE {}.jobs SET status = 'cancelled' WHERE id = %s").format(sql.Identifier(schema)), cancelled
-        )
+    execute_in(pg_dsn, schema, "UPDATE {}.jobs SET status = 'cancelled' WHERE id = %s", cancelled)
     retried = bulk("retry", {"queue": "mail", "q": "timeout"})
     assert retried["detail"]["finished"] is True and retried["job_count"] == len(timeouts) + 1
     assert set(queue.statuses(timeouts + cancelled).values()) == {"pending"}
@@ -553,14 +548,11 @@ def test_queues_workers_and_limits_are_keyset_paginated(
         queue.enqueue(name, {}, serial_key=f"k-{name}")
         queue.enqueue(name, {}, serial_key=f"k-{name}")
         assert len(queue.claim(name, limit=1, worker=f"w-{name}")) == 1
-    s = sql.Identifier(schema)
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {}.task_limits (task, global_concurrency) "
-                "SELECT 't' || n, n FROM generate_series(1, 5) AS n"
-            ).format(s)
-        )
+    execute_in(
+        pg_dsn,
+        schema,
+        "INSERT INTO {}.task_limits (task, global_concurrency) SELECT 't' || n, n FROM generate_series(1, 5) AS n",
+    )
 
     def walk(path: str, key: str, field: str, cursor: str) -> list[str]:
         seen, url = [], f"{path}?limit=2"
@@ -589,10 +581,12 @@ def test_the_job_page_shows_result_parents_and_children(
 ) -> None:
     parent = queue.enqueue("default", {"order": 1}).id
     child = queue.enqueue("default", {"order": 2}, after=[parent]).id
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the parent ends as a worker would, with a result
-        conn.execute(
-            f"""UPDATE "{schema}".jobs SET status = 'done', result = '{{"receipt": "r-1"}}' WHERE id = %s""", [parent]
-        )
+    execute_in(  # the parent ends as a worker would, with a result
+        pg_dsn,
+        schema,
+        """UPDATE {}.jobs SET status = 'done', result = '{{"receipt": "r-1"}}' WHERE id = %s""",
+        [parent],
+    )
     job = client.get(f"/api/jobs/{parent}").json()["job"]
     assert job["result"] == {"receipt": "r-1"} and job["children"] == [
         {"kind": "child", "id": child, "status": "pending"}

@@ -5,28 +5,16 @@ written. The timings themselves are never asserted: the figures of a 5,000,000-r
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from support.scripts import REPO, run_python
 
 
 def test_the_ui_bench_calls_every_page_and_action_on_a_small_table(pg_dsn: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
     args = ["--dsn", pg_dsn, "--done", "5000", "--failed", "100", "--repeat", "1"]
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "ui.py"), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    proc = run_python([str(REPO / "bench" / "ui.py"), *args])
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: a call over budget
     lines: list[dict[str, Any]] = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     calls = {line["call"]: line for line in lines if line["kind"] == "call"}

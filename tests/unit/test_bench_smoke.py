@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from support.scripts import REPO, run_python
 
 
 def _positive(value: Any) -> bool:
@@ -25,16 +22,7 @@ def _positive(value: Any) -> bool:
 
 def _bench(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run a bench/ script as a user would (without the tests' SKIPLOCK_* settings); it must succeed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SKIPLOCK_")}
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "bench" / script), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    proc = run_python([str(REPO / "bench" / script), *args], timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -158,7 +146,6 @@ def test_compare_rows_take_turns_running_before_their_main_rows(monkeypatch: pyt
     assert names[0] == names[2] == ["a", "a [old]", "ceiling", "b", "b [old]", "c"]
     assert names[1] == ["a [old]", "a", "ceiling", "b [old]", "b", "c"]
     assert run.in_turn(cases, 1, None) == cases, "no --compare: always the same order"
-
 
 
 def test_cases_filter_runs_only_the_matching_cases(monkeypatch: pytest.MonkeyPatch) -> None:
