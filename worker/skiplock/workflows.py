@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 
@@ -33,59 +33,45 @@ if TYPE_CHECKING:
 __all__ = ["Canvas", "Chain", "Chord", "Group", "Signature", "WorkflowRun", "chain", "chord", "group"]
 
 
+class _Enqueues:
+    """``enqueue()`` / ``aenqueue()`` of every canvas piece: the whole DAG in one transaction (yours with ``conn=``)."""
+
+    def enqueue(self, conn: psycopg.Connection[Any] | None = None) -> WorkflowRun:
+        return _enqueue(cast("Canvas", self), conn)
+
+    async def aenqueue(self, conn: psycopg.AsyncConnection[Any] | None = None) -> WorkflowRun:
+        return await _aenqueue(cast("Canvas", self), conn)
+
+
 @dataclass(frozen=True)
-class Signature:
+class Signature(_Enqueues):
     """One job to enqueue: a task, its payload and enqueue options (``task.s(payload, **options)``)."""
 
     task: Task
     payload: Any
     options: dict[str, Any] = field(default_factory=dict)
 
-    def enqueue(self, conn: psycopg.Connection[Any] | None = None) -> WorkflowRun:
-        return _enqueue(self, conn)
-
-    async def aenqueue(self, conn: psycopg.AsyncConnection[Any] | None = None) -> WorkflowRun:
-        return await _aenqueue(self, conn)
-
 
 @dataclass(frozen=True)
-class Group:
+class Group(_Enqueues):
     """Jobs that run independently (Celery's ``group``): each waits only for what the group itself follows."""
 
     members: tuple[Canvas, ...]
 
-    def enqueue(self, conn: psycopg.Connection[Any] | None = None) -> WorkflowRun:
-        return _enqueue(self, conn)
-
-    async def aenqueue(self, conn: psycopg.AsyncConnection[Any] | None = None) -> WorkflowRun:
-        return await _aenqueue(self, conn)
-
 
 @dataclass(frozen=True)
-class Chain:
+class Chain(_Enqueues):
     """Jobs that run one after the other (Celery's ``chain``): each after every last job of the step before."""
 
     steps: tuple[Canvas, ...]
 
-    def enqueue(self, conn: psycopg.Connection[Any] | None = None) -> WorkflowRun:
-        return _enqueue(self, conn)
-
-    async def aenqueue(self, conn: psycopg.AsyncConnection[Any] | None = None) -> WorkflowRun:
-        return await _aenqueue(self, conn)
-
 
 @dataclass(frozen=True)
-class Chord:
+class Chord(_Enqueues):
     """A group and a callback that runs once every member is final, done or not (Celery's ``chord``)."""
 
     header: Group
     callback: Signature
-
-    def enqueue(self, conn: psycopg.Connection[Any] | None = None) -> WorkflowRun:
-        return _enqueue(self, conn)
-
-    async def aenqueue(self, conn: psycopg.AsyncConnection[Any] | None = None) -> WorkflowRun:
-        return await _aenqueue(self, conn)
 
 
 Canvas = Signature | Group | Chain | Chord

@@ -100,25 +100,23 @@ def link(q: Queries, children: Sequence[int], links: Links) -> Call[None]:
 def encode_result(value: Any, max_bytes: int) -> str | None:
     """A handler's return value as JSON text for the ``result`` column (None: it returned None, nothing stored), or
     :class:`ResultError`."""
-    if value is None:
-        return None
-    try:
-        return encode_payload(value, max_bytes)
-    except PayloadError as exc:
-        message = str(exc).replace("payload", "return value", 1)
-        raise ResultError(f"the task's return value cannot be stored: {message}") from None
+    return _encode_returned(value, max_bytes, "the task's return value cannot be stored")
 
 
 def encode_step(value: Any, max_bytes: int, name: str) -> str | None:
     """A step's return value as JSON text (None stays NULL), or :class:`ResultError` (nothing is stored: the attempt
     fails, and the next one runs the step again)."""
+    return _encode_returned(value, max_bytes, f"step {name!r}: its return value cannot be stored")
+
+
+def _encode_returned(value: Any, max_bytes: int, refusal: str) -> str | None:
     if value is None:
         return None
     try:
         return encode_payload(value, max_bytes)
     except PayloadError as exc:
         message = str(exc).replace("payload", "return value", 1)
-        raise ResultError(f"step {name!r}: its return value cannot be stored: {message}") from None
+        raise ResultError(f"{refusal}: {message}") from None
 
 
 def complete_results(
