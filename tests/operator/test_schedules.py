@@ -122,12 +122,23 @@ def add_schedule(
         )
 
 
+def add_refused_schedule(dsn: str, schema: str, name: str) -> None:
+    """A schedule row the schedules table accepts (its bounds, migration 0019, refuse what they can) but whose tick
+    the jobs table refuses: here a CHECK a DBA added on the jobs table, refusing its task."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f'ALTER TABLE "{schema}".jobs ADD CONSTRAINT jobs_refused_task_check '
+            "CHECK (task IS DISTINCT FROM 'refused.tick') NOT VALID"
+        )
+    add_schedule(dsn, schema, name, task="refused.tick")
+
+
 async def test_a_schedule_row_the_jobs_table_refuses_fails_alone_and_is_parked(pg_dsn: str, schema: str) -> None:
-    """One bad row (max_attempts 0: the jobs CHECK refuses its tick) used to roll back the whole round, so no
-    schedule of the JobQueue fired again. Each tick has its own savepoint now; the bad row is reported to park."""
+    """One bad row (the jobs table refuses its tick) used to roll back the whole round, so no schedule of the
+    JobQueue fired again. Each tick has its own savepoint now; the bad row is reported to park."""
     from skiplock_operator.database import Databases
 
-    add_schedule(pg_dsn, schema, "bad", max_attempts=0)
+    add_refused_schedule(pg_dsn, schema, "bad")
     add_schedule(pg_dsn, schema, "good")
     dbs = Databases(timeout=5.0)
     try:
@@ -144,7 +155,8 @@ async def test_late_cron_rows_are_computed_off_the_event_loop_a_bounded_amount_p
     pg_dsn: str, schema: str
 ) -> None:
     """A tenant's late cron rows (10,000 cron steps each) used to be computed inline, stalling every other
-    JobQueue's polls; now each round computes on the namespace's schedule thread, within a time budget."""
+    JobQueue's polls; now each round computes on the namespace's schedule thread, within a time budget, and a late
+    row's missed ticks cost at most 100 cron steps (issue 37, item 3): every row fires and the loop never stalls."""
     from skiplock_operator.database import Databases
 
     for i in range(12):
@@ -164,7 +176,7 @@ async def test_late_cron_rows_are_computed_off_the_event_loop_a_bounded_amount_p
     task = asyncio.create_task(ticker())
     try:
         first = await dbs.fire_schedules(("default", "jq"), pg_dsn, schema, ["sched"], "skiplock_wake")
-        assert 0 < len(first.fired) < 12 and first.next_due == 0.0, (len(first.fired), first.next_due)
+        assert first.fired, "a round fires what its budget allows"
         fired = {f.name for f in first.fired}
         for _ in range(20):
             if len(fired) == 12:
@@ -183,7 +195,7 @@ async def test_late_cron_rows_are_computed_off_the_event_loop_a_bounded_amount_p
 async def test_the_operator_parks_a_bad_row_and_keeps_firing_the_others(
     pg_dsn: str, schema: str, cluster: Cluster
 ) -> None:
-    add_schedule(pg_dsn, schema, "bad", max_attempts=0)
+    add_refused_schedule(pg_dsn, schema, "bad")
     add_schedule(pg_dsn, schema, "good")
     await cluster.apply_secret("db", pg_dsn)
     labels = {"namespace": NAMESPACE, "jobqueue": "parking"}
