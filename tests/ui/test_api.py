@@ -595,5 +595,9 @@ def test_the_job_page_shows_result_parents_and_children(
     assert waiting["parents"] == [{"kind": "parent", "id": parent, "status": "done"}] and waiting["waiting_on"] == 0
     html = client.get(f"/jobs/{parent}").text
     assert "r-1" in html and f'/jobs/{child}"' in html
-    hidden = make_client(hide_payloads=True).get(f"/api/jobs/{parent}").json()["job"]
+    hidden_client = make_client(hide_payloads=True)
+    hidden = hidden_client.get(f"/api/jobs/{parent}").json()["job"]
     assert hidden["result"] is None and hidden["result_hidden"] is True
+    assert hidden["result_bytes"] == len('{"receipt":"r-1"}'), "a hidden result shows only its size"
+    page = hidden_client.get(f"/jobs/{parent}").text
+    assert "r-1" not in page and "17 bytes" in page

@@ -32,6 +32,7 @@ def hide(row: dict[str, Any], config: UiConfig) -> dict[str, Any]:
         out["payload"] = None
         out["payload_hidden"] = True
     if out.get("result") is not None:
+        out["result_bytes"] = len(orjson.dumps(out["result"]))  # its JSON, compact
         out["result"] = None
         out["result_hidden"] = True
     if out.get("normalised") is not None:  # a group keeps only its error's type: the message may name a person
