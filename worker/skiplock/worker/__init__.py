@@ -291,7 +291,7 @@ class Worker:
             flushes = self._completer.flushes if self._completer is not None else 0
             ran = time.monotonic() - self._began if self._began is not None else 0.0
             log.info(
-                "worker stopped after %.0f s; %d running job(s) handed back for another worker",
+                "worker stopped after %.1fs; %d running job(s) handed back for another worker",
                 ran,
                 self.released,
                 extra={"action": "worker_stopped", "queues": ",".join(self.queues)},
