@@ -14,24 +14,23 @@ import psycopg
 from psycopg import sql
 
 from skiplock import Queue, Settings
-from support.chaos import Fleet, PrivatePostgres, all_terminal, read_executions, setup_schema, terminate_worker_backends
+from support.chaos import (
+    FAULT_HANDLERS,
+    FAULT_WORKER,
+    Fleet,
+    PrivatePostgres,
+    all_terminal,
+    read_executions,
+    setup_schema,
+    terminate_worker_backends,
+)
 from support.pg import wait_for
 
 from .conftest import SUMMARY
 
 PARENTS = 1_000
-WORKER = {
-    "lease_seconds": 3.0,
-    "heartbeat_seconds": 0.5,
-    "poll_seconds": 0.5,
-    "recover_seconds": 0.5,
-    "backoff_base_seconds": 0.05,
-    "backoff_cap_seconds": 0.3,
-    "shutdown_grace_seconds": 0.5,
-    "concurrency": 4,
-    "batch": 4,
-}
-HANDLERS = ["support.chaos:work", "support.chaos:work", "support.chaos:awork", "support.chaos:awork"]
+WORKER = FAULT_WORKER
+HANDLERS = FAULT_HANDLERS
 
 
 def done_at_least(dsn: str, schema: str, n: int) -> Callable[[], bool]:

@@ -16,6 +16,10 @@ import pytest
 
 from skiplock import Settings
 from support.chaos import (
+    FAULT_HANDLERS,
+    FAULT_LEASE_SECONDS,
+    FAULT_RECOVER_SECONDS,
+    FAULT_WORKER,
     POISON_EXIT,
     Drained,
     Fleet,
@@ -32,20 +36,10 @@ from support.pg import wait_for
 
 from .conftest import SUMMARY
 
-LEASE, RECOVER = 3.0, 0.5
-WORKER = {
-    "lease_seconds": LEASE,
-    "heartbeat_seconds": 0.5,
-    "poll_seconds": 0.5,
-    "recover_seconds": RECOVER,
-    "backoff_base_seconds": 0.05,
-    "backoff_cap_seconds": 0.3,
-    "shutdown_grace_seconds": 0.5,
-    "concurrency": 4,
-    "batch": 4,
-}
+LEASE, RECOVER = FAULT_LEASE_SECONDS, FAULT_RECOVER_SECONDS
+WORKER = FAULT_WORKER
 ARGV = (sys.executable, "-m", "skiplock", "worker")
-HANDLERS = ["support.chaos:work", "support.chaos:work", "support.chaos:awork", "support.chaos:awork"]
+HANDLERS = FAULT_HANDLERS
 MIX = {"instant": 10, "slow": 2, "delayed": 2, "flaky": 3, "doomed": 1}
 MAX_ATTEMPTS = 12  # succeeding jobs: enough to outlast the attempts that faults burn
 # After the last fault: the lease runs out, a recovery pass finds the job, then the work itself (longest delay,

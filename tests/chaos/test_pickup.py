@@ -22,6 +22,8 @@ from psycopg import sql
 
 from skiplock import Settings
 from support.chaos import (
+    FAULT_HANDLERS,
+    FAULT_WORKER,
     TESTS,
     Fleet,
     Invariant,
@@ -37,18 +39,8 @@ from support.pg import wait_for
 from .test_faults import report
 
 POLL = 1.0
-WORKER = {
-    "lease_seconds": 4.0,
-    "heartbeat_seconds": 1.0,
-    "poll_seconds": POLL,
-    "recover_seconds": 0.5,
-    "backoff_base_seconds": 0.05,
-    "backoff_cap_seconds": 0.3,
-    "shutdown_grace_seconds": 0.5,
-    "concurrency": 4,
-    "batch": 4,
-}
-HANDLERS = ["support.chaos:work", "support.chaos:work", "support.chaos:awork", "support.chaos:awork"]
+WORKER = FAULT_WORKER | {"lease_seconds": 4.0, "heartbeat_seconds": 1.0, "poll_seconds": POLL}
+HANDLERS = FAULT_HANDLERS
 MIX = {"instant": 10, "slow": 2, "delayed": 2, "flaky": 3}
 STOPPED_SECONDS = 6.0  # past the lease: its jobs are recovered elsewhere while it sleeps
 PROBES = 3

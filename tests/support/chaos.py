@@ -39,6 +39,23 @@ from skiplock import Job, Queue, Settings
 from skiplock.errors import DatabaseUnavailableError
 
 TESTS = Path(__file__).resolve().parents[1]
+FAULT_LEASE_SECONDS, FAULT_RECOVER_SECONDS = 3.0, 0.5
+FAULT_WORKER: dict[str, float] = {
+    "lease_seconds": FAULT_LEASE_SECONDS,
+    "heartbeat_seconds": 0.5,
+    "poll_seconds": 0.5,
+    "recover_seconds": FAULT_RECOVER_SECONDS,
+    "backoff_base_seconds": 0.05,
+    "backoff_cap_seconds": 0.3,
+    "shutdown_grace_seconds": 0.5,
+    "concurrency": 4,
+    "batch": 4,
+}
+"""The fault suite's worker settings: short leases and polls, quick backoffs, four slots (a test overrides what it
+studies)."""
+FAULT_HANDLERS = ["support.chaos:work", "support.chaos:work", "support.chaos:awork", "support.chaos:awork"]
+"""Two sync and two async workers."""
+
 WORKER_APP = "skiplock-worker"
 POISON_EXIT = 17
 KINDS = ("instant", "slow", "delayed", "flaky", "doomed")
