@@ -4,6 +4,7 @@ voice: no psycopg.pool internals, no line of raw multi-line driver text, no burs
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import tempfile
@@ -51,6 +52,8 @@ class PrivateServer:
 def server() -> Iterator[PrivateServer]:
     s = PrivateServer()
     yield s
+    with contextlib.suppress(Exception):  # already stopped is fine
+        s.stop()  # the test restarted it under pg_ctl: stop it before its files go (it was still writing pg_wal)
     s.srv.cleanup()
 
 
