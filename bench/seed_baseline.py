@@ -67,7 +67,9 @@ WHERE id = ANY(%(ids)s) AND status = 'processing' AND locked_by = %(name)s
 # jobs_lease_deadline_idx (all NULLs), and PostgreSQL's bottom-up deletion of such entries made the loop pay a cost
 # skiplock's claim never pays (bench/HISTORY.md).
 CEILING_CLAIM = claim_statement(
-    "priority DESC, visible_at, id", "j.id, j.payload::text, j.attempts", ",\n    lease_expires_at = now() + interval '30 seconds'"
+    "priority DESC, visible_at, id",
+    "j.id, j.payload::text, j.attempts",
+    ",\n    lease_expires_at = now() + interval '30 seconds'",
 )
 CEILING_FINISH = "UPDATE {schema}.jobs SET status = 'done', updated_at = now() WHERE id = ANY(%(ids)s)"
 CEILING_FINISH_ONE = "UPDATE {schema}.jobs SET status = 'done', updated_at = now() WHERE id = %(id)s"
