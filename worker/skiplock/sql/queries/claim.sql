@@ -13,16 +13,19 @@
 -- variant: job_complete_and_claim_unlimited_one (unlimited one)
 -- variant: job_complete_and_claim_one_after (one after)
 -- variant: job_complete_and_claim_unlimited_one_after (unlimited one after)
-WITH done AS (
+WITH finishing AS (
+    -- the runs this statement completes (their serial key and concurrency slot pass to the next job)
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS f(id, attempts)
+), done AS (
     UPDATE {schema}.jobs AS j
     SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
         updated_at = coalesce(%(now)s::timestamptz, now())
+    -- each row found by primary key, its attempt looked up in a hash of the runs (IS TRUE keeps the IN a hashed
+    -- subplan; array_position walked the ids for every row)
     WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
-      AND j.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], j.id)] AND j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
+      AND ((j.id, j.attempts) IN (SELECT id, attempts FROM finishing)) IS TRUE
+      AND j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
     RETURNING j.id
-), finishing AS (
-    -- the runs this statement completes (their serial key and concurrency slot pass to the next job)
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS f(id, attempts)
 ), limit_full AS (
 /*[!unlimited*/
     SELECT l.task FROM {schema}.task_limits AS l
