@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 from meter import (
     BENCH,
@@ -294,8 +295,17 @@ def running(procs: list[Proc]) -> Iterator[list[Proc]]:
         stop(procs)
 
 
-def wait_backends_gone(mon: psycopg.Connection[Any], timeout: float = 15.0) -> int:
-    """Wait until the workers' backends have exited (they flush their statistics then). Returns queries run."""
+def worker_backends(mon: psycopg.Connection[Any]) -> list[int]:
+    """The pids of the workers' backends (one query)."""
+    query = "SELECT pid FROM pg_stat_activity WHERE application_name = ANY(%s)"
+    return [int(r[0]) for r in mon.execute(query, (list(WORKER_APPS),)).fetchall()]
+
+
+def wait_backends_gone(mon: psycopg.Connection[Any], pids: list[int], timeout: float = 15.0) -> int:
+    """Wait until the workers' backends (``pids``, read before the workers were stopped) have exited: they flush
+    their statistics then. A backend leaves pg_stat_activity before it flushes them, so when the server runs on this
+    machine its process must be gone too (or a zombie: exit done); the commits of a drain read short otherwise, even
+    below zero. Returns queries run."""
     deadline, n = time.monotonic() + timeout, 0
     while time.monotonic() < deadline:
         n += 1
@@ -305,7 +315,17 @@ def wait_backends_gone(mon: psycopg.Connection[Any], timeout: float = 15.0) -> i
         if row and row[0] == 0:
             break
         time.sleep(0.05)
+    while time.monotonic() < deadline and any(_exiting_postgres(pid) for pid in pids):
+        time.sleep(0.01)
     return n
+
+
+def _exiting_postgres(pid: int) -> bool:
+    try:
+        process = psutil.Process(pid)
+        return process.status() != psutil.STATUS_ZOMBIE and process.name().startswith("postgres")
+    except psutil.Error:
+        return False
 
 
 def wait_drained(mon: psycopg.Connection[Any], schema: str, timeout: float, queues: list[str] | None = None) -> int:
@@ -509,9 +529,10 @@ def stop_and_measure(
     pg_cpu1 = server_cpu_seconds(cfg.server.postmaster_pid)
     worker_cpu = sum(process_cpu_seconds(pid) - c for pid, c in cpu0.items())
     rss = max(peak_rss_mb(p.popen.pid) for p in procs)
+    pids = worker_backends(mon)
     stop(procs)
-    queries = wait_backends_gone(mon)
-    return pg_cpu1, worker_cpu, rss, db_counters(mon), queries + 1  # + its flush statement
+    queries = wait_backends_gone(mon, pids)
+    return pg_cpu1, worker_cpu, rss, db_counters(mon), queries + 2  # + the pids' query and its flush statement
 
 
 def _drain_figures(
@@ -704,9 +725,10 @@ def latency(cfg: Config, *, listen: bool, src: str | None = None, honest: bool =
                 job_id = enqueue_one({"t": time.time()})
                 committed[job_id] = time.time()
             produced = n / (time.perf_counter() - t0)
-        ours = 1 + wait_drained(mon, schema, cfg.poll_seconds + 30)
+        ours = 2 + wait_drained(mon, schema, cfg.poll_seconds + 30)  # + the pids' query
+        pids = worker_backends(mon)
         stop(procs)
-        ours += wait_backends_gone(mon)
+        ours += wait_backends_gone(mon, pids)
         after = db_counters(mon)
         ours += 1  # its flush statement
     worker_commits = after.commits - before.commits - ours - n  # each enqueue is one commit of the producer
