@@ -220,6 +220,19 @@ def serial_params(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def _common_params(settings: Settings, queue: str, options: Mapping[str, Any], known: frozenset[str]) -> dict[str, Any]:
     """Validated parameters shared by one and many enqueues; :class:`EnqueueError` names what is wrong."""
+    if not options:  # the usual call: every option at its default, so only the queue's name to check
+        return {
+            "queue": check_queue_name(queue),
+            "task": None,
+            "priority": 0,
+            "max_attempts": settings.max_attempts,
+            "delay": 0.0,
+            "run_at": None,
+            "channel": settings.channel,
+            "timeout_seconds": None,
+            "serial_key": None,
+            "serial_skip_on_retry": False,
+        }
     unknown = set(options) - known
     if unknown:
         raise EnqueueError(
