@@ -171,9 +171,9 @@ class Queue:
         self, queue: str, payload: Any, conn: psycopg.Connection[Any] | None, options: dict[str, Any]
     ) -> EnqueueResult:
         with tracing.sending(queue, options) as sent:
-            insert, find = self._s.enqueue(queue, payload, options, sent.carrier)
+            insert = self._s.enqueue(queue, payload, options, sent.carrier)
             inserted = self._run(insert, conn)
-            result = inserted if inserted is not None else self._run(find, conn)
+            result = inserted if inserted is not None else self._run(self._s.enqueued(insert), conn)
             if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
                 self._run(replace, conn)
             sent.jobs(result.id)
@@ -499,9 +499,9 @@ class AsyncQueue:
         self, queue: str, payload: Any, conn: psycopg.AsyncConnection[Any] | None, options: dict[str, Any]
     ) -> EnqueueResult:
         with tracing.sending(queue, options) as sent:
-            insert, find = self._s.enqueue(queue, payload, options, sent.carrier)
+            insert = self._s.enqueue(queue, payload, options, sent.carrier)
             inserted = await self._run(insert, conn)
-            result = inserted if inserted is not None else await self._run(find, conn)
+            result = inserted if inserted is not None else await self._run(self._s.enqueued(insert), conn)
             if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
                 await self._run(replace, conn)
             sent.jobs(result.id)

@@ -363,10 +363,10 @@ class Statements:
 
     def enqueue(
         self, queue: str, payload: Any, options: Mapping[str, Any], trace_context: Mapping[str, str] | None = None
-    ) -> tuple[Call[EnqueueResult | None], Call[EnqueueResult]]:
-        """The insert, and the look-up to run when it returns nothing (a concurrent insert with the same key
-        committed after this statement's snapshot). ``trace_context``: the enqueue's span, written with the job
-        (the ``traced`` variant of the statement; ``skiplock.tracing``)."""
+    ) -> Call[EnqueueResult | None]:
+        """The insert (it returns nothing when a concurrent insert with the same key committed after its snapshot:
+        then :meth:`enqueued` finds that job). ``trace_context``: the enqueue's span, written with the job (the
+        ``traced`` variant of the statement; ``skiplock.tracing``)."""
         params = enqueue_params(self.settings, queue, payload, options)
         by_name = params.get("by_name", False)
         unique = params.get("unique_key") is not None
@@ -381,8 +381,13 @@ class Statements:
             insert = q.job_enqueue_unique_by_name if by_name else q.job_enqueue_unique
         else:
             insert = q.job_enqueue_by_name if by_name else q.job_enqueue
-        find = q.job_find_by_unique_key if unique else q.job_find_by_key
-        return Call(insert, params, _enqueued, tuples=True), Call(find, params, _found)
+        return Call(insert, params, _enqueued, tuples=True)
+
+    def enqueued(self, insert: Call[EnqueueResult | None]) -> Call[EnqueueResult]:
+        """The look-up of the job holding the key of an :meth:`enqueue` whose insert returned nothing."""
+        params = insert.params or {}
+        find = self.q.job_find_by_unique_key if params.get("unique_key") is not None else self.q.job_find_by_key
+        return Call(find, params, _found)
 
     def enqueue_many(
         self,

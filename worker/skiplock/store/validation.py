@@ -297,8 +297,10 @@ def _by_name(settings: Settings, options: Mapping[str, Any]) -> dict[str, Any]:
 def enqueue_params(settings: Settings, queue: str, payload: Any, options: Mapping[str, Any]) -> dict[str, Any]:
     """Parameters of ``job_enqueue`` (``job_enqueue_unique`` with a unique key), or :class:`EnqueueError`."""
     params = _common_params(settings, queue, options, ENQUEUE_OPTIONS)
-    key = check_idempotency_key(options.get("idempotency_key"))
-    params |= {"payload": encode_payload(payload, settings.max_payload_bytes), "idempotency_key": key}
+    key = params["idempotency_key"] = check_idempotency_key(options.get("idempotency_key"))
+    params["payload"] = encode_payload(payload, settings.max_payload_bytes)
+    if not options:
+        return params
     unique = options.get("unique_key")
     if unique is not None or options.get("unique_states") is not None or options.get("unique_conflict") is not None:
         params |= unique_params(options, [unique], idempotency=key is not None)
