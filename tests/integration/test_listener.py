@@ -149,3 +149,41 @@ async def test_pick_up_resumes_within_the_poll_of_the_listener_being_back_after_
             await await_for(lambda: job in ran, timeout=20, what="the job run")
             took = time.monotonic() - back
     assert took <= s.poll_seconds + 1.0, f"picked up {took:.1f} s after the listener was back"
+
+
+async def test_the_listener_wakes_for_its_queues_and_controls_only_and_again_after_its_backend_is_killed(
+    pg_dsn: str, role_dsn: tuple[str, str]
+) -> None:
+    """Notifications are read off the socket by a reader callback: each one for a queue served wakes once, one for
+    another queue does not, a control word on the extra channel calls its callback, and a terminated backend is
+    noticed (the callback's read fails), reconnected and listened on again."""
+    role, dsn = role_dsn
+    channel, control = f"c_{uuid.uuid4().hex[:10]}", f"k_{uuid.uuid4().hex[:10]}"
+    wakes: list[float] = []
+    controls: list[str] = []
+    states: list[bool] = []
+
+    async def also(conn: psycopg.AsyncConnection[object]) -> dict:
+        return {control: (("cancel",), lambda: controls.append("cancel"))}
+
+    listener = Listener(dsn, channel, ["a", "b"], lambda: wakes.append(time.monotonic()), states.append, also=also)
+    task = asyncio.create_task(listener.run())
+    try:
+        await await_for(lambda: listener.connected, timeout=10, what="the listener connected")
+        await await_for(lambda: len(wakes) == 1, timeout=5, what="the wake on connecting")
+        for payload in ("a", "other", "b"):
+            await asyncio.to_thread(notify, pg_dsn, channel, payload)
+        await asyncio.to_thread(notify, pg_dsn, control, "cancel")
+        await asyncio.to_thread(notify, pg_dsn, control, "not-a-word")
+        await await_for(lambda: len(wakes) == 3 and controls == ["cancel"], timeout=5, what="two wakes, one control")
+        assert await asyncio.to_thread(terminate, pg_dsn, role) >= 1
+        await await_for(lambda: states == [True, False, True], timeout=10, what="the killed backend noticed, back")
+        await await_for(lambda: len(wakes) == 4, timeout=5, what="the wake on connecting again")
+        await asyncio.to_thread(notify, pg_dsn, channel, "a")
+        await await_for(lambda: len(wakes) == 5, timeout=5, what="a wake after the reconnect")
+        await asyncio.sleep(0.2)
+        assert (len(wakes), controls) == (5, ["cancel"])
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -91,6 +91,23 @@ def test_idempotency_key_returns_the_existing_job(queue: Queue):
     assert count == 2
 
 
+def test_a_key_taken_by_a_transaction_that_commits_during_the_enqueue_returns_that_job(queue: Queue, pg_dsn: str):
+    """The insert waits for the other transaction's key, then returns nothing (its snapshot predates that commit):
+    the enqueue looks the job up and returns it as the duplicate."""
+    import threading
+    import time
+
+    with psycopg.connect(pg_dsn) as other:
+        held = queue.enqueue("q", {"n": 1}, idempotency_key="k", conn=other)  # not committed yet
+        found: list = []
+        racer = threading.Thread(target=lambda: found.append(queue.enqueue("q", {"n": 2}, idempotency_key="k")))
+        racer.start()
+        time.sleep(0.3)  # the racer's insert now waits on the key's index entry
+        other.commit()
+        racer.join(10)
+    assert [(r.id, r.duplicate) for r in found] == [(held.id, True)]
+
+
 def test_a_failed_job_frees_its_idempotency_key(queue: Queue):
     first = queue.enqueue("q", {}, idempotency_key="k", max_attempts=1)
     [job] = queue.claim("q", limit=1, worker="w")

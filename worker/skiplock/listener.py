@@ -151,16 +151,42 @@ class Listener:
                 await asyncio.sleep(delay)
 
     async def _listen(self, conn: psycopg.AsyncConnection[object]) -> None:
-        """The proven connection: wake on every notification for our queues until it drops (raises)."""
-        async for note in conn.notifies():
-            if note.channel != self._channel:
-                words, callback = self._also.get(note.channel, ((), None))
-                if callback is not None and note.payload in words:
-                    callback()
-            elif note.payload in self._queues:
-                self.last_notification = time.time()
-                self._on_notify()
-                self._wake()
+        """The proven connection: wake on every notification for our queues until it drops (raises). The socket is
+        read by a reader callback of the loop, which wakes the claim loop in the same loop step (``conn.notifies()``
+        resumes a task, and adds and removes a reader, for every notification). Nothing else uses this connection
+        meanwhile."""
+        async for note in conn.notifies(timeout=0):  # what arrived while the probe ran
+            self._notified(note.channel, note.payload)
+        loop = asyncio.get_running_loop()
+        pgconn, fd, encoding = conn.pgconn, conn.fileno(), conn.info.encoding
+        dropped: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            try:
+                pgconn.consume_input()
+                while (note := pgconn.notifies()) is not None:
+                    self._notified(note.relname.decode(encoding), note.extra.decode(encoding))
+            except Exception as exc:  # the connection dropped (or a callback failed): run() decides
+                loop.remove_reader(fd)
+                if not dropped.done():
+                    dropped.set_exception(exc)
+
+        loop.add_reader(fd, readable)
+        try:
+            readable()  # what libpq already read
+            await dropped
+        finally:
+            loop.remove_reader(fd)
+
+    def _notified(self, channel: str, payload: str) -> None:
+        if channel != self._channel:
+            words, callback = self._also.get(channel, ((), None))
+            if callback is not None and payload in words:
+                callback()
+        elif payload in self._queues:
+            self.last_notification = time.time()
+            self._on_notify()
+            self._wake()
 
     async def _probe(self, conn: psycopg.AsyncConnection[object]) -> bool:
         token = f"probe:{uuid.uuid4().hex}"

@@ -143,6 +143,8 @@ class Queue:
         With ``task``, the priority, max_attempts and serial_skip_on_retry not given are the ones the workers
         registered for the task (:meth:`task_defaults`), read in the same statement. Bad arguments raise
         :class:`EnqueueError` (nothing is written)."""
+        if not options:  # the usual call: a plain job (no option to split or check)
+            return self._insert(queue, payload, conn, {}).bound(self)
         links, rest = split_links(options)
         if links is None:
             return self._insert(queue, payload, conn, rest).bound(self)
@@ -169,9 +171,9 @@ class Queue:
         self, queue: str, payload: Any, conn: psycopg.Connection[Any] | None, options: dict[str, Any]
     ) -> EnqueueResult:
         with tracing.sending(queue, options) as sent:
-            insert, find = self._s.enqueue(queue, payload, options, sent.carrier)
+            insert = self._s.enqueue(queue, payload, options, sent.carrier)
             inserted = self._run(insert, conn)
-            result = inserted if inserted is not None else self._run(find, conn)
+            result = inserted if inserted is not None else self._run(self._s.enqueued(insert), conn)
             if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
                 self._run(replace, conn)
             sent.jobs(result.id)
@@ -470,6 +472,8 @@ class AsyncQueue:
         **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
         """See :meth:`Queue.enqueue`."""
+        if not options:
+            return (await self._insert(queue, payload, conn, {})).bound(self)
         links, rest = split_links(options)
         if links is None:
             return (await self._insert(queue, payload, conn, rest)).bound(self)
@@ -495,9 +499,9 @@ class AsyncQueue:
         self, queue: str, payload: Any, conn: psycopg.AsyncConnection[Any] | None, options: dict[str, Any]
     ) -> EnqueueResult:
         with tracing.sending(queue, options) as sent:
-            insert, find = self._s.enqueue(queue, payload, options, sent.carrier)
+            insert = self._s.enqueue(queue, payload, options, sent.carrier)
             inserted = await self._run(insert, conn)
-            result = inserted if inserted is not None else await self._run(find, conn)
+            result = inserted if inserted is not None else await self._run(self._s.enqueued(insert), conn)
             if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
                 await self._run(replace, conn)
             sent.jobs(result.id)

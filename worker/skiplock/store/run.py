@@ -121,16 +121,29 @@ class Runner:
         if self.owned and self.pool is not None:
             self.pool.close()
 
-    @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pool connection as it is (a transaction of its own when the pool's connections do not autocommit)."""
+    def _checkout(self) -> psycopg.Connection[Any]:
         if self.pool is None:
             raise ConfigError(NOT_CONNECTED)
         try:
-            with self.pool.connection() as conn:
-                yield conn
+            conn: psycopg.Connection[Any] = self.pool.getconn()
         except PoolTimeout as exc:  # no connection could be had within the pool's timeout
             raise unavailable(exc, self.settings.dsn) from None
+        return conn
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pool connection as it is (a transaction of its own when the pool's connections do not autocommit).
+        One in autocommit goes back as it is (nothing to commit; the pool rolls back or replaces what a failed
+        statement left), without the commit call of ``pool.connection()``."""
+        own = self._checkout()
+        try:
+            if own.autocommit:
+                yield own
+            else:
+                with own:
+                    yield own
+        finally:
+            self.pool.putconn(own)  # type: ignore[union-attr]
 
     @contextmanager
     def on(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
@@ -141,20 +154,35 @@ class Runner:
                 raise ConfigError(f"conn= of a sync call must be a psycopg.Connection, not {type(conn).__name__}")
             yield conn
             return
-        with self.connection() as own:
-            if not may_autocommit(own):
-                yield own
-                return
-            own.autocommit = True
-            try:
-                yield own
-            finally:
-                if idle(own):  # else broken: the pool discards it
-                    own.autocommit = False
+        with self.connection() as own, _switched(own) as on:
+            yield on
 
     def __call__(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
-        with self.on(conn) as on:
-            return execute(on, call)
+        if conn is not None:
+            with self.on(conn) as on:
+                return execute(on, call)
+        own = self._checkout()  # the usual call (a single enqueue): no context manager but the pool's own
+        try:
+            if own.autocommit:  # the pools a Queue makes: the statement is a transaction of its own
+                return execute(own, call)
+            with own, _switched(own) as on:
+                return execute(on, call)
+        finally:
+            self.pool.putconn(own)  # type: ignore[union-attr]
+
+
+@contextmanager
+def _switched(own: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    """A pool connection switched to autocommit for the time of a call when :func:`may_autocommit` says so."""
+    if not may_autocommit(own):
+        yield own
+        return
+    own.autocommit = True
+    try:
+        yield own
+    finally:
+        if idle(own):  # else broken: the pool discards it
+            own.autocommit = False
 
 
 class AsyncRunner:
@@ -191,15 +219,27 @@ class AsyncRunner:
         if self.owned and self.pool is not None:
             await self.pool.close()
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def _checkout(self) -> psycopg.AsyncConnection[Any]:
         if self.pool is None:
             raise ConfigError(NOT_CONNECTED)
         try:
-            async with self.pool.connection() as conn:
-                yield conn
+            conn: psycopg.AsyncConnection[Any] = await self.pool.getconn()
         except PoolTimeout as exc:
             raise unavailable(exc, self.settings.dsn) from None
+        return conn
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """See :meth:`Runner.connection`."""
+        own = await self._checkout()
+        try:
+            if own.autocommit:
+                yield own
+            else:
+                async with own:
+                    yield own
+        finally:
+            await self.pool.putconn(own)  # type: ignore[union-attr]
 
     @asynccontextmanager
     async def on(self, conn: psycopg.AsyncConnection[Any] | None) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -211,17 +251,33 @@ class AsyncRunner:
                 )
             yield conn
             return
-        async with self.connection() as own:
-            if not may_autocommit(own):
-                yield own
-                return
-            await own.set_autocommit(True)
-            try:
-                yield own
-            finally:
-                if idle(own):
-                    await own.set_autocommit(False)
+        async with self.connection() as own, _aswitched(own) as on:
+            yield on
 
     async def __call__(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
-        async with self.on(conn) as on:
-            return await aexecute(on, call)
+        """See :meth:`Runner.__call__`."""
+        if conn is not None:
+            async with self.on(conn) as on:
+                return await aexecute(on, call)
+        own = await self._checkout()
+        try:
+            if own.autocommit:
+                return await aexecute(own, call)
+            async with own, _aswitched(own) as on:
+                return await aexecute(on, call)
+        finally:
+            await self.pool.putconn(own)  # type: ignore[union-attr]
+
+
+@asynccontextmanager
+async def _aswitched(own: psycopg.AsyncConnection[Any]) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """See :func:`_switched`."""
+    if not may_autocommit(own):
+        yield own
+        return
+    await own.set_autocommit(True)
+    try:
+        yield own
+    finally:
+        if idle(own):
+            await own.set_autocommit(False)

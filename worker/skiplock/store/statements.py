@@ -281,7 +281,8 @@ def _id_set(r: Result) -> set[int]:
 
 
 def _enqueued(r: Result) -> EnqueueResult | None:
-    return EnqueueResult(r.rows[0]["id"], duplicate=r.rows[0]["duplicate"]) if r.rows else None
+    """The row of ``job_enqueue`` (any variant; tuples: id, duplicate, notified), or None."""
+    return EnqueueResult(r.rows[0][0], r.rows[0][1]) if r.rows else None
 
 
 def replace_call(query: Any, params: dict[str, Any], keys: list[str], encoded: list[str]) -> Call[list[int]]:
@@ -362,24 +363,31 @@ class Statements:
 
     def enqueue(
         self, queue: str, payload: Any, options: Mapping[str, Any], trace_context: Mapping[str, str] | None = None
-    ) -> tuple[Call[EnqueueResult | None], Call[EnqueueResult]]:
-        """The insert, and the look-up to run when it returns nothing (a concurrent insert with the same key
-        committed after this statement's snapshot). ``trace_context``: the enqueue's span, written with the job
-        (the ``traced`` variant of the statement; ``skiplock.tracing``)."""
+    ) -> Call[EnqueueResult | None]:
+        """The insert (it returns nothing when a concurrent insert with the same key committed after its snapshot:
+        then :meth:`enqueued` finds that job). ``trace_context``: the enqueue's span, written with the job (the
+        ``traced`` variant of the statement; ``skiplock.tracing``)."""
         params = enqueue_params(self.settings, queue, payload, options)
         by_name = params.get("by_name", False)
+        unique = params.get("unique_key") is not None
+        q = self.q
         if trace_context is not None:
             params["trace_context"] = json.dumps(trace_context)
-            if params.get("unique_key") is not None:
-                traced = self.q.job_enqueue_unique_by_name_traced if by_name else self.q.job_enqueue_unique_traced
-                return Call(traced, params, _enqueued), Call(self.q.job_find_by_unique_key, params, _found)
-            insert = self.q.job_enqueue_by_name_traced if by_name else self.q.job_enqueue_traced
-            return Call(insert, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
-        if params.get("unique_key") is not None:
-            insert = self.q.job_enqueue_unique_by_name if by_name else self.q.job_enqueue_unique
-            return Call(insert, params, _enqueued), Call(self.q.job_find_by_unique_key, params, _found)
-        insert = self.q.job_enqueue_by_name if by_name else self.q.job_enqueue
-        return Call(insert, params, _enqueued), Call(self.q.job_find_by_key, params, _found)
+            if unique:
+                insert = q.job_enqueue_unique_by_name_traced if by_name else q.job_enqueue_unique_traced
+            else:
+                insert = q.job_enqueue_by_name_traced if by_name else q.job_enqueue_traced
+        elif unique:
+            insert = q.job_enqueue_unique_by_name if by_name else q.job_enqueue_unique
+        else:
+            insert = q.job_enqueue_by_name if by_name else q.job_enqueue
+        return Call(insert, params, _enqueued, tuples=True)
+
+    def enqueued(self, insert: Call[EnqueueResult | None]) -> Call[EnqueueResult]:
+        """The look-up of the job holding the key of an :meth:`enqueue` whose insert returned nothing."""
+        params = insert.params or {}
+        find = self.q.job_find_by_unique_key if params.get("unique_key") is not None else self.q.job_find_by_key
+        return Call(find, params, _found)
 
     def enqueue_many(
         self,

@@ -220,6 +220,19 @@ def serial_params(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def _common_params(settings: Settings, queue: str, options: Mapping[str, Any], known: frozenset[str]) -> dict[str, Any]:
     """Validated parameters shared by one and many enqueues; :class:`EnqueueError` names what is wrong."""
+    if not options:  # the usual call: every option at its default, so only the queue's name to check
+        return {
+            "queue": check_queue_name(queue),
+            "task": None,
+            "priority": 0,
+            "max_attempts": settings.max_attempts,
+            "delay": 0.0,
+            "run_at": None,
+            "channel": settings.channel,
+            "timeout_seconds": None,
+            "serial_key": None,
+            "serial_skip_on_retry": False,
+        }
     unknown = set(options) - known
     if unknown:
         raise EnqueueError(
@@ -284,8 +297,10 @@ def _by_name(settings: Settings, options: Mapping[str, Any]) -> dict[str, Any]:
 def enqueue_params(settings: Settings, queue: str, payload: Any, options: Mapping[str, Any]) -> dict[str, Any]:
     """Parameters of ``job_enqueue`` (``job_enqueue_unique`` with a unique key), or :class:`EnqueueError`."""
     params = _common_params(settings, queue, options, ENQUEUE_OPTIONS)
-    key = check_idempotency_key(options.get("idempotency_key"))
-    params |= {"payload": encode_payload(payload, settings.max_payload_bytes), "idempotency_key": key}
+    key = params["idempotency_key"] = check_idempotency_key(options.get("idempotency_key"))
+    params["payload"] = encode_payload(payload, settings.max_payload_bytes)
+    if not options:
+        return params
     unique = options.get("unique_key")
     if unique is not None or options.get("unique_states") is not None or options.get("unique_conflict") is not None:
         params |= unique_params(options, [unique], idempotency=key is not None)
