@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -162,24 +161,13 @@ def _options(job: _Job, enqueued: list[EnqueueResult], workflow: str) -> dict[st
     return options
 
 
-def _atomic(c: psycopg.Connection[Any], given: psycopg.Connection[Any] | None) -> AbstractContextManager[Any]:
-    """Your transaction (``conn=`` not in autocommit: it may still roll the workflow back), else one of its own."""
-    return nullcontext() if given is not None and not c.autocommit else c.transaction()
-
-
-def _aatomic(
-    c: psycopg.AsyncConnection[Any], given: psycopg.AsyncConnection[Any] | None
-) -> AbstractAsyncContextManager[Any]:
-    return nullcontext() if given is not None and not c.autocommit else c.transaction()
-
-
 def _enqueue(node: Canvas, conn: psycopg.Connection[Any] | None) -> WorkflowRun:
     plan: list[_Job] = []
     last = _plan(node, (), plan)
     workflow = str(uuid.uuid4())
     queue = plan[0].sig.task._app().queue_for(conn)
     results: list[EnqueueResult] = []
-    with queue.pool.connection() if conn is None else nullcontext(conn) as c, _atomic(c, conn):
+    with queue._atomic(conn) as c:  # your transaction (conn= not in autocommit: it may roll back), else its own
         for job in plan:
             results.append(job.sig.task.enqueue(job.sig.payload, conn=c, **_options(job, results, workflow)))
     bound = [r.bound(queue) for r in results]
@@ -192,7 +180,7 @@ async def _aenqueue(node: Canvas, conn: psycopg.AsyncConnection[Any] | None) -> 
     workflow = str(uuid.uuid4())
     queue = plan[0].sig.task._app().aqueue_for(conn)
     results: list[EnqueueResult] = []
-    async with queue.pool.connection() if conn is None else nullcontext(conn) as c, _aatomic(c, conn):
+    async with queue._atomic(conn) as c:
         for job in plan:
             results.append(await job.sig.task.aenqueue(job.sig.payload, conn=c, **_options(job, results, workflow)))
     bound = [r.bound(queue) for r in results]
