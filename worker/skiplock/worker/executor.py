@@ -73,6 +73,7 @@ def timeout_for(job: Job, target: Target) -> float | None:
 
 
 TIMEOUT_NOTE = "skiplock: the job's timeout"
+_NO_JOB = object()  # equal to no visible_at
 
 
 def timed_out_error(timeout: float) -> TimeoutError:
@@ -299,7 +300,8 @@ class AsyncExecutor:
         except BaseException as exc:  # the handler raised: retry or fail, fenced
             entry.outcome, entry.error = ("timed_out" if is_timeout(exc) else "failed"), exc
         entry.finished = time.monotonic()
-        tracing.end(span, entry.job, entry.outcome, entry.error)
+        if span is not None:
+            tracing.end(span, entry.job, entry.outcome, entry.error)
         self._report(entry)
 
     async def _checkout(self) -> Any:
@@ -316,15 +318,19 @@ class AsyncExecutor:
     async def _unit(self, entry: Entry, lazy: AsyncLazyConnection) -> Outcome:
         job, target = entry.job, entry.target
         timeout = timeout_for(job, target)
+        # bound in place for its handler (no copy of the job, no call): job.conn, job.cancelled (the entry is the
+        # flag) and job.step read these fields; cleared once it returned
+        fields = job.__dict__
+        fields["_conn"], fields["_cancel"], fields["_durable"] = lazy, entry, self._durable
         try:
             try:
                 if timeout is None:
-                    value = await target.func(job._bind(lazy, entry, self._durable))
+                    value = await target.func(job)
                 else:
                     deadline = asyncio.timeout(timeout)  # cancels the handler at the deadline
                     try:
                         async with deadline:
-                            value = await target.func(job._bind(lazy, entry, self._durable))
+                            value = await target.func(job)
                     except TimeoutError:
                         if deadline.expired():
                             raise timed_out_error(timeout) from None
@@ -346,7 +352,8 @@ class AsyncExecutor:
             entry.written = True
             return written
         finally:
-            job._bind(None, None)  # the job and its entry no longer refer to each other: freed without the GC
+            # the job and its entry no longer refer to each other: freed without the GC
+            fields["_conn"] = fields["_cancel"] = fields["_durable"] = None
             if lazy.conn is not None:
                 await self.pool.putconn(lazy.conn)
 
@@ -419,7 +426,8 @@ class ThreadExecutor:
                 entry.outcome, entry.error = "snoozed", exc
             except BaseException as exc:
                 entry.outcome, entry.error = "failed", exc
-            tracing.end(span, entry.job, entry.outcome, entry.error)
+            if span is not None:
+                tracing.end(span, entry.job, entry.outcome, entry.error)
             now = entry.finished = clock()
             outbox.append(entry)
             if not self._scheduled:
@@ -454,9 +462,13 @@ class ThreadExecutor:
 
     def _unit(self, entry: Entry, lazy: LazyConnection) -> Outcome:
         job = entry.job
+        # bound in place for its handler (no copy of the job, no call): job.conn, job.cancelled (the entry is the
+        # flag) and job.step read these fields; cleared once it returned
+        fields = job.__dict__
+        fields["_conn"], fields["_cancel"], fields["_durable"] = lazy, entry, self._durable
         try:
             try:
-                value = entry.target.func(job._bind(lazy, entry, self._durable))
+                value = entry.target.func(job)
                 if value is not None:
                     entry.result = encode_result(value, self._q.settings.max_payload_bytes)
             except BaseException:
@@ -474,7 +486,7 @@ class ThreadExecutor:
             entry.written = True
             return written
         finally:
-            job._bind(None, None)  # see AsyncExecutor._unit
+            fields["_conn"] = fields["_cancel"] = fields["_durable"] = None  # see AsyncExecutor._unit
             if lazy.conn is not None:
                 self.pool.putconn(lazy.conn)
 
@@ -581,6 +593,8 @@ class Executors:
         claimed = time.monotonic()
         targets = self._router.targets
         entries = []
+        visible: object = _NO_JOB  # the last job's visible_at, whose wait the next job visible then reuses
+        waited = 0.0
         for job in jobs:
             if job._decode_error is not None:  # never retried
                 self._results.fail(Failure(job, job._decode_error, 0.0, False))
@@ -589,9 +603,10 @@ class Executors:
             if target is None:  # retried with backoff, failed when attempts are spent
                 self._results.fail(failure_for(job, self._router.unknown(job), None, self._settings), "unknown_task")
                 continue
-            visible = job.visible_at
-            delta = (now - visible).total_seconds() if visible is not None else 0.0
-            waited = delta if delta > 0.0 else 0.0  # not max(), which parses keyword arguments
+            if job.visible_at != visible:  # jobs enqueued together are claimed together (claim order: due time)
+                visible = at = job.visible_at
+                delta = (now - at).total_seconds() if at is not None else 0.0
+                waited = delta if delta > 0.0 else 0.0  # not max(), which parses keyword arguments
             entries.append(Entry(job, target, claimed, waited))
         bound = self._bound
         if jobs:

@@ -215,7 +215,11 @@ class Slots:
                     if now - e.claimed >= self.lease and now - self.renewed >= self.lease:  # see the class
                         self._expired.append(e)
                         continue
-                    e = self._begin(e, now)
+                    e.started = now  # _begin, inline
+                    e.busy = True
+                    self._busy += 1
+                    self.started += 1
+                    self._running[e.job.id] = e
                 if e is not None:
                     if self._sleeping:
                         self._wake_threads()  # more jobs wait: the next thread, in case this job takes long
