@@ -67,9 +67,7 @@ log = logging.getLogger(__name__)
 
 def timeout_for(job: Job, target: Target) -> float | None:
     """The job's own timeout, else its task's, else none."""
-    if job.timeout_seconds is not None:
-        return job.timeout_seconds
-    return target.task.options.timeout_seconds if target.task is not None else None
+    return job.timeout_seconds if job.timeout_seconds is not None else target.timeout_seconds
 
 
 TIMEOUT_NOTE = "skiplock: the job's timeout"
@@ -269,10 +267,21 @@ class AsyncExecutor:
             self.wake()  # more jobs wait: another runner, in case this job awaits
             entry.handle = task
             lazy.conn = lazy.failed = None
+            span = tracing.start(entry.job)  # None unless a tracer provider is configured (skiplock.tracing)
             try:
-                await self._run(entry, lazy)
-            finally:
-                entry.handle = None
+                entry.outcome = await self._unit(entry, lazy)
+            except asyncio.CancelledError:
+                # cancelled: its writes are rolled back, the row says cancelled; else past the grace period of a
+                # drain: the job is handed back
+                entry.outcome = "cancelled" if entry.cancelled else "handed_back"
+                if entry.outcome == "handed_back":
+                    self._ran(entry, span)
+                    raise
+            except Snooze as exc:
+                entry.outcome, entry.error = "snoozed", exc
+            except BaseException as exc:  # the handler raised: retry or fail, fenced
+                entry.outcome, entry.error = ("timed_out" if is_timeout(exc) else "failed"), exc
+            self._ran(entry, span)
             if task.cancelling() or contextvars.copy_context() != context:
                 self._spawn(entry)  # the next job runs in a clean task; the successor frees this job's slot
                 return
@@ -281,24 +290,9 @@ class AsyncExecutor:
                 streak = 0
                 await asyncio.sleep(0)
 
-    async def _run(self, entry: Entry, lazy: AsyncLazyConnection) -> None:
-        span = tracing.start(entry.job)  # None unless a tracer provider is configured (skiplock.tracing)
-        try:
-            entry.outcome = await self._unit(entry, lazy)
-        except asyncio.CancelledError:
-            # cancelled: its writes are rolled back, the row says cancelled; else past the grace period of a drain:
-            # the job is handed back
-            entry.outcome = "cancelled" if entry.cancelled else "handed_back"
-            entry.finished = time.monotonic()
-            tracing.end(span, entry.job, entry.outcome, None)
-            self._report(entry)
-            if entry.outcome == "handed_back":
-                raise
-            return
-        except Snooze as exc:
-            entry.outcome, entry.error = "snoozed", exc
-        except BaseException as exc:  # the handler raised: retry or fail, fenced
-            entry.outcome, entry.error = ("timed_out" if is_timeout(exc) else "failed"), exc
+    def _ran(self, entry: Entry, span: tracing.Running | None) -> None:
+        """A job's outcome is known: its span ended, its result reported (its slot is freed by the next job taken)."""
+        entry.handle = None
         entry.finished = time.monotonic()
         if span is not None:
             tracing.end(span, entry.job, entry.outcome, entry.error)
@@ -317,7 +311,7 @@ class AsyncExecutor:
 
     async def _unit(self, entry: Entry, lazy: AsyncLazyConnection) -> Outcome:
         job, target = entry.job, entry.target
-        timeout = timeout_for(job, target)
+        timeout = job.timeout_seconds if job.timeout_seconds is not None else target.timeout_seconds  # timeout_for()
         # bound in place for its handler (no copy of the job, no call): job.conn, job.cancelled (the entry is the
         # flag) and job.step read these fields; cleared once it returned
         fields = job.__dict__

@@ -24,10 +24,12 @@ class Target:
     is_async: bool
     task: Task | None = None
     by_thread: bool = field(init=False)  # a sync handler whose task sets no timeout (its jobs may set their own)
+    timeout_seconds: float | None = field(init=False)  # its task's timeout (a job's own comes first), if any
 
     def __post_init__(self) -> None:
-        no_timeout = self.task is None or self.task.options.timeout_seconds is None
-        object.__setattr__(self, "by_thread", not self.is_async and no_timeout)
+        timeout = self.task.options.timeout_seconds if self.task is not None else None
+        object.__setattr__(self, "timeout_seconds", timeout)
+        object.__setattr__(self, "by_thread", not self.is_async and timeout is None)
 
 
 @dataclass(slots=True, eq=False)
