@@ -33,9 +33,10 @@ import psycopg
 from psycopg import sql
 
 
-def claim_statement(order_by: str, returning: str) -> str:
+def claim_statement(order_by: str, returning: str, lease: str = "") -> str:
     """The design source's claim (its LIMIT a parameter, ``{schema}`` left to fill), in the order and with the columns
-    given: the seed's worker loop, the honest ceiling and the own-table ceiling differ only there."""
+    given: the seed's worker loop, the honest ceiling and the own-table ceiling differ only there (``lease``: what the
+    own-table ceiling also sets)."""
     return f"""
 WITH picked AS (
     SELECT id FROM {{schema}}.jobs
@@ -45,7 +46,7 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {{schema}}.jobs j
-SET status = 'processing', attempts = j.attempts + 1, locked_by = %(name)s, locked_at = now(), updated_at = now()
+SET status = 'processing', attempts = j.attempts + 1, locked_by = %(name)s, locked_at = now(), updated_at = now(){lease}
 FROM picked
 WHERE j.id = picked.id
 RETURNING {returning}
@@ -61,8 +62,15 @@ UPDATE {schema}.jobs SET status = 'done', updated_at = now()
 WHERE id = ANY(%(ids)s) AND status = 'processing' AND locked_by = %(name)s
 """
 
-# The ceiling's claim: the same statement in skiplock's claim order, without the lease and task columns a worker needs.
-CEILING_CLAIM = claim_statement("priority DESC, visible_at, id", "j.id, j.payload::text, j.attempts")
+# The ceiling's claim: the same statement in skiplock's claim order, without the task columns a worker needs. It sets
+# the lease deadline as skiplock's claim does: left unset, every claim added an entry whose key did not change to
+# jobs_lease_deadline_idx (all NULLs), and PostgreSQL's bottom-up deletion of such entries made the loop pay a cost
+# skiplock's claim never pays (bench/HISTORY.md).
+CEILING_CLAIM = claim_statement(
+    "priority DESC, visible_at, id",
+    "j.id, j.payload::text, j.attempts",
+    ",\n    lease_expires_at = now() + interval '30 seconds'",
+)
 CEILING_FINISH = "UPDATE {schema}.jobs SET status = 'done', updated_at = now() WHERE id = ANY(%(ids)s)"
 CEILING_FINISH_ONE = "UPDATE {schema}.jobs SET status = 'done', updated_at = now() WHERE id = %(id)s"
 

@@ -14,14 +14,11 @@ import contextlib
 import logging
 from collections.abc import Hashable, Iterable
 
-from psycopg.conninfo import make_conninfo
-
 from skiplock.listener import Listener
 from skiplock_operator.database import server_key
 
 log = logging.getLogger(__name__)
 ListenKey = tuple[str, str]
-CONNECT_TIMEOUT_SECONDS = 5
 
 
 class _Shared:
@@ -30,7 +27,7 @@ class _Shared:
         self.queues: dict[Hashable, frozenset[str]] = {}
         self.dsn, self.channel, self.serving, self.connect_dsn = dsn, channel, queues, connect_dsn
         self.listener = Listener(
-            dsn=make_conninfo(connect_dsn, connect_timeout=CONNECT_TIMEOUT_SECONDS),
+            dsn=connect_dsn,  # the Listener adds its connect timeout and keepalives unless the DSN sets them
             channel=channel,
             queue=sorted(queues),
             wake=self.wake,

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -374,5 +375,37 @@ def test_a_workflow_is_one_transaction_and_cancels_as_one(settings: Settings, qu
         assert {status(queue, r.id) for r in run.jobs} == {"cancelled"}
         with pytest.raises(JobFailedError):
             run.wait(timeout=5)
+    finally:
+        app.close()
+
+
+def test_a_workflows_wait_has_one_bound_for_all_its_last_jobs(settings: Settings, queue: Queue) -> None:
+    """Three last jobs that end 0.6 s apart, each within a second of the one before: ``wait(timeout=1)`` gives up
+    at one second, it does not wait up to a second for each job in turn (which returned after 1.8 s)."""
+    from skiplock.workflows import group
+
+    app = canvas_app([])
+    add = app.task_named("canvas.add")
+    app.connect(settings=settings)
+    try:
+        run = group(add.s({"n": n}) for n in range(3)).enqueue()
+        jobs = sorted(queue.claim("canvas", limit=3, worker="w"), key=lambda j: j.id)
+        assert [j.id for j in jobs] == sorted(r.id for r in run.last)
+
+        def finish() -> None:
+            for job in jobs:
+                time.sleep(0.6)
+                queue.complete([job], worker="w")
+
+        finisher = threading.Thread(target=finish)
+        finisher.start()
+        started = time.monotonic()
+        try:
+            with pytest.raises(TimeoutError):
+                run.wait(timeout=1.0)
+            assert time.monotonic() - started < 1.5
+        finally:
+            finisher.join()
+        assert run.wait(timeout=1.0) == [None, None, None]  # all ended now
     finally:
         app.close()

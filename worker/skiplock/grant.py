@@ -74,6 +74,7 @@ LEASE_COLUMNS = (
     "lease_expires_at",
     "last_error",
     "errors",
+    "failure_fingerprint",
     "updated_at",
     "slot",
     "result",
@@ -227,6 +228,7 @@ def grant_sql(
             "jobs_resolve_children(bigint, text, text)",
             "jobs_ended()",
             "jobs_unlinked()",
+            "jobs_failure_fingerprint()",
         ):
             out.append(sql.SQL("ALTER FUNCTION {}.{} OWNER TO {}").format(s, sql.SQL(function), op))
     out.append(sql.SQL("REVOKE ALL ON {}, {}, {}, {} FROM PUBLIC").format(jobs, versions, queues, schedules))

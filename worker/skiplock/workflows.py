@@ -17,6 +17,7 @@ member is final, whatever they ended as (``on_parent_failure="run"``), and sees 
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, nullcontext
@@ -107,13 +108,24 @@ class WorkflowRun:
 
     def wait(self, timeout: float | None = None) -> Any:
         """The result of the last job (a list, in order, when several jobs end the workflow); ``JobFailedError``
-        if one of them failed or was cancelled."""
-        values = [r.wait(timeout=timeout) for r in self.last]
+        if one of them failed or was cancelled; ``TimeoutError`` when they have not all ended within ``timeout``
+        seconds (one bound for the whole wait, not one per job)."""
+        deadline = _deadline(timeout)
+        values = [r.wait(timeout=_left(deadline)) for r in self.last]
         return values[0] if len(values) == 1 else values
 
     async def wait_async(self, timeout: float | None = None) -> Any:
-        values = [await r.wait_async(timeout=timeout) for r in self.last]
+        deadline = _deadline(timeout)
+        values = [await r.wait_async(timeout=_left(deadline)) for r in self.last]
         return values[0] if len(values) == 1 else values
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -142,10 +154,10 @@ def _plan(node: Canvas, parents: tuple[int, ...], out: list[_Job], run: bool = F
     raise TypeError(f"not a workflow step: {node!r}")
 
 
-def _options(job: _Job, ids: list[int], workflow: str) -> dict[str, Any]:
+def _options(job: _Job, enqueued: list[EnqueueResult], workflow: str) -> dict[str, Any]:
     options = dict(job.sig.options) | {"workflow_id": workflow}
     if job.parents:
-        options |= {"after": [ids[p] for p in job.parents]}
+        options |= {"after": [enqueued[p].id for p in job.parents]}
         options |= {"on_parent_failure": "run"} if job.run_on_parent_failure else {}
     return options
 
@@ -169,8 +181,7 @@ def _enqueue(node: Canvas, conn: psycopg.Connection[Any] | None) -> WorkflowRun:
     results: list[EnqueueResult] = []
     with queue.pool.connection() if conn is None else nullcontext(conn) as c, _atomic(c, conn):
         for job in plan:
-            ids = [r.id for r in results]
-            results.append(job.sig.task.enqueue(job.sig.payload, conn=c, **_options(job, ids, workflow)))
+            results.append(job.sig.task.enqueue(job.sig.payload, conn=c, **_options(job, results, workflow)))
     bound = [r.bound(queue) for r in results]
     return WorkflowRun(workflow, bound, [bound[i] for i in last])
 
@@ -183,7 +194,6 @@ async def _aenqueue(node: Canvas, conn: psycopg.AsyncConnection[Any] | None) -> 
     results: list[EnqueueResult] = []
     async with queue.pool.connection() if conn is None else nullcontext(conn) as c, _aatomic(c, conn):
         for job in plan:
-            ids = [r.id for r in results]
-            results.append(await job.sig.task.aenqueue(job.sig.payload, conn=c, **_options(job, ids, workflow)))
+            results.append(await job.sig.task.aenqueue(job.sig.payload, conn=c, **_options(job, results, workflow)))
     bound = [r.bound(queue) for r in results]
     return WorkflowRun(workflow, bound, [bound[i] for i in last])

@@ -258,13 +258,15 @@ WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
       AND j.attempts = (%(attempts)s::integer[])[array_position(%(ids)s::bigint[], j.id)] AND j.status = 'done' AND j.locked_by = %(worker)s;
 
 -- name: job_fail
--- Record failed attempts, fenced: back to pending after a per-job delay, or failed when exhausted or final; each appends {{attempt, at, error, worker, traceback}} to the error history (the last 20 kept; no traceback key when none).
+-- Record failed attempts, fenced: back to pending after a per-job delay, or failed (with its failure fingerprint) when exhausted or final; each appends {{attempt, at, error, worker, traceback}} to the error history (the last 20 kept; no traceback key when none).
 UPDATE {schema}.jobs AS j
 SET status = CASE WHEN f.retry AND j.attempts < j.max_attempts THEN 'pending' ELSE 'failed' END,
     visible_at = CASE WHEN f.retry AND j.attempts < j.max_attempts
                       THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => f.delay)
                       ELSE j.visible_at END,
     last_error = f.error, locked_by = NULL, locked_at = NULL, lease_expires_at = NULL,
+    failure_fingerprint = CASE WHEN f.retry AND j.attempts < j.max_attempts THEN j.failure_fingerprint
+                               ELSE {schema}.error_fingerprint(j.task, f.error) END,
     errors = jsonb_path_query_array(
         j.errors || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
             'attempt', j.attempts, 'at', coalesce(%(now)s::timestamptz, now()),
