@@ -223,7 +223,7 @@ class Slots:
                     self.started += 1
                     self._running[e.job.id] = e
                 if e is not None:
-                    if self._sleeping:
+                    if self._sleeping > self._waking == 0:  # (_wake_threads' own first test: no call a job)
                         self._wake_threads()  # more jobs wait: the next thread, in case this job takes long
                     return e
                 self._sleeping += 1
@@ -288,6 +288,7 @@ class Slots:
         entry handed back meanwhile (drain), or replaced by a later claim of its job, is left out."""
         held: list[Entry] = []
         keep = held.append
+        timed: list[asyncio.TimerHandle] = []  # timeouts of sync jobs, cancelled outside the lock
         with self._mutex:
             running = self._running
             for e in entries:
@@ -297,9 +298,10 @@ class Slots:
                         e.busy = False
                         self._busy -= 1
                     keep(e)
-        for e in held:
-            if e.timer is not None:
-                e.timer.cancel()
+                    if e.timer is not None:
+                        timed.append(e.timer)
+        for timer in timed:
+            timer.cancel()
         if held:
             self.freed.set()
         return held
