@@ -250,6 +250,7 @@ class AsyncExecutor:
         assert task is not None
         context = contextvars.copy_context()
         lazy = AsyncLazyConnection(self._checkout)  # job.conn of this runner's jobs, cleared for each
+        traced = tracing.state  # traced.tracer: None unless a tracer provider is configured (skiplock.tracing)
         entry: Entry | None = ended
         streak = 0
         while True:
@@ -267,7 +268,7 @@ class AsyncExecutor:
             self.wake()  # more jobs wait: another runner, in case this job awaits
             entry.handle = task
             lazy.conn = lazy.failed = None
-            span = tracing.start(entry.job)  # None unless a tracer provider is configured (skiplock.tracing)
+            span = tracing.start(entry.job) if traced.tracer is not None else None
             try:
                 entry.outcome = await self._unit(entry, lazy)
             except asyncio.CancelledError:
@@ -410,10 +411,11 @@ class ThreadExecutor:
         slots = self._slots
         outbox = self._outbox
         lazy = LazyConnection(self._checkout)  # job.conn of this thread's jobs, cleared for each
+        traced = tracing.state  # traced.tracer: None unless a tracer provider is configured (skiplock.tracing)
         entry = slots.next_for_thread()
         while entry is not None:
             lazy.conn = lazy.failed = None
-            span = tracing.start(entry.job)  # None unless a tracer provider is configured (skiplock.tracing)
+            span = tracing.start(entry.job) if traced.tracer is not None else None
             try:
                 entry.outcome = self._unit(entry, lazy)
             except Snooze as exc:
@@ -606,6 +608,7 @@ class Executors:
         if jobs:
             counts = [(bound[queue].claimed, n) for queue, n in queue_counts(jobs, len(bound))]
             bound[jobs[0].queue].tally.add(counts=counts)  # one tally for every queue
+            tracing.claimed(len(jobs))  # no tracer yet: looks for one every so many jobs
         self._slots.wait(entries)
 
     def start(self) -> None:
