@@ -265,7 +265,8 @@ class AsyncExecutor:
                         self._waking = False
                 streak = 0
                 continue
-            self.wake()  # more jobs wait: another runner, in case this job awaits
+            if self._idle and not self._waking:  # (wake()'s own first test: no call a job while none is idle)
+                self.wake()  # more jobs wait: another runner, in case this job awaits
             entry.handle = task
             lazy.conn = lazy.failed = None
             span = tracing.start(entry.job) if traced.tracer is not None else None
