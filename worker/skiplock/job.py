@@ -225,15 +225,6 @@ class Job:
         """The async twin of :meth:`step` (``fn`` may be a coroutine function)."""
         return await self._durable_side(True, "job.step_async").step(self.id, check_step_name(name), fn, args, kwargs)
 
-    def _bind(self, conn: Any, cancel: Any, durable: Any = None) -> Job:
-        """This job, now with ``conn`` as ``job.conn`` and ``cancel`` as what ``job.cancelled`` reads: a worker hands
-        the job it claimed to its handler this way (in place: no copy of the fields for every job)."""
-        fields = self.__dict__
-        fields["_conn"] = conn
-        fields["_cancel"] = cancel
-        fields["_durable"] = durable
-        return self
-
     def with_conn(self, conn: Any, cancel: Any = None) -> Job:
         """A copy for the handler: ``conn`` as ``job.conn`` and, from a worker, the event ``job.cancelled`` reads."""
         job: Job = _new_job(type(self))  # a shallow copy of the fields (copy.copy costs 4x as much), once per job

@@ -12,8 +12,9 @@ global one (``opentelemetry.trace.set_tracer_provider``, or ``opentelemetry-inst
   may have), so the request, the enqueue and every attempt are one trace. The span is the current one while the
   handler runs: spans the handler starts are its children. An attempt that raised records the exception.
 
-The worker checks for a tracer provider once every :data:`RECHECK_JOBS` jobs while none is set: a job then costs a
-read of one attribute and a countdown (``bench/tracing_cost.py``).
+The worker checks for a tracer provider once every :data:`RECHECK_JOBS` jobs it claims while none is set (a
+countdown a claim, :func:`claimed`): a job then costs the read of one attribute (``state.tracer``) before its
+handler. :func:`start` called for every job keeps a countdown of its own (``bench/tracing_cost.py``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class _State:
 
 
 _state = _State()
+state = _state
+"""What a worker's hot path reads before each job: ``state.tracer`` is None while jobs are not traced (then no call)."""
 
 
 def set_tracer_provider(provider: TracerProvider | None) -> None:
@@ -171,6 +174,17 @@ def start(job: Job) -> Running | None:
         if t is None:
             return None
     return _start(t, job)
+
+
+def claimed(jobs: int) -> None:
+    """A worker claimed ``jobs`` jobs: while no tracer is set, they are counted down, and a tracer provider is looked
+    for once every :data:`RECHECK_JOBS` of them (its executors call :func:`start` only while ``state.tracer`` is
+    set)."""
+    if _state.tracer is None:
+        _state.countdown -= jobs
+        if _state.countdown <= 0:
+            _state.countdown = RECHECK_JOBS
+            _resolve()
 
 
 def _start(t: Tracer, job: Job) -> Running:

@@ -167,11 +167,12 @@ class Completer:
     async def settle(self, done: list[Job], completed: set[int]) -> None:
         """Count a written batch. Jobs the fence refused may have been completed by an earlier try whose reply
         was lost with its connection: those are confirmed as done by this worker, not reported as lost."""
-        if len(completed) < len(done):
+        cancelled: set[int] = set()
+        if len(completed) < len(done):  # (else every one was written: no pass over the batch)
             refused = [j for j in done if j.id not in completed]
             confirmed = await self._store.confirm_done(refused, worker=self._identity)
             completed = completed | (confirmed or set())
-        cancelled = await self.cancelled_among([j for j in done if j.id not in completed])
+            cancelled = await self.cancelled_among([j for j in done if j.id not in completed])
         self.count_done(done, completed, cancelled)
 
     async def cancelled_among(self, jobs: list[Job]) -> set[int]:

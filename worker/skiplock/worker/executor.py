@@ -67,12 +67,11 @@ log = logging.getLogger(__name__)
 
 def timeout_for(job: Job, target: Target) -> float | None:
     """The job's own timeout, else its task's, else none."""
-    if job.timeout_seconds is not None:
-        return job.timeout_seconds
-    return target.task.options.timeout_seconds if target.task is not None else None
+    return job.timeout_seconds if job.timeout_seconds is not None else target.timeout_seconds
 
 
 TIMEOUT_NOTE = "skiplock: the job's timeout"
+_NO_JOB = object()  # equal to no visible_at
 
 
 def timed_out_error(timeout: float) -> TimeoutError:
@@ -251,6 +250,7 @@ class AsyncExecutor:
         assert task is not None
         context = contextvars.copy_context()
         lazy = AsyncLazyConnection(self._checkout)  # job.conn of this runner's jobs, cleared for each
+        traced = tracing.state  # traced.tracer: None unless a tracer provider is configured (skiplock.tracing)
         entry: Entry | None = ended
         streak = 0
         while True:
@@ -265,13 +265,25 @@ class AsyncExecutor:
                         self._waking = False
                 streak = 0
                 continue
-            self.wake()  # more jobs wait: another runner, in case this job awaits
+            if self._idle and not self._waking:  # (wake()'s own first test: no call a job while none is idle)
+                self.wake()  # more jobs wait: another runner, in case this job awaits
             entry.handle = task
             lazy.conn = lazy.failed = None
+            span = tracing.start(entry.job) if traced.tracer is not None else None
             try:
-                await self._run(entry, lazy)
-            finally:
-                entry.handle = None
+                entry.outcome = await self._unit(entry, lazy)
+            except asyncio.CancelledError:
+                # cancelled: its writes are rolled back, the row says cancelled; else past the grace period of a
+                # drain: the job is handed back
+                entry.outcome = "cancelled" if entry.cancelled else "handed_back"
+                if entry.outcome == "handed_back":
+                    self._ran(entry, span)
+                    raise
+            except Snooze as exc:
+                entry.outcome, entry.error = "snoozed", exc
+            except BaseException as exc:  # the handler raised: retry or fail, fenced
+                entry.outcome, entry.error = ("timed_out" if is_timeout(exc) else "failed"), exc
+            self._ran(entry, span)
             if task.cancelling() or contextvars.copy_context() != context:
                 self._spawn(entry)  # the next job runs in a clean task; the successor frees this job's slot
                 return
@@ -280,26 +292,12 @@ class AsyncExecutor:
                 streak = 0
                 await asyncio.sleep(0)
 
-    async def _run(self, entry: Entry, lazy: AsyncLazyConnection) -> None:
-        span = tracing.start(entry.job)  # None unless a tracer provider is configured (skiplock.tracing)
-        try:
-            entry.outcome = await self._unit(entry, lazy)
-        except asyncio.CancelledError:
-            # cancelled: its writes are rolled back, the row says cancelled; else past the grace period of a drain:
-            # the job is handed back
-            entry.outcome = "cancelled" if entry.cancelled else "handed_back"
-            entry.finished = time.monotonic()
-            tracing.end(span, entry.job, entry.outcome, None)
-            self._report(entry)
-            if entry.outcome == "handed_back":
-                raise
-            return
-        except Snooze as exc:
-            entry.outcome, entry.error = "snoozed", exc
-        except BaseException as exc:  # the handler raised: retry or fail, fenced
-            entry.outcome, entry.error = ("timed_out" if is_timeout(exc) else "failed"), exc
+    def _ran(self, entry: Entry, span: tracing.Running | None) -> None:
+        """A job's outcome is known: its span ended, its result reported (its slot is freed by the next job taken)."""
+        entry.handle = None
         entry.finished = time.monotonic()
-        tracing.end(span, entry.job, entry.outcome, entry.error)
+        if span is not None:
+            tracing.end(span, entry.job, entry.outcome, entry.error)
         self._report(entry)
 
     async def _checkout(self) -> Any:
@@ -315,16 +313,20 @@ class AsyncExecutor:
 
     async def _unit(self, entry: Entry, lazy: AsyncLazyConnection) -> Outcome:
         job, target = entry.job, entry.target
-        timeout = timeout_for(job, target)
+        timeout = job.timeout_seconds if job.timeout_seconds is not None else target.timeout_seconds  # timeout_for()
+        # bound in place for its handler (no copy of the job, no call): job.conn, job.cancelled (the entry is the
+        # flag) and job.step read these fields; cleared once it returned
+        fields = job.__dict__
+        fields["_conn"], fields["_cancel"], fields["_durable"] = lazy, entry, self._durable
         try:
             try:
                 if timeout is None:
-                    value = await target.func(job._bind(lazy, entry, self._durable))
+                    value = await target.func(job)
                 else:
                     deadline = asyncio.timeout(timeout)  # cancels the handler at the deadline
                     try:
                         async with deadline:
-                            value = await target.func(job._bind(lazy, entry, self._durable))
+                            value = await target.func(job)
                     except TimeoutError:
                         if deadline.expired():
                             raise timed_out_error(timeout) from None
@@ -346,7 +348,8 @@ class AsyncExecutor:
             entry.written = True
             return written
         finally:
-            job._bind(None, None)  # the job and its entry no longer refer to each other: freed without the GC
+            # the job and its entry no longer refer to each other: freed without the GC
+            fields["_conn"] = fields["_cancel"] = fields["_durable"] = None
             if lazy.conn is not None:
                 await self.pool.putconn(lazy.conn)
 
@@ -409,17 +412,19 @@ class ThreadExecutor:
         slots = self._slots
         outbox = self._outbox
         lazy = LazyConnection(self._checkout)  # job.conn of this thread's jobs, cleared for each
+        traced = tracing.state  # traced.tracer: None unless a tracer provider is configured (skiplock.tracing)
         entry = slots.next_for_thread()
         while entry is not None:
             lazy.conn = lazy.failed = None
-            span = tracing.start(entry.job)  # None unless a tracer provider is configured (skiplock.tracing)
+            span = tracing.start(entry.job) if traced.tracer is not None else None
             try:
                 entry.outcome = self._unit(entry, lazy)
             except Snooze as exc:
                 entry.outcome, entry.error = "snoozed", exc
             except BaseException as exc:
                 entry.outcome, entry.error = "failed", exc
-            tracing.end(span, entry.job, entry.outcome, entry.error)
+            if span is not None:
+                tracing.end(span, entry.job, entry.outcome, entry.error)
             now = entry.finished = clock()
             outbox.append(entry)
             if not self._scheduled:
@@ -454,9 +459,13 @@ class ThreadExecutor:
 
     def _unit(self, entry: Entry, lazy: LazyConnection) -> Outcome:
         job = entry.job
+        # bound in place for its handler (no copy of the job, no call): job.conn, job.cancelled (the entry is the
+        # flag) and job.step read these fields; cleared once it returned
+        fields = job.__dict__
+        fields["_conn"], fields["_cancel"], fields["_durable"] = lazy, entry, self._durable
         try:
             try:
-                value = entry.target.func(job._bind(lazy, entry, self._durable))
+                value = entry.target.func(job)
                 if value is not None:
                     entry.result = encode_result(value, self._q.settings.max_payload_bytes)
             except BaseException:
@@ -474,7 +483,7 @@ class ThreadExecutor:
             entry.written = True
             return written
         finally:
-            job._bind(None, None)  # see AsyncExecutor._unit
+            fields["_conn"] = fields["_cancel"] = fields["_durable"] = None  # see AsyncExecutor._unit
             if lazy.conn is not None:
                 self.pool.putconn(lazy.conn)
 
@@ -581,6 +590,8 @@ class Executors:
         claimed = time.monotonic()
         targets = self._router.targets
         entries = []
+        visible: object = _NO_JOB  # the last job's visible_at, whose wait the next job visible then reuses
+        waited = 0.0
         for job in jobs:
             if job._decode_error is not None:  # never retried
                 self._results.fail(Failure(job, job._decode_error, 0.0, False))
@@ -589,14 +600,16 @@ class Executors:
             if target is None:  # retried with backoff, failed when attempts are spent
                 self._results.fail(failure_for(job, self._router.unknown(job), None, self._settings), "unknown_task")
                 continue
-            visible = job.visible_at
-            delta = (now - visible).total_seconds() if visible is not None else 0.0
-            waited = delta if delta > 0.0 else 0.0  # not max(), which parses keyword arguments
+            if job.visible_at != visible:  # jobs enqueued together are claimed together (claim order: due time)
+                visible = at = job.visible_at
+                delta = (now - at).total_seconds() if at is not None else 0.0
+                waited = delta if delta > 0.0 else 0.0  # not max(), which parses keyword arguments
             entries.append(Entry(job, target, claimed, waited))
         bound = self._bound
         if jobs:
             counts = [(bound[queue].claimed, n) for queue, n in queue_counts(jobs, len(bound))]
             bound[jobs[0].queue].tally.add(counts=counts)  # one tally for every queue
+            tracing.claimed(len(jobs))  # no tracer yet: looks for one every so many jobs
         self._slots.wait(entries)
 
     def start(self) -> None:

@@ -24,10 +24,12 @@ class Target:
     is_async: bool
     task: Task | None = None
     by_thread: bool = field(init=False)  # a sync handler whose task sets no timeout (its jobs may set their own)
+    timeout_seconds: float | None = field(init=False)  # its task's timeout (a job's own comes first), if any
 
     def __post_init__(self) -> None:
-        no_timeout = self.task is None or self.task.options.timeout_seconds is None
-        object.__setattr__(self, "by_thread", not self.is_async and no_timeout)
+        timeout = self.task.options.timeout_seconds if self.task is not None else None
+        object.__setattr__(self, "timeout_seconds", timeout)
+        object.__setattr__(self, "by_thread", not self.is_async and timeout is None)
 
 
 @dataclass(slots=True, eq=False)
@@ -215,9 +217,13 @@ class Slots:
                     if now - e.claimed >= self.lease and now - self.renewed >= self.lease:  # see the class
                         self._expired.append(e)
                         continue
-                    e = self._begin(e, now)
+                    e.started = now  # _begin, inline
+                    e.busy = True
+                    self._busy += 1
+                    self.started += 1
+                    self._running[e.job.id] = e
                 if e is not None:
-                    if self._sleeping:
+                    if self._sleeping > self._waking == 0:  # (_wake_threads' own first test: no call a job)
                         self._wake_threads()  # more jobs wait: the next thread, in case this job takes long
                     return e
                 self._sleeping += 1
@@ -282,6 +288,7 @@ class Slots:
         entry handed back meanwhile (drain), or replaced by a later claim of its job, is left out."""
         held: list[Entry] = []
         keep = held.append
+        timed: list[asyncio.TimerHandle] = []  # timeouts of sync jobs, cancelled outside the lock
         with self._mutex:
             running = self._running
             for e in entries:
@@ -291,9 +298,10 @@ class Slots:
                         e.busy = False
                         self._busy -= 1
                     keep(e)
-        for e in held:
-            if e.timer is not None:
-                e.timer.cancel()
+                    if e.timer is not None:
+                        timed.append(e.timer)
+        for timer in timed:
+            timer.cancel()
         if held:
             self.freed.set()
         return held
