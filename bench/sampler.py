@@ -36,7 +36,7 @@ BUCKETS = (
         "results back on the loop (ThreadExecutor.collect, call_soon_threadsafe)",
         ("ThreadExecutor.collect", "call_soon_threadsafe"),
     ),
-    ("async handler unit: lazy job.conn, handler", ("AsyncExecutor._run",)),
+    ("async handler unit: lazy job.conn, handler", ("AsyncExecutor._runner",)),
     ("per-job bookkeeping: start, routing, metrics", ("Worker._start_jobs", "Worker._on_result", "Slots.")),
     ("pool maintenance", ("psycopg_pool",)),
     ("event loop: select / scheduling", ("EpollSelector.select", "BaseEventLoop._run_once")),

@@ -1,7 +1,8 @@
 """What tracing costs a job when no tracer provider is configured: ``.venv/bin/python bench/tracing_cost.py``.
 
-The worker calls ``tracing.start(job)`` before and ``tracing.end(...)`` after every job's handler. With no provider,
-both must stay a cheap check: this times a million pairs against an empty loop and counts the memory blocks they
+While a tracer provider is set, the worker calls ``tracing.start(job)`` before and ``tracing.end(...)`` after every
+job's handler (with none, it only reads ``tracing.state.tracer``); a direct call with no provider must stay a cheap
+check: this times a million pairs against an empty loop and counts the memory blocks they
 keep (``sys.getallocatedblocks``). It prints one JSON line and a table. Not a test: it never fails on its figures.
 """
 
