@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -409,3 +410,27 @@ def test_a_workflows_wait_has_one_bound_for_all_its_last_jobs(settings: Settings
         assert run.wait(timeout=1.0) == [None, None, None]  # all ended now
     finally:
         app.close()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_step_after_job_conn_needs_no_second_slot_of_the_pool(settings: Settings, queue: Queue, kind: str) -> None:
+    """With concurrency 1 the handler pool had one connection: a handler holding ``job.conn`` whose step then asked
+    the same pool for another waited the pool's 30 s and failed. The pool keeps one connection spare for them."""
+    app = App("spare")
+
+    @app.task(queue="spare", name="spare.sync", max_attempts=1)
+    def sync_task(job: Job) -> Any:
+        job.conn.execute("SELECT 1")
+        return job.step("s", lambda: 7) + len(job.parent_results)
+
+    @app.task(queue="spare", name="spare.async", max_attempts=1)
+    async def async_task(job: Job) -> Any:
+        await job.conn.execute("SELECT 1")
+        return await job.step_async("s", lambda: 7) + len(await job.parent_results_async())
+
+    job = queue.enqueue("spare", {}, task=f"spare.{kind}")
+    started = time.monotonic()
+    run_jobs(app, settings=dataclasses.replace(settings, concurrency=1))
+    row = queue.get(job.id)
+    assert row is not None and (row["status"], row["result"]) == ("done", 7), row
+    assert time.monotonic() - started < 20, "a step waited for the pool"

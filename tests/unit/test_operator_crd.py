@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
+from skiplock.settings import WORKER_EXTRA_CONNECTIONS
 from skiplock_operator.scaling import ScalingSpec
 from skiplock_operator.spec import InvalidSpecError, JobQueueSpec, parse_spec
 
@@ -196,6 +197,7 @@ def test_secret_example_is_a_secret_with_a_dsn() -> None:
 
 
 BASE = example(ROOT / "examples" / "jobqueue.yaml")["spec"]
+ONE_WORKER = BASE.get("concurrency", 10) + WORKER_EXTRA_CONNECTIONS  # one worker of BASE (default concurrency 10)
 # Free text whose length the API server's request size bounds (env values are the handler's own config).
 OPEN_STRINGS = {".spec.env[].value"}
 OPEN_LISTS: set[str] = set()
@@ -208,7 +210,7 @@ OPEN_LISTS: set[str] = set()
         ({"heartbeatSeconds": 31}, "heartbeatSeconds must be at most half of leaseSeconds"),
         ({"pollSeconds": 60}, "pollSeconds must be below leaseSeconds"),
         ({"backoff": {"baseSeconds": 10, "capSeconds": 5}}, "backoff.capSeconds must be at least backoff.baseSeconds"),
-        ({"scaling": {"connectionBudget": 15}}, "must hold at least one worker"),
+        ({"scaling": {"connectionBudget": ONE_WORKER - 1}}, "must hold at least one worker"),
         ({"env": [{"name": "SKIPLOCK_DSN", "value": "x"}]}, "env must not set"),
         ({"env": [{"name": "POD_UID", "value": "x"}]}, "env must not set"),
         ({"queues": ["a", "b", "a"]}, "queues must not name a queue twice"),
@@ -226,7 +228,7 @@ def test_cel_rules_reject_bad_specs(change: dict[str, Any], message: str) -> Non
         {"scaling": {"minReplicas": 2, "maxReplicas": 2}},
         {"heartbeatSeconds": 30},
         {"leaseSeconds": 10, "heartbeatSeconds": 5, "pollSeconds": 9.5},
-        {"scaling": {"connectionBudget": 16}},
+        {"scaling": {"connectionBudget": ONE_WORKER}},
         {"env": [{"name": "APP_MODE", "value": "x"}]},
     ],
 )

@@ -63,7 +63,7 @@ def test_oldest_ready_age_adds_a_replica_per_poll() -> None:
 
 
 def test_connection_budget_caps_and_says_so() -> None:
-    spec = ScalingSpec(max_replicas=20, connection_budget=50)  # 50 // (10 + 6) = 3
+    spec = ScalingSpec(max_replicas=20, connection_budget=51)  # 51 // (10 + 7) = 3
     d = decide(Observation(1000), 1, spec, concurrency=10, now=0.0)
     assert d.replicas == 3 and d.budget_limited and "connectionBudget" in d.message
     assert scaling.budget_cap(spec, 10) == 3 and scaling.budget_cap(SPEC, 10) is None
@@ -72,8 +72,8 @@ def test_connection_budget_caps_and_says_so() -> None:
 def test_a_lowered_limit_applies_at_once() -> None:
     d = decide(Observation(1000), 8, ScalingSpec(max_replicas=4), concurrency=10, now=0.0)
     assert (d.replicas, d.reason) == (4, scaling.MAX_REPLICAS)
-    # 48 // (10 + 6) = 3
-    d = decide(Observation(1000), 8, ScalingSpec(max_replicas=20, connection_budget=48), concurrency=10, now=0.0)
+    # 51 // (10 + 7) = 3
+    d = decide(Observation(1000), 8, ScalingSpec(max_replicas=20, connection_budget=51), concurrency=10, now=0.0)
     assert (d.replicas, d.reason) == (3, scaling.CONNECTION_BUDGET)
 
 

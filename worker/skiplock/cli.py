@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="ROLE=N",
-        help="set the role's CONNECTION LIMIT (repeatable; -1: none); a worker role needs replicas x (concurrency + 6)",
+        help="set the role's CONNECTION LIMIT (repeatable; -1: none); a worker role needs replicas x (concurrency + 7)",
     )
     gr.add_argument("--dry-run", action="store_true", help="print the statements, change nothing")
 

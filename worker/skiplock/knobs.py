@@ -109,7 +109,7 @@ KNOBS: tuple[Knob, ...] = (
          flag="--app", crd="app", pattern=IMPORT_SPEC, shape="look like 'package.module:attribute'"),
     Knob("handler", str, None, "`module:function` called for jobs without a task (the catch-all handler).",
          flag="--handler", crd="handler", pattern=IMPORT_SPEC, shape="look like 'package.module:function'"),
-    Knob("concurrency", int, 10, "Jobs in flight at once in one worker process; it holds at most concurrency + 6 "
+    Knob("concurrency", int, 10, "Jobs in flight at once in one worker process; it holds at most concurrency + 7 "
          "connections.", flag="--concurrency", crd="concurrency", min=1),
     Knob("batch", int, 200, "Most jobs claimed by one statement (never more than the free slots plus the "
          "prefetch buffer's room).", flag="--batch", crd="batch", min=1),

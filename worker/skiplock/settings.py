@@ -29,8 +29,12 @@ LogFormat = Literal["plain", "json"]
 DEFAULT_RECOVER_CAP_SECONDS = 30.0
 CONTROL_CONNECTIONS = 4
 """Control-plane connections of one worker: claims, batched results, heartbeats, lease recovery."""
-WORKER_EXTRA_CONNECTIONS = CONTROL_CONNECTIONS + 2
-"""Connections a worker may hold besides one per slot: the control pool, LISTEN and the metrics scrape."""
+SPARE_HANDLER_CONNECTIONS = 1
+"""Connections of the handler pool beyond one per slot: a handler holding ``job.conn`` whose ``job.step`` or
+``job.parent_results`` needs a connection of its own gets it there (opened only when every other one is in use)."""
+WORKER_EXTRA_CONNECTIONS = CONTROL_CONNECTIONS + SPARE_HANDLER_CONNECTIONS + 2
+"""Connections a worker may hold besides one per slot: the control pool, the handler pool's spare, LISTEN and the
+metrics scrape."""
 
 
 @dataclass(frozen=True, kw_only=True)

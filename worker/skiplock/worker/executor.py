@@ -34,7 +34,7 @@ from skiplock.errors import Snooze
 from skiplock.handlers import Handler
 from skiplock.job import AsyncLazyConnection, Job, LazyConnection, Outcome
 from skiplock.metrics import BoundMetrics
-from skiplock.settings import Settings
+from skiplock.settings import SPARE_HANDLER_CONNECTIONS, Settings
 from skiplock.store.durable import AsyncDurable, Durable
 from skiplock.store.links import complete_one_result, encode_result
 from skiplock.store.run import aexecute, execute
@@ -563,8 +563,9 @@ class Executors:
         """Open ``job.conn``'s pool for each colour of handler the router has (sync, async), and start the executors."""
         s = scope.settings
         dsn, kinds = s.require_dsn(), router.kinds
-        task_pool = async_pool(dsn, "skiplock-handlers", s.concurrency, timeout=30) if True in kinds else None
-        thread_pool = sync_pool(dsn, "skiplock-handlers", s.concurrency, timeout=30) if False in kinds else None
+        size = s.concurrency + SPARE_HANDLER_CONNECTIONS  # a step of a handler holding job.conn takes the spare
+        task_pool = async_pool(dsn, "skiplock-handlers", size, timeout=30) if True in kinds else None
+        thread_pool = sync_pool(dsn, "skiplock-handlers", size, timeout=30) if False in kinds else None
         try:
             if task_pool is not None:
                 await task_pool.open()
