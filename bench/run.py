@@ -80,6 +80,7 @@ CEILING = "drain noop [ceiling]"  # a tuned plain-SQL loop: claim 200, pipelined
 HONEST = "drain noop [honest]"  # the same loop on the design source's table, indexes and statements
 PGQUEUER = "drain noop [pgqueuer]"
 HONEST_LATENCY = "latency NOTIFY [honest]"  # the plain loop on the design source's table, single INSERT + NOTIFY
+PGQUEUER_LATENCY = "latency NOTIFY [pgqueuer]"
 TX_CEILING = "drain write [plain tx]"  # per job: BEGIN, INSERT, UPDATE, COMMIT
 FLOW_CASES = (
     "drain noop, 10% serial keys",
@@ -108,6 +109,22 @@ DRAIN_COLUMNS = (
     ("wal_bytes_per_job", "WAL B/job", "{:,.0f}"),
     ("wal_vs_honest", "WAL x honest", "{:.2f}x"),
     ("worker_rss_mb", "worker peak RSS MB", "{:.0f}"),
+)
+LATENCY_COLUMNS = (
+    ("rate_per_s", "rate", "{:.0f}/s"),
+    ("p50_ms", "p50 ms", "{:.1f}"),
+    ("p95_ms", "p95 ms", "{:.1f}"),
+    ("p99_ms", "p99 ms", "{:.1f}"),
+    ("max_ms", "max ms", "{:.1f}"),
+    ("p50_call_ms", "p50 from call ms", "{:.1f}"),
+    ("p99_call_ms", "p99 from call ms", "{:.1f}"),
+    ("worker_commits_per_job", "commits/job", "{:.2f}"),
+    ("worker_write_tx_per_job", "write tx/job", "{:.2f}"),
+    ("empty_claims_per_job", "empty claims/job", "{:.2f}"),
+    ("p50_vs_honest", "p50 x honest", "{:.2f}x"),
+    ("p99_vs_honest", "p99 x honest", "{:.2f}x"),
+    ("p50_vs_pgqueuer", "p50 x pgqueuer", "{:.2f}x"),
+    ("p99_vs_pgqueuer", "p99 x pgqueuer", "{:.2f}x"),
 )
 
 
@@ -248,11 +265,13 @@ def build_cases(cfg: scenario.Config, a: argparse.Namespace) -> tuple[list[Case]
         lambda: flows.fan_out(cfg, children=children, rounds=rounds),
     )
     add("workflows", f"workflow chain of {links:,}", lambda: flows.chain(cfg, links=links))
-    add("latency", "latency NOTIFY", lambda: scenario.latency(cfg, listen=True))
+    add("latency", "latency NOTIFY", lambda: scenario.latency(cfg))
     if peers:
-        add("latency", HONEST_LATENCY, lambda: scenario.latency(cfg, listen=True, honest=True))
+        add("latency", HONEST_LATENCY, lambda: scenario.latency(cfg, system="honest"))
+    if pgq:
+        add("latency", PGQUEUER_LATENCY, lambda: scenario.latency(cfg, system="pgqueuer"))
     if alt:
-        add("latency", "latency NOTIFY" + tag, lambda: scenario.latency(cfg, listen=True, src=alt))
+        add("latency", "latency NOTIFY" + tag, lambda: scenario.latency(cfg, src=alt))
     add("latency", "latency poll", lambda: scenario.latency(cfg, listen=False))
     return cases, setup
 
@@ -288,8 +307,10 @@ def paired(runs: dict[str, list[dict[str, Any]]], case: str, base: str, key: str
 def add_ratios(med: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]]) -> None:
     for name, m in med.items():
         if name.startswith("latency NOTIFY") and name != HONEST_LATENCY:
-            m["p50_vs_honest"] = paired(runs, name, HONEST_LATENCY, "p50_ms")
-            m["p99_vs_honest"] = paired(runs, name, HONEST_LATENCY, "p99_ms")
+            for base, peer in ((HONEST_LATENCY, "honest"), (PGQUEUER_LATENCY, "pgqueuer")):
+                if name != base:
+                    m[f"p50_vs_{peer}"] = paired(runs, name, base, "p50_ms")
+                    m[f"p99_vs_{peer}"] = paired(runs, name, base, "p99_ms")
         if not name.startswith("drain"):
             continue
         peer = any(name.startswith(b) for b in (CEILING, HONEST, PGQUEUER, TX_CEILING, "drain noop [seed]"))
@@ -339,6 +360,8 @@ def targets(med: dict[str, dict[str, Any]], big_c: int) -> list[dict[str, Any]]:
         ("latency p99 at 200/s, NOTIFY (ms)", "<= 5", get("latency NOTIFY", "p99_ms"), 5.0, False),
         ("latency p50 vs the honest plain loop", "<= 1.5x", get("latency NOTIFY", "p50_vs_honest"), 1.5, False),
         ("latency p99 vs the honest plain loop", "<= 2x", get("latency NOTIFY", "p99_vs_honest"), 2.0, False),
+        ("latency p50 vs pgqueuer", "<= 1x", get("latency NOTIFY", "p50_vs_pgqueuer"), 1.0, False),
+        ("latency p99 vs pgqueuer", "<= 1x", get("latency NOTIFY", "p99_vs_pgqueuer"), 1.0, False),
         *((f"{n[12:]} vs empty table", ">= 0.9x", get(n, "vs_empty_table"), 0.9, True) for n in tables),
         (
             "1,000,000 backlog vs 20,000",
@@ -380,13 +403,18 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line, sep, *body])
 
 
+def figures(title: str, named: list[tuple[str, dict[str, Any]]], columns: tuple[tuple[str, str, str], ...]) -> str:
+    """A table of named rows of figures: the columns any row has, each formatted by its pattern."""
+    cols = [c for c in columns if any(m.get(c[0]) is not None for _, m in named)]
+    rows = [[n] + [fmt(m.get(k), f) for k, _, f in cols] for n, m in named]
+    return table([title] + [h for _, h, _ in cols], rows)
+
+
 def render(med: dict[str, dict[str, Any]], tgt: list[dict[str, Any]]) -> str:
     parts = []
     drains = [(n, m) for n, m in med.items() if n.startswith("drain")]
     if drains:
-        cols = [c for c in DRAIN_COLUMNS if any(m.get(c[0]) is not None for _, m in drains)]
-        rows = [[n] + [fmt(m.get(k), f) for k, _, f in cols] for n, m in drains]
-        parts.append(table(["drain (median)"] + [h for _, h, _ in cols], rows))
+        parts.append(figures("drain (median)", drains, DRAIN_COLUMNS))
     if "enqueue" in med:
         m = med["enqueue"]
         rows = [
@@ -418,38 +446,13 @@ def render(med: dict[str, dict[str, Any]], tgt: list[dict[str, Any]]) -> str:
             ],
         ]
         parts.append(table(["enqueue (median)", "jobs/s", "x single"], rows))
-    lats = [(n, m) for n, m in med.items() if n.startswith("latency")]
+    lats = [
+        (n + ("" if m.get("poll_seconds") is None else f" ({m['poll_seconds']:g} s)"), m)
+        for n, m in med.items()
+        if n.startswith("latency")
+    ]
     if lats:
-        rows = [
-            [
-                n + ("" if m.get("poll_seconds") is None else f" ({m['poll_seconds']:g} s)"),
-                fmt(m["rate_per_s"], "{:.0f}/s"),
-                *(fmt(m[k], "{:.1f}") for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")),
-                *(fmt(m.get(k), "{:.1f}") for k in ("p50_call_ms", "p99_call_ms")),
-                fmt(m.get("worker_commits_per_job"), "{:.2f}"),
-                fmt(m.get("worker_write_tx_per_job"), "{:.2f}"),
-                fmt(m.get("empty_claims_per_job"), "{:.2f}"),
-                fmt(m.get("p50_vs_honest"), "{:.2f}x"),
-                fmt(m.get("p99_vs_honest"), "{:.2f}x"),
-            ]
-            for n, m in lats
-        ]
-        headers = [
-            "latency (median)",
-            "rate",
-            "p50 ms",
-            "p95 ms",
-            "p99 ms",
-            "max ms",
-            "p50 from call ms",
-            "p99 from call ms",
-            "commits/job",
-            "write tx/job",
-            "empty claims/job",
-            "p50 x honest",
-            "p99 x honest",
-        ]
-        parts.append(table(headers, rows))
+        parts.append(figures("latency (median)", lats, LATENCY_COLUMNS))
     flows_run = [(n, m) for n, m in med.items() if n.startswith("workflow")]
     if flows_run:
         keys = (("jobs_per_s", "{:,.0f}"), ("callback_p50_ms", "{:.1f}"), ("callback_p99_ms", "{:.1f}"))

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,6 +240,24 @@ def stopped_count(proc: Proc, name: str) -> int | None:
     return int(found[-1]) if found else None
 
 
+def start_script(
+    cfg: Config, script: str, args: list[str], logdir: Path, workers: int | None = None, **env: str
+) -> list[Proc]:
+    """W processes of a worker script of bench/ (``--dsn`` given), each printing ``ready`` once it listens."""
+    procs = []
+    for i in range(workers or cfg.workers):
+        log = logdir / f"{Path(script).stem}-{i}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, str(BENCH / script), "--dsn", cfg.dsn, *args],
+                env=_env(env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        procs.append(Proc(popen, log, "ready"))
+    return procs
+
+
 def start_seed(
     cfg: Config,
     schema: str,
@@ -249,19 +267,25 @@ def start_seed(
     workers: int | None = None,
     extra: tuple[str, ...] = (),
 ) -> list[Proc]:
-    seed_args = ["--queue", QUEUE, "--handler", handler, "--style", style, *extra]
-    procs = []
-    for i in range(workers or cfg.workers):
-        log = logdir / f"seed-{i}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, str(BENCH / "seed_baseline.py"), "--dsn", cfg.dsn, "--schema", schema, *seed_args],
-                env=_env({}),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        procs.append(Proc(popen, log, "ready"))
-    return procs
+    seed_args = ["--schema", schema, "--queue", QUEUE, "--handler", handler, "--style", style, *extra]
+    return start_script(cfg, "seed_baseline.py", seed_args, logdir, workers)
+
+
+def start_pgqueuer(cfg: Config, logdir: Path, workers: int | None = None, extra: tuple[str, ...] = ()) -> list[Proc]:
+    """pgqueuer's workers (``pgqueuer_bench.py worker``) on its schema."""
+    return start_script(cfg, "pgqueuer_bench.py", ["worker", *extra], logdir, workers, PGQUEUER_SCHEMA=PGQ_SCHEMA)
+
+
+def new_pgqueuer_schema(cfg: Config) -> str:
+    """pgqueuer's schema, installed afresh by pgqueuer itself (dropped first if left over)."""
+    import asyncio
+
+    import pgqueuer_bench
+
+    with connect(cfg) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(PGQ_SCHEMA)))
+    asyncio.run(pgqueuer_bench.install(cfg.dsn))
+    return PGQ_SCHEMA
 
 
 def wait_ready(procs: list[Proc], timeout: float = 60.0) -> None:
@@ -329,12 +353,15 @@ def _exiting_postgres(pid: int) -> bool:
 
 
 def wait_drained(mon: psycopg.Connection[Any], schema: str, timeout: float, queues: list[str] | None = None) -> int:
-    """Poll (every 50 ms, two index probes) until no job of the queues is pending or processing."""
+    """Poll (every 50 ms, two index probes) until no job of the queues is pending or processing (pgqueuer's schema:
+    until its queue table is empty; it moves each finished job to its log)."""
     ident = sql.Identifier(schema)
     query = sql.SQL(
         "SELECT EXISTS (SELECT 1 FROM {s}.jobs WHERE queue = ANY(%(q)s) AND status = 'pending') "
         "OR EXISTS (SELECT 1 FROM {s}.jobs WHERE queue = ANY(%(q)s) AND status = 'processing')"
     ).format(s=ident)
+    if schema == PGQ_SCHEMA:
+        query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {}.pgqueuer)").format(ident)
     deadline, n = time.monotonic() + timeout, 0
     while True:
         n += 1
@@ -572,22 +599,9 @@ def drain_pgqueuer(cfg: Config, *, workers: int | None = None) -> dict[str, Any]
     import pgqueuer_bench
 
     n = cfg.drain_jobs
-    with connect(cfg) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(PGQ_SCHEMA)))
-    asyncio.run(pgqueuer_bench.install(cfg.dsn))
+    ident = sql.Identifier(new_pgqueuer_schema(cfg))
     logdir = Path(tempfile.mkdtemp(prefix="bench-pgq-"))
-    procs = []
-    for i in range(workers or cfg.workers):
-        log = logdir / f"pgq-{i}.log"
-        with log.open("wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, str(BENCH / "pgqueuer_bench.py"), "--dsn", cfg.dsn, "worker"],
-                env=_env({"PGQUEUER_SCHEMA": PGQ_SCHEMA}),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        procs.append(Proc(popen, log, "ready"))
-    ident = sql.Identifier(PGQ_SCHEMA)
+    procs = start_pgqueuer(cfg, logdir, workers)
     with running(procs), connect(cfg) as mon:
         wait_ready(procs)
         time.sleep(cfg.settle_seconds)
@@ -601,16 +615,7 @@ def drain_pgqueuer(cfg: Config, *, workers: int | None = None) -> dict[str, Any]
         ours += 2
         pg_cpu0 = server_cpu_seconds(cfg.server.postmaster_pid)
         cpu0 = {p.popen.pid: process_cpu_seconds(p.popen.pid) for p in procs}
-        query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {}.pgqueuer)").format(ident)
-        deadline = time.monotonic() + cfg.drain_timeout
-        while True:
-            ours += 1
-            row = mon.execute(query).fetchone()
-            if row and not row[0]:
-                break
-            if time.monotonic() > deadline:
-                raise BenchError("pgqueuer: queue not drained in time")
-            time.sleep(0.05)
+        ours += wait_drained(mon, PGQ_SCHEMA, cfg.drain_timeout)
         pg_cpu1, worker_cpu, rss, after, queries = stop_and_measure(cfg, procs, mon, cpu0)
         ours += queries
         row = mon.execute(
@@ -680,24 +685,44 @@ def enqueue_chunk(q: Queue, conn: psycopg.Connection[Any], numbers: range, flow:
 
 
 # ---------------------------------------------------------------------------------------------- latency
-def latency(cfg: Config, *, listen: bool, src: str | None = None, honest: bool = False) -> dict[str, Any]:
+@contextlib.contextmanager
+def single_producer(cfg: Config, system: str, schema: str) -> Iterator[Callable[[dict[str, Any]], int]]:
+    """Enqueue one job a transaction, in autocommit, returning its id: skiplock's ``Queue.enqueue``, the design
+    source's INSERT and NOTIFY in one statement (``honest``), or pgqueuer's synchronous ``enqueue``."""
+    if system == "skiplock":
+        with queue_for(cfg, schema) as q:
+            yield lambda payload: q.enqueue(QUEUE, payload).id
+        return
+    import pgqueuer_bench
+
+    with connect(cfg) as conn:
+        yield plain_enqueue(conn, schema) if system == "honest" else pgqueuer_bench.producer(conn)
+
+
+def latency(cfg: Config, *, listen: bool = True, src: str | None = None, system: str = "skiplock") -> dict[str, Any]:
     """Idle workers; a producer enqueues single jobs at a fixed rate; from the enqueue's commit (the call returned:
     it runs in autocommit) to the handler's start, per job, and from the enqueue call to the start.
 
-    ``honest``: the plain loop on the design source's table (seed_baseline.py ``--style honest``), its pick-up time
-    taken as its claim returns; the producer's INSERT and NOTIFY are one statement in autocommit.
+    ``system`` ``honest``: the plain loop on the design source's table (seed_baseline.py ``--style honest``), its
+    pick-up time taken as its claim returns; the producer's INSERT and NOTIFY are one statement in autocommit.
+    ``pgqueuer``: its workers (pgqueuer_bench.py, a no-op entrypoint that records its start), its producer's
+    ``enqueue``.
 
     Also counts the workers' commits per job over the window beyond the producer's own (each LISTEN backend commits
     once for each notification it receives, besides the claims), and the claims that found nothing.
     """
-    schema = new_honest_schema(cfg) if honest else new_schema(cfg, "lat", src)
     logdir = Path(tempfile.mkdtemp(prefix="bench-latency-"))
     starts = logdir / "starts"
     starts.mkdir()
     n = max(1, round(cfg.latency_rate * cfg.latency_seconds))
-    if honest:
+    if system == "pgqueuer":
+        schema = new_pgqueuer_schema(cfg)
+        procs = start_pgqueuer(cfg, logdir, extra=("--record", str(starts)))
+    elif system == "honest":
+        schema = new_honest_schema(cfg)
         procs = start_seed(cfg, schema, "noop", logdir, style="honest", extra=("--record", str(starts)))
     else:
+        schema = new_schema(cfg, "lat", src)
         procs = start_skiplock(
             cfg,
             schema,
@@ -710,8 +735,7 @@ def latency(cfg: Config, *, listen: bool, src: str | None = None, honest: bool =
         )
     with running(procs), connect(cfg) as mon:
         wait_ready(procs)
-        with queue_for(cfg, schema) as q, connect(cfg) as auto:
-            enqueue_one = plain_enqueue(auto, schema) if honest else lambda payload: q.enqueue(QUEUE, payload).id
+        with single_producer(cfg, system, schema) as enqueue_one:
             warm = enqueue_one({"t": time.time(), "warm": True})  # warm the producer's connection
             wait_drained(mon, schema, cfg.poll_seconds + 30)
             time.sleep(cfg.settle_seconds)

@@ -101,16 +101,27 @@ def test_drains_finish_every_job_once_with_sane_counters(bench_lines: list[dict[
         assert drains[name]["write_tx_per_job"] < 1, name
 
 
-def test_latency_percentiles_are_ordered(bench_lines: list[dict[str, Any]]) -> None:
+def test_latency_percentiles_are_ordered(bench_lines: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    medians = _by(bench_lines, "median")
     for name in ("latency NOTIFY", "latency poll"):
-        m = _by(bench_lines, "median")[name]
+        m = medians[name]
         assert m["jobs"] > 0 and _positive(m["rate_per_s"])
         assert 0 <= m["p50_ms"] <= m["p95_ms"] <= m["p99_ms"] <= m["max_ms"], name
         # counted by the workers themselves (their stop lines), not inferred from the server's commits
         assert m["empty_claims_per_job"] is not None and 0 <= m["empty_claims_per_job"] < 5, name
-    honest = _by(bench_lines, "median")["latency NOTIFY [honest]"]
+    honest = medians["latency NOTIFY [honest]"]
     assert 0 <= honest["p50_ms"] <= honest["p99_ms"] <= honest["max_ms"]
-    assert _positive(_by(bench_lines, "median")["latency NOTIFY"]["p50_vs_honest"])
+    assert _positive(medians["latency NOTIFY"]["p50_vs_honest"])
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import pgqueuer_bench
+
+    if pgqueuer_bench.available():  # the bench extra: pgqueuer's pick-up, measured the same way
+        pgq = medians["latency NOTIFY [pgqueuer]"]
+        assert pgq["jobs"] == medians["latency NOTIFY"]["jobs"] and _positive(pgq["rate_per_s"])
+        assert 0 <= pgq["p50_ms"] <= pgq["p95_ms"] <= pgq["p99_ms"] <= pgq["max_ms"]
+        assert _positive(pgq["p50_vs_honest"])
+        assert _positive(medians["latency NOTIFY"]["p50_vs_pgqueuer"])
+        assert _positive(medians["latency NOTIFY"]["p99_vs_pgqueuer"])
 
 
 def test_targets_are_reported(bench_lines: list[dict[str, Any]]) -> None:
