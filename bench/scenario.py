@@ -344,6 +344,24 @@ def wait_backends_gone(mon: psycopg.Connection[Any], pids: list[int], timeout: f
     return n
 
 
+def settled_counters(mon: psycopg.Connection[Any], timeout: float = 5.0) -> tuple[DbCounters, int]:
+    """The counters once no statistics arrive late any more: read again every 0.25 s until a reading moved by no
+    more than the statements of the reading before it (two), up to ``timeout``. A drain's commits read short, even
+    below zero, when a backend's statistics reached the server after the reading. Returns the last reading and
+    the statements run after the first reading's own flush (each reading is two; the first one's flush came before
+    it, so it counts once)."""
+    deadline, last, statements = time.monotonic() + timeout, db_counters(mon), 1
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = db_counters(mon)
+        statements += 2
+        moved = now.commits - last.commits
+        last = now
+        if moved <= 2:
+            break
+    return last, statements
+
+
 def _exiting_postgres(pid: int) -> bool:
     try:
         process = psutil.Process(pid)
@@ -559,7 +577,8 @@ def stop_and_measure(
     pids = worker_backends(mon)
     stop(procs)
     queries = wait_backends_gone(mon, pids)
-    return pg_cpu1, worker_cpu, rss, db_counters(mon), queries + 2  # + the pids' query and its flush statement
+    after, reads = settled_counters(mon)
+    return pg_cpu1, worker_cpu, rss, after, queries + 1 + reads  # + the pids' query
 
 
 def _drain_figures(
@@ -753,8 +772,8 @@ def latency(cfg: Config, *, listen: bool = True, src: str | None = None, system:
         pids = worker_backends(mon)
         stop(procs)
         ours += wait_backends_gone(mon, pids)
-        after = db_counters(mon)
-        ours += 1  # its flush statement
+        after, reads = settled_counters(mon)
+        ours += reads
     worker_commits = after.commits - before.commits - ours - n  # each enqueue is one commit of the producer
     worker_write_tx = after.next_xid - before.next_xid - n
     # Claims that found nothing, as each worker counts them over its life (a few at start-up too). Not read off the
