@@ -28,6 +28,7 @@ import contextlib
 import importlib
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -149,7 +150,8 @@ def count(postgres: Path, pgdata: Path, user: str | None, out: Path, schema: str
     )
     callgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     command = [*callgrind, str(postgres), "--single", "-D", str(pgdata), "postgres"]
-    done = subprocess.run(command, input=script, text=True, capture_output=True, user=user, check=False)
+    env = {**os.environ, "TMPDIR": str(pgdata)}  # valgrind's temporary files, where the server's user may write
+    done = subprocess.run(command, input=script, text=True, capture_output=True, user=user, env=env, check=False)
     found = COLLECTED.search(done.stderr)
     if done.returncode != 0 or found is None or "ERROR" in done.stdout:
         raise SystemExit(f"{schema}: the backend failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
