@@ -143,8 +143,6 @@ class Queue:
         With ``task``, the priority, max_attempts and serial_skip_on_retry not given are the ones the workers
         registered for the task (:meth:`task_defaults`), read in the same statement. Bad arguments raise
         :class:`EnqueueError` (nothing is written)."""
-        if not options:  # the usual call: a plain job (no option to split or check)
-            return self._insert(queue, payload, conn, {}).bound(self)
         links, rest = split_links(options)
         if links is None:
             return self._insert(queue, payload, conn, rest).bound(self)
@@ -472,8 +470,6 @@ class AsyncQueue:
         **options: Unpack[EnqueueOptions],
     ) -> EnqueueResult:
         """See :meth:`Queue.enqueue`."""
-        if not options:
-            return (await self._insert(queue, payload, conn, {})).bound(self)
         links, rest = split_links(options)
         if links is None:
             return (await self._insert(queue, payload, conn, rest)).bound(self)

@@ -34,6 +34,8 @@ class Links:
 
 def split_links(options: Mapping[str, Any]) -> tuple[Links | None, dict[str, Any]]:
     """The link options of an enqueue, validated (None: a plain job), and the other options."""
+    if options.keys().isdisjoint(LINK_OPTIONS):  # the usual call: a plain job
+        return None, dict(options)
     rest = {k: v for k, v in options.items() if k not in LINK_OPTIONS}
     after, failure, workflow = (options.get(k) for k in LINK_OPTIONS)
     if after is None and failure is None and workflow is None:

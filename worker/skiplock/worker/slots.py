@@ -217,11 +217,7 @@ class Slots:
                     if now - e.claimed >= self.lease and now - self.renewed >= self.lease:  # see the class
                         self._expired.append(e)
                         continue
-                    e.started = now  # _begin, inline
-                    e.busy = True
-                    self._busy += 1
-                    self.started += 1
-                    self._running[e.job.id] = e
+                    e = self._begin(e, now)
                 if e is not None:
                     if self._sleeping > self._waking == 0:  # (_wake_threads' own first test: no call a job)
                         self._wake_threads()  # more jobs wait: the next thread, in case this job takes long
