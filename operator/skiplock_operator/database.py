@@ -473,11 +473,12 @@ class Databases:
         *,
         parked: Collection[str] = (),
     ) -> ScheduleRound:
-        """Fire the due schedules of ``queues`` but ``parked`` (see :mod:`skiplock.schedule`): at most the 100 the
-        query returns and SCHEDULE_COMPUTE_SECONDS of cron arithmetic per round, computed on the namespace's own
-        schedule thread; each tick in its own savepoint, so a row the jobs table refuses fails alone."""
+        """Fire the due schedules of ``queues`` but ``parked`` (see :mod:`skiplock.schedule`; the query leaves them
+        out, so parked rows never fill its LIMIT): at most the 100 the query returns and SCHEDULE_COMPUTE_SECONDS of
+        cron arithmetic per round, computed on the namespace's own schedule thread; each tick in its own savepoint,
+        so a row the jobs table refuses fails alone."""
         s = _statements(schema)
-        scope = scope_params(None, queues)
+        scope = scope_params(None, queues, parked)
         pool = self._schedule_pool(user)
         loop = asyncio.get_running_loop()
 
@@ -485,7 +486,7 @@ class Databases:
             fired: list[Fired] = []
             failed: list[str] = []
             async with conn.transaction():
-                due = [r for r in await aexecute(conn, s.schedule_due(scope)) if r["name"] not in parked]
+                due = await aexecute(conn, s.schedule_due(scope))
                 ticks = await loop.run_in_executor(pool, compute_ticks, due, channel, SCHEDULE_COMPUTE_SECONDS)
                 for row, computed in ticks:
                     if computed is None:

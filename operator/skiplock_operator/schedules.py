@@ -19,8 +19,6 @@ from skiplock_operator.runtime import Daemon, SecretProblem, wait
 ERROR_WAIT_SECONDS = 5.0
 PARK_SECONDS = 300.0
 """How long a schedule row that cannot fire is left aside before it is tried again (fixed rows fire then)."""
-PARKED_WAIT_SECONDS = 1.0
-"""Longest sleep while a parked row is still due (the next due time the database reports is that row's)."""
 
 
 class ScheduleFirer(Daemon):
@@ -66,5 +64,4 @@ class ScheduleFirer(Daemon):
             self.parked[name] = now + PARK_SECONDS
             self.rt.metrics.schedule_ticks.labels(*self.key, "failed").inc()
             self.logger.warning(f"schedule {name!r} cannot fire (fix or remove its row): parked {PARK_SECONDS:.0f}s")
-        wait_for = schedule.wait_seconds(done.next_due)
-        return max(wait_for, PARKED_WAIT_SECONDS) if self.parked else wait_for
+        return schedule.wait_seconds(done.next_due)  # parked rows are left out of the next due time too

@@ -151,6 +151,26 @@ async def test_a_schedule_row_the_jobs_table_refuses_fails_alone_and_is_parked(p
         await dbs.close()
 
 
+async def test_a_hundred_parked_rows_do_not_starve_a_due_schedule(pg_dsn: str, schema: str) -> None:
+    """The operator parks rows in memory; they were filtered out after the query's LIMIT of 100, so 100 parked rows
+    that were due first hid every other due schedule of the JobQueue, round after round. The query leaves them out
+    now, and the next due time it reports is not a parked row's."""
+    from skiplock_operator.database import Databases
+
+    parked = {f"stuck{i:03}" for i in range(100)}
+    for name in sorted(parked):
+        add_schedule(pg_dsn, schema, name, late_days=1.0)  # due before "good"
+    add_schedule(pg_dsn, schema, "good", every_seconds=60.0)
+    dbs = Databases(timeout=5.0)
+    try:
+        done = await dbs.fire_schedules(("default", "jq"), pg_dsn, schema, ["sched"], "skiplock_wake", parked=parked)
+        assert [f.name for f in done.fired] == ["good"] and done.fired[0].job_id is not None
+        assert done.failed == []
+        assert done.next_due is not None and done.next_due > 0, "the next due time was a parked (overdue) row's"
+    finally:
+        await dbs.close()
+
+
 async def test_late_cron_rows_are_computed_off_the_event_loop_a_bounded_amount_per_round(
     pg_dsn: str, schema: str
 ) -> None:

@@ -222,10 +222,15 @@ def _names(names: Iterable[str] | None) -> list[str] | None:
     return None if names is None else list(names)
 
 
-def scope_params(names: Iterable[str] | None, queues: Sequence[str] | None) -> dict[str, Any]:
+def scope_params(
+    names: Iterable[str] | None, queues: Sequence[str] | None, skip: Iterable[str] = ()
+) -> dict[str, Any]:
+    """Which schedules a round reads: of ``names`` / ``queues`` (None: all), but none of ``skip`` (rows a firer has
+    set aside: left out in the query, so they never take the places of others under its LIMIT)."""
     return {
         "names": _names(names),
         "queues": None if queues is None else list(queues),
+        "skip": sorted(skip),
         "stale_seconds": STALE_SECONDS,
     }
 

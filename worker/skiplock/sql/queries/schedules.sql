@@ -17,10 +17,10 @@ SET app = EXCLUDED.app, queue = EXCLUDED.queue, task = EXCLUDED.task, cron = EXC
 RETURNING name, next_run_at;
 
 -- name: schedule_due
--- The schedules due now (of some names, some queues, or all), skipping stale and parked ones, with the database's clock.
+-- The schedules due now (of some names, some queues, or all), skipping stale and parked ones and those the firer set aside, with the database's clock.
 SELECT name, queue, task, cron, every_seconds, timezone, next_run_at, now() AS now
 FROM {schema}.schedules
-WHERE next_run_at <= now() AND parked IS NULL
+WHERE next_run_at <= now() AND parked IS NULL AND name <> ALL(%(skip)s::text[])
   AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND seen_at >= now() - make_interval(secs => greatest(%(stale_seconds)s, 3 * period_seconds))
@@ -28,10 +28,10 @@ ORDER BY next_run_at
 LIMIT 100;
 
 -- name: schedule_next_due
--- Seconds until the next run of these schedules (of some names, some queues, or all; stale and parked ones left out), or NULL.
+-- Seconds until the next run of these schedules (of some names, some queues, or all; stale and parked ones and those the firer set aside left out), or NULL.
 SELECT extract(epoch FROM min(next_run_at) - now())::float8 AS seconds
 FROM {schema}.schedules
-WHERE parked IS NULL
+WHERE parked IS NULL AND name <> ALL(%(skip)s::text[])
   AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND seen_at >= now() - make_interval(secs => greatest(%(stale_seconds)s, 3 * period_seconds));
