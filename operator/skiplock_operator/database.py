@@ -209,10 +209,15 @@ class Resolver:
             raise DatabaseProblem(HOST_UNKNOWN) from None
         return ",".join(found.get(h, h) for h in hosts)
 
-    def close(self) -> None:
-        for pool in self._pools.values():
+    def forget(self, namespace: str) -> None:
+        """Let the threads of a namespace none of whose JobQueues is left go (a lookup that hangs keeps its own)."""
+        pool = self._pools.pop(namespace, None)
+        if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-        self._pools.clear()
+
+    def close(self) -> None:
+        for namespace in list(self._pools):
+            self.forget(namespace)
 
 
 def _is_ip(host: str) -> bool:
@@ -312,6 +317,8 @@ class Databases:
         if key in self._users.values():
             return
         entry = self._entries.pop(key, None)
+        if all(dsn != key[0] for dsn, _ in self._entries):
+            self._pinned.pop(key[0], None)  # no connection to that DSN is left to share its addresses with
         if entry is not None and entry.conn is not None:
             task = asyncio.get_running_loop().create_task(_retire(entry))
             self._retiring.add(task)
@@ -327,7 +334,7 @@ class Databases:
         """One JobQueue connects at a time (its own slot: another JobQueue's hanging connects never delay it)."""
         check_dsn(dsn, self._allowed_hosts)
         seconds = max(2, round(self._timeout))
-        namespace = str(user[0]) if isinstance(user, tuple) and user else ""
+        namespace = _namespace(user)
         async with self._slots.setdefault(user, asyncio.Semaphore(1)):
             try:
                 async with asyncio.timeout(seconds + 1):  # psycopg's connect_timeout fires first
@@ -507,7 +514,7 @@ class Databases:
 
     def _schedule_pool(self, user: Hashable) -> concurrent.futures.ThreadPoolExecutor:
         """One thread per namespace for schedule arithmetic: a tenant's late cron rows cost only its own rounds."""
-        namespace = str(user[0]) if isinstance(user, tuple) and user else ""
+        namespace = _namespace(user)
         pool = self._schedule_pools.get(namespace)
         if pool is None:
             pool = self._schedule_pools[namespace] = concurrent.futures.ThreadPoolExecutor(
@@ -619,10 +626,18 @@ class Databases:
             await self._call(user, (dsn, schema), write)
 
     async def release(self, user: Hashable) -> None:
+        """``user`` (a JobQueue) is gone: close what only it used, and the threads of its namespace once that
+        namespace has no JobQueue left."""
         self._slots.pop(user, None)
         key = self._users.pop(user, None)
         if key is not None:
             self._close_unused(key)
+        namespace = _namespace(user)
+        if all(_namespace(u) != namespace for u in self._users):
+            self._resolver.forget(namespace)
+            pool = self._schedule_pools.pop(namespace, None)
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     async def close(self) -> None:
         self._resolver.close()
@@ -637,6 +652,11 @@ class Databases:
             if entry.conn is not None:
                 sever(entry.conn)
                 await _close(entry.conn)
+
+
+def _namespace(user: Hashable) -> str:
+    """The namespace of a JobQueue's key (namespace, name); "" for any other user."""
+    return str(user[0]) if isinstance(user, tuple) and user else ""
 
 
 def _statements(schema: str) -> Statements:

@@ -12,6 +12,7 @@ from skiplock import AsyncQueue
 from skiplock.migrate import acurrent_version, latest_version
 from skiplock_operator.database import DatabaseProblem, Databases
 from skiplock_operator.wakeup import Wakeups
+from support.ci import missing
 from support.pg import await_for
 
 from .test_conditions import closed_port_dsn
@@ -33,6 +34,42 @@ async def test_pools_are_shared_per_dsn_and_schema_and_closed_with_their_last_us
         assert len(dbs) == 1
         await dbs.release("b")
         assert len(dbs) == 0
+    finally:
+        await dbs.close()
+
+
+async def test_a_namespace_with_no_jobqueue_left_keeps_no_threads_and_no_pinned_address(
+    pg_dsn: str, schema: str
+) -> None:
+    """Each namespace got resolver and schedule threads, and each DSN its resolved addresses, for the operator's
+    whole life: JobQueues come and go, so they piled up. Its last JobQueue's release lets them go."""
+    import threading
+
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    if conninfo_to_dict(pg_dsn).get("host") not in ("127.0.0.1", "localhost"):
+        missing("a TCP DSN on this machine (SKIPLOCK_TEST_DSN), to name its server by host name")
+    by_name = make_conninfo(pg_dsn, host="localhost")  # a host name: the resolver pins its address
+
+    def threads(prefix: str) -> int:
+        return sum(1 for t in threading.enumerate() if t.name.startswith(prefix))
+
+    before = threads("skiplock-resolve"), threads("skiplock-schedule")
+    dbs = Databases(timeout=2)
+    try:
+        for name in ("a", "b"):
+            await dbs.fire_schedules(("gone", name), by_name, schema, ["q"], "skiplock_wake")
+        assert dbs.pinned(by_name) != by_name, "the connect pinned the resolved address"
+        assert threads("skiplock-resolve") > before[0] and threads("skiplock-schedule") > before[1]
+        await dbs.release(("gone", "a"))
+        assert dbs.pinned(by_name) != by_name, "the namespace's other JobQueue still uses the DSN"
+        await dbs.release(("gone", "b"))
+        assert dbs.pinned(by_name) == by_name
+        await await_for(
+            lambda: (threads("skiplock-resolve"), threads("skiplock-schedule")) == before,
+            timeout=10,
+            what="the namespace's threads to end",
+        )
     finally:
         await dbs.close()
 
