@@ -297,3 +297,16 @@ def test_the_migration_moves_a_populated_table_and_its_views(pg_dsn: str) -> Non
         assert counts == {"done": 2002}
     finally:
         drop_schema(pg_dsn, schema)
+
+
+def test_the_migration_runs_again_when_its_record_is_removed(pg_dsn: str, schema: str) -> None:
+    jobs = sql.Identifier(schema, "jobs")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE VIEW {} AS SELECT queue FROM {}").format(sql.Identifier(schema, "v"), jobs))
+        conn.execute(sql.SQL("INSERT INTO {} (queue, payload) VALUES ('q', '{{}}')").format(jobs))
+        conn.execute(sql.SQL("DELETE FROM {} WHERE version = 21").format(sql.Identifier(schema, "schema_migrations")))
+        assert migrate(conn, schema).applied == ("0021_column_domains",)
+        table, domains = _table_checks(conn, schema), _domain_checks(conn, schema)
+        seen = conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(schema, "v"))).fetchall()
+    assert table == TABLE_CHECKS and len(domains) == len({name for _, _, name in DOMAIN_BOUNDS})
+    assert all(valid for _, valid in domains.values()) and seen == [("q",)]
