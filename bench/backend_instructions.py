@@ -10,8 +10,8 @@ subtracted. Variants:
 - ``honest``: the design source's table and claim (``seed_baseline.HONEST_SCHEMA``; claim order ``visible_at``);
 - ``skiplock``: skiplock's migrated table, the same loop in skiplock's claim order, setting the lease deadline as
   skiplock's claim does;
-- ``no-checks``: that table without its CHECK constraints; ``no-idle-indexes``: without the indexes a no-op job never
-  writes (all but the primary key, claim, lease-deadline and done indexes);
+- ``no-checks``: that table without its CHECK constraints (nor its columns' domains'); ``no-idle-indexes``: without
+  the indexes a no-op job never writes (all but the primary key, claim, lease-deadline and done indexes);
 - ``statement``: skiplock's own complete-and-claim (``job_complete_and_claim_unlimited_one``, the statement of a
   drain of one queue without flow limits) on its table.
 
@@ -94,7 +94,8 @@ SKIPLOCK_ORDER, LEASE = "priority DESC, visible_at, id", ",\n lease_expires_at =
 
 
 def _drop(conn: psycopg.Connection[Any], schema: str, kind: str, keep: Callable[[str], bool]) -> None:
-    """Drop the CHECK constraints (``kind`` "c") or the indexes ("i") of ``schema``.jobs that ``keep`` refuses."""
+    """Drop the CHECK constraints (``kind`` "c": the table's and its columns' domains') or the indexes ("i") of
+    ``schema``.jobs that ``keep`` refuses."""
     jobs = f"{schema}.jobs"
     if kind == "c":
         rows = conn.execute(
@@ -104,6 +105,18 @@ def _drop(conn: psycopg.Connection[Any], schema: str, kind: str, keep: Callable[
             if not keep(name):
                 table, constraint = sql.Identifier(schema, "jobs"), sql.Identifier(name)
                 conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(table, constraint))
+        domains = conn.execute(
+            "SELECT t.typname, c.conname FROM pg_attribute AS a JOIN pg_type AS t ON t.oid = a.atttypid"
+            " JOIN pg_constraint AS c ON c.contypid = t.oid WHERE a.attrelid = %s::regclass AND t.typtype = 'd'",
+            (jobs,),
+        ).fetchall()
+        for domain, name in domains:
+            if not keep(name):
+                conn.execute(
+                    sql.SQL("ALTER DOMAIN {} DROP CONSTRAINT {}").format(
+                        sql.Identifier(schema, domain), sql.Identifier(name)
+                    )
+                )
     else:
         rows = conn.execute(
             "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = %s::regclass",
