@@ -15,9 +15,8 @@ from psycopg import sql
 from skiplock import Queue
 from skiplock.migrate import migrate
 from skiplock.settings import Settings
-from skiplock.sql import migrations, queries_for, render
 from skiplock.store.statements import Failure
-from support.pg import drop_schema
+from support.pg import drop_schema, migrate_to
 from support.store import WorkerCalls
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -202,18 +201,6 @@ def test_copy_enqueue_and_conflict_arbiters_work_on_the_domains(pg_dsn: str, sch
     assert stored == (300 + 1 + 1 + 1,)
 
 
-def _migrate_to(conn: psycopg.Connection[Any], schema: str, version: int) -> None:
-    """Apply the packaged migrations up to ``version``, as an older skiplock did."""
-    q = queries_for(schema)
-    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    conn.execute(q.schema_migrations_create)
-    for m in migrations():
-        if m.version <= version:
-            with conn.transaction():
-                conn.execute(render(m.text, schema))
-                conn.execute(q.schema_record, {"version": m.version, "name": m.name})
-
-
 VIEWS = {
     "recent": "SELECT id, queue, task, payload ->> 'n' AS n, visible_at FROM {s}.jobs WHERE status <> 'done'",
     "recent_q": "SELECT * FROM {s}.recent WHERE queue = 'q'",
@@ -229,7 +216,7 @@ def test_the_migration_moves_a_populated_table_and_its_views(pg_dsn: str) -> Non
     warnings: list[str] = []
     try:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            _migrate_to(conn, schema, 20)
+            migrate_to(conn, schema, 20)
             conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT jobs_task_check").format(jobs))
             conn.execute(
                 sql.SQL(

@@ -8,11 +8,12 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import psycopg
 import pytest
+from psycopg import sql
 
 T = TypeVar("T")
 
@@ -73,6 +74,20 @@ def find_postgres() -> Iterator[str]:
 def drop_schema(dsn: str, schema: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def migrate_to(conn: psycopg.Connection[Any], schema: str, version: int) -> None:
+    """Create ``schema`` with the packaged migrations up to ``version`` applied, as an older skiplock left it."""
+    from skiplock.sql import migrations, queries_for, render
+
+    q = queries_for(schema)
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    conn.execute(q.schema_migrations_create)
+    for m in migrations():
+        if m.version <= version:
+            with conn.transaction():
+                conn.execute(render(m.text, schema))
+                conn.execute(q.schema_record, {"version": m.version, "name": m.name})
 
 
 def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> T:

@@ -7,7 +7,7 @@ WITH ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, idempotency_key,
                                timeout_seconds,
                                serial_key, serial_skip_on_retry/*[traced*/, trace_context/*traced]*/)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb,
+    VALUES (%(queue)s, %(task)s::text, %(payload)s::jsonb,
 /*[!by_name*/
             %(priority)s, %(max_attempts)s,
 /*!by_name]*/
@@ -54,7 +54,7 @@ WHERE queue = %(queue)s AND idempotency_key = %(idempotency_key)s AND status <> 
 WITH ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, idempotency_key,
                                serial_key, serial_skip_on_retry/*[traced*/, trace_context/*traced]*/)
-    SELECT %(queue)s, %(task)s, p.payload,
+    SELECT %(queue)s, %(task)s::text, p.payload,
 /*[!by_name*/
            %(priority)s, %(max_attempts)s,
 /*!by_name]*/
@@ -123,7 +123,7 @@ ORDER BY idempotency_key, (status <> 'failed') DESC, id DESC;
 WITH ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, timeout_seconds,
                                unique_key, unique_states, serial_key, serial_skip_on_retry/*[traced*/, trace_context/*traced]*/)
-    VALUES (%(queue)s, %(task)s, %(payload)s::jsonb,
+    VALUES (%(queue)s, %(task)s::text, %(payload)s::jsonb,
 /*[!by_name*/
             %(priority)s, %(max_attempts)s,
 /*!by_name]*/
@@ -170,7 +170,7 @@ LIMIT 1;
 WITH ins AS (
     INSERT INTO {schema}.jobs (queue, task, payload, priority, max_attempts, visible_at, unique_key,
                                unique_states, serial_key, serial_skip_on_retry/*[traced*/, trace_context/*traced]*/)
-    SELECT %(queue)s, %(task)s, p.payload,
+    SELECT %(queue)s, %(task)s::text, p.payload,
 /*[!by_name*/
            %(priority)s, %(max_attempts)s,
 /*!by_name]*/
