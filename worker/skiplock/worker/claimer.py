@@ -381,6 +381,9 @@ class Claimer:
             await self._store.backoff(self._wakeup.stopping)
             return True
         completed, jobs = result
+        if jobs:  # first: the jobs start before any bookkeeping of this claim (pick-up latency)
+            self._executors.admit(jobs)
+            self._executors.start()
         if after is None:  # from the start: the next claims may start after its last job, for a while
             self._after_until = started + min(AFTER_MAX_SECONDS, AFTER_WINDOW_FACTOR * (time.monotonic() - started))
         else:
@@ -396,8 +399,6 @@ class Claimer:
         if jobs:
             self._claimed_jobs.inc()
             self._empty_streak = 0
-            self._executors.admit(jobs)
-            self._executors.start()
         else:
             self._claimed_none.inc()
             self.empty_claims += 1
