@@ -76,7 +76,15 @@ def per_queue_limit(limit: int, queues: int) -> int:
 
 
 def fence_params(jobs: Sequence[Job], worker: str, now: datetime | None) -> dict[str, Any]:
-    return {"ids": [j.id for j in jobs], "attempts": [j.attempts for j in jobs], "worker": worker, "now": now}
+    """The attempts a fenced statement writes: ids and attempts as array literals (``{1,2,3}``, cast in the
+    statement), as for the claim (see :func:`complete_and_claim_params`): psycopg's list dumper searches each
+    element's text with a regular expression."""
+    return {
+        "ids": "{" + ",".join([str(j.id) for j in jobs]) + "}",
+        "attempts": "{" + ",".join([str(j.attempts) for j in jobs]) + "}",
+        "worker": worker,
+        "now": now,
+    }
 
 
 def fence_one_params(job: Job, worker: str) -> dict[str, Any]:

@@ -358,7 +358,8 @@ class Claimer:
         done = self._completer.take_done()
         self._flushes_seen = self._completer.ended_alone
         # a claim carrying completions may release their dependents, which commit with it, after its snapshot
-        self._claimed_busy = bool(self._executors.running() or self._executors.waiting() or done)
+        idle = not (self._executors.running() or self._executors.waiting())
+        self._claimed_busy = bool(not idle or done)
         started = time.monotonic()
         after = self._after if started < self._after_until else None
         shares = self.shares(want)
@@ -381,6 +382,11 @@ class Claimer:
             await self._store.backoff(self._wakeup.stopping)
             return True
         completed, jobs = result
+        if jobs:  # first: the jobs start before any bookkeeping of this claim (pick-up latency)
+            self._executors.admit(jobs)
+            self._executors.start()
+            if idle:  # a pick-up: an async runner woken for them starts now, not after this claim's bookkeeping
+                await asyncio.sleep(0)
         if after is None:  # from the start: the next claims may start after its last job, for a while
             self._after_until = started + min(AFTER_MAX_SECONDS, AFTER_WINDOW_FACTOR * (time.monotonic() - started))
         else:
@@ -396,8 +402,6 @@ class Claimer:
         if jobs:
             self._claimed_jobs.inc()
             self._empty_streak = 0
-            self._executors.admit(jobs)
-            self._executors.start()
         else:
             self._claimed_none.inc()
             self.empty_claims += 1

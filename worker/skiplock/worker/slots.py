@@ -15,6 +15,10 @@ from typing import Any
 from skiplock.app import Task
 from skiplock.job import Job, Outcome
 
+HANDOFF_SECONDS = 0.002
+"""An idle worker's loop waits up to this long for the handler thread it woke to take its job (see
+:meth:`Slots.wait`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -82,6 +86,8 @@ class Slots:
         # on every job); the condition on it is only for the handler threads' sleep and wake-up.
         self._mutex = threading.Lock()
         self._cond = threading.Condition(self._mutex)
+        self._taken = threading.Condition(self._mutex)  # a woken thread took a job (see wait)
+        self._handing = False  # the loop waits on _taken
         self._running: dict[int, Entry] = {}
         self._busy = 0
         self._by_thread: deque[Entry] = deque()  # waiting: a handler thread starts them
@@ -98,8 +104,15 @@ class Slots:
 
     # ------------------------------------------------------------------ waiting (the prefetch buffer)
     def wait(self, entries: list[Entry]) -> None:
-        """Claimed jobs join the buffer; idle handler threads are woken for theirs."""
+        """Claimed jobs join the buffer; idle handler threads are woken for theirs.
+
+        When nothing was running and a sleeping thread waits for each job (an idle worker picking up new work), the
+        caller (the loop) then blocks until the woken thread has taken its job, at most HANDOFF_SECONDS: the thread
+        needs the GIL to start the handler, and a thread waiting for it gets it only when its holder blocks or after
+        the switch interval (5 ms), so the loop's bookkeeping after a claim (the completions it carried, metrics, the
+        next wait) would come first."""
         with self._mutex:
+            idle = not self._busy
             for e in entries:
                 target = e.target  # a sync job without a timeout of its own or its task's: a handler thread starts it
                 if target.by_thread and e.job.timeout_seconds is None:
@@ -107,6 +120,12 @@ class Slots:
                 else:
                     (self._by_task if target.is_async else self._by_loop).append(e)
             self._wake_threads()
+            if idle and self._waking and 0 < len(self._by_thread) <= self._sleeping:  # a pick-up, not a backlog
+                self._handing = True
+                try:
+                    self._taken.wait(HANDOFF_SECONDS)
+                finally:
+                    self._handing = False
 
     def waiting(self) -> int:
         return len(self._by_thread) + len(self._by_task) + len(self._by_loop)
@@ -219,6 +238,8 @@ class Slots:
                         continue
                     e = self._begin(e, now)
                 if e is not None:
+                    if self._handing:  # the loop waits for this (see wait)
+                        self._taken.notify()
                     if self._sleeping > self._waking == 0:  # (_wake_threads' own first test: no call a job)
                         self._wake_threads()  # more jobs wait: the next thread, in case this job takes long
                     return e
