@@ -66,8 +66,8 @@ PGSERVER_BIN = Path(importlib.util.find_spec("pgserver").origin).parent / "pgins
 
 @contextlib.contextmanager
 def private_server_with_statements(bin_dir: Path) -> Iterator[Server]:
-    """A throw-away cluster of ``bin_dir``'s PostgreSQL on 127.0.0.1 that loads pg_stat_statements (run as the
-    ``postgres`` user when this runs as root)."""
+    """A throw-away cluster of ``bin_dir``'s PostgreSQL on 127.0.0.1 that loads pg_stat_statements when that build
+    has it (pgserver's does not: ``--pg-bin``), run as the ``postgres`` user when this runs as root."""
     user = "postgres" if os.geteuid() == 0 else None
     pgdata = Path(tempfile.mkdtemp(prefix="bench-pg-"))
     if user is not None:
@@ -75,9 +75,13 @@ def private_server_with_statements(bin_dir: Path) -> Iterator[Server]:
     run = functools.partial(subprocess.run, check=True, capture_output=True, user=user)
     run([str(bin_dir / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust", "--encoding=utf8"])
     port = _free_port()
-    options = f"-h 127.0.0.1 -p {port} -k {pgdata} -c shared_preload_libraries=pg_stat_statements"
+    options = f"-h 127.0.0.1 -p {port} -k {pgdata}"
     pg_ctl = str(bin_dir / "pg_ctl")
-    run([pg_ctl, "-D", str(pgdata), "-w", "-o", options, "-l", str(pgdata / "bench.log"), "start"])
+    start = [pg_ctl, "-D", str(pgdata), "-w", "-l", str(pgdata / "bench.log"), "start", "-o"]
+    try:
+        run([*start, options + " -c shared_preload_libraries=pg_stat_statements"])
+    except subprocess.CalledProcessError:
+        run([*start, options])  # a build without the extension: no per-statement figures
     dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     try:
         yield Server(dsn, True, _postmaster_of(dsn))
@@ -114,6 +118,11 @@ class WaitSampler(threading.Thread):
         return {k: v / self.samples for k, v in self.seen.most_common()} if self.samples else {}
 
 
+def has_statements(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'").fetchone()
+    return bool(row and row[0])
+
+
 def counts(conn: psycopg.Connection[Any], schema: str) -> tuple[int, ...]:
     index = conn.execute(INDEX, {"s": schema}).fetchone()
     table = conn.execute(TABLE, {"s": schema}).fetchone()
@@ -128,7 +137,9 @@ def one_drain(
     ``ceiling`` on skiplock's table, ``honest`` on the design source's), with its counts a job and a claim."""
     n = cfg.drain_jobs
     schema = scenario.new_honest_schema(cfg) if system == "honest" else scenario.new_schema(cfg, "drain", src)
-    conn.execute("SELECT pg_stat_statements_reset()")
+    statements = has_statements(conn)
+    if statements:
+        conn.execute("SELECT pg_stat_statements_reset()")
     before = counts(conn, schema)
     sampler = WaitSampler(cfg.dsn)
     sampler.start()
@@ -140,7 +151,7 @@ def one_drain(
     scenario.settled_counters(conn)  # the workers' last statistics have arrived
     after = counts(conn, schema)
     d = [b - a for a, b in zip(before, after, strict=True)]
-    by_kind = {row[0]: row[1:] for row in conn.execute(STATEMENTS).fetchall()}
+    by_kind = {row[0]: row[1:] for row in conn.execute(STATEMENTS).fetchall()} if statements else {}
     scenario.drop_schemas(cfg, schema)
     claims = by_kind.get("claim", (0, 0, 0, 0.0, 0))
     after_claims = by_kind.get("claim_after", (0, 0, 0, 0.0, 0))
@@ -219,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     systems = [(x, src) for x in a.systems.split(",") for src in (srcs if x == "skiplock" else [None])]
     runs: list[dict[str, Any]] = []
     with private_server_with_statements(a.pg_bin) as srv, psycopg.connect(srv.dsn, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        loaded = conn.execute("SELECT current_setting('shared_preload_libraries')").fetchone()
+        if loaded and "pg_stat_statements" in str(loaded[0]):
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        else:
+            print("no pg_stat_statements in this build (--pg-bin): claims and buffers a job read as 0", flush=True)
         cfg = scenario.drain_config(srv, a.jobs)
         try:
             for i in range(a.repeat):
