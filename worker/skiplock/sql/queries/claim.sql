@@ -60,16 +60,6 @@ WITH finishing AS (
 /*[after*/
           AND priority = %(after_priority)s::smallint
           AND (visible_at, id) > (%(after_at)s::timestamptz, %(after_id)s::bigint)
-          -- not a row another transaction may still hold: its xmax (who locked or updated it) is set and not older
-          -- than this snapshot's oldest running transaction (xids compared modulo 2^32). Another worker's claim
-          -- holds the rows ahead of this position, or committed them after this snapshot: SKIP LOCKED would take a
-          -- tuple lock and test the holder's transaction lock for each (the latter: lock the row's new version, a
-          -- WAL record, and recheck it). A row a finished transaction left locked waits for the next claim from the
-          -- start, which has no such test.
-          AND (jobs.xmax = '0'::xid
-               OR (jobs.xmax::text::bigint + 4294967296
-                   - (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint %% 4294967296)) %% 4294967296
-                  >= 2147483648)
 /*after]*/
           AND visible_at <= coalesce(%(now)s::timestamptz, now())
 /*[one*/
