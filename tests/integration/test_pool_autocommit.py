@@ -12,6 +12,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from skiplock import AsyncQueue, Queue, Settings
 from skiplock.store.run import may_autocommit
+from skiplock.store.single import CURSORS_KEPT
 
 
 def _committed(pg_dsn: str, schema: str) -> int:
@@ -62,3 +63,40 @@ async def test_the_async_twin_hands_the_connection_back_outside_autocommit(setti
         assert _committed(pg_dsn, schema) == 2
         async with pool.connection() as conn:
             assert conn.autocommit is False
+
+
+def test_an_enqueue_runs_on_whatever_connections_the_pool_has_now(settings: Settings, pg_dsn, schema):
+    """A single enqueue keeps a cursor for each pool connection (skiplock.store.single): when the pool replaces its
+    connections, or one dies under it, the next enqueue runs on the new one, and the closed ones are let go."""
+    with ConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool:
+        q = Queue(pool=pool, settings=settings)
+        q.enqueue("q", {"n": 0})
+        for n in range(1, CURSORS_KEPT + 5):
+            pool.drain()
+            pool.wait()
+            q.enqueue("q", {"n": n})
+        assert _committed(pg_dsn, schema) == CURSORS_KEPT + 5
+        assert len(q._cursors) <= CURSORS_KEPT
+        with pool.connection() as conn:
+            pid = conn.info.backend_pid
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(psycopg.OperationalError):
+            q.enqueue("q", {"n": "lost"})
+        assert q.enqueue("q", {"n": "after"}).id
+        assert _committed(pg_dsn, schema) == CURSORS_KEPT + 6
+        q.close()
+        assert not q._cursors
+
+
+async def test_the_async_enqueue_runs_on_whatever_connections_the_pool_has_now(settings: Settings, pg_dsn, schema):
+    async with AsyncConnectionPool(pg_dsn, min_size=1, max_size=1, kwargs={"autocommit": True}) as pool:
+        q = AsyncQueue(pool, settings)
+        await q.enqueue("q", {"n": 0})
+        for n in range(1, 4):
+            await pool.drain()
+            await pool.wait()
+            await q.enqueue("q", {"n": n})
+        assert _committed(pg_dsn, schema) == 4
+        async with pool.connection() as conn:
+            assert conn.autocommit is True
