@@ -16,7 +16,6 @@ from types import TracebackType
 from typing import Any, Self, TypeVar, Unpack
 
 import psycopg
-from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from skiplock import migrate as migrations
@@ -25,12 +24,11 @@ from skiplock.errors import ConfigError
 from skiplock.job import EnqueueManyResult, EnqueueResult, Job, QueueStats
 from skiplock.schedule import STALE_SECONDS, Schedule
 from skiplock.settings import Settings
-from skiplock.store import links, schedules, single, waiter
+from skiplock.store import links, schedules, waiter
 from skiplock.store.copy import CopyJobs, acopy_jobs, copy_jobs
 from skiplock.store.links import check_not_own_parent, link, lock_parents, split_links
 from skiplock.store.purge import apurge_batch, more_left, purge_batch
 from skiplock.store.run import NOT_CONNECTED, AsyncRunner, Runner, unavailable
-from skiplock.store.single import KeptCursors
 from skiplock.store.statements import PURGE_BATCH, Claim, Failure, PurgePolicy, Statements
 from skiplock.store.tasks import TaskDefaults
 from skiplock.store.validation import (
@@ -89,7 +87,6 @@ class Queue:
             self._run = Runner(s, pool)
         else:
             self._run = Runner.connect(s, name="skiplock", max_size=max_size, connect_timeout=connect_timeout)
-        self._cursors: KeptCursors[psycopg.Cursor[TupleRow]] = KeptCursors()
         self._closed = False
 
     @classmethod
@@ -110,7 +107,6 @@ class Queue:
         """A queue with no pool: every call must pass ``conn=`` (enqueue inside the caller's transaction)."""
         q = cls.__new__(cls)
         q.settings, q._s, q._run, q._closed = settings, Statements(settings), Runner(settings, None), False
-        q._cursors = KeptCursors()
         return q
 
     @property
@@ -125,7 +121,6 @@ class Queue:
 
     def close(self) -> None:
         self._run.close()
-        self._cursors.clear()
         self._closed = True
 
     def __enter__(self) -> Self:
@@ -175,7 +170,7 @@ class Queue:
     ) -> EnqueueResult:
         with tracing.sending(queue, options) as sent:
             insert = self._s.enqueue(queue, payload, options, sent.carrier)
-            inserted = single.insert(self._run, self._cursors, insert, conn)
+            inserted = self._run(insert, conn)
             result = inserted if inserted is not None else self._run(self._s.enqueued(insert), conn)
             if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
                 self._run(replace, conn)
@@ -423,7 +418,6 @@ class AsyncQueue:
         self.settings = settings
         self._s = Statements(settings)
         self._run = AsyncRunner(settings, pool, owned=owned)
-        self._cursors: KeptCursors[psycopg.AsyncCursor[TupleRow]] = KeptCursors()
         self._closed = False
 
     @classmethod
@@ -459,7 +453,6 @@ class AsyncQueue:
 
     async def close(self) -> None:
         await self._run.close()
-        self._cursors.clear()
         self._closed = True
 
     async def __aenter__(self) -> Self:
@@ -503,7 +496,7 @@ class AsyncQueue:
     ) -> EnqueueResult:
         with tracing.sending(queue, options) as sent:
             insert = self._s.enqueue(queue, payload, options, sent.carrier)
-            inserted = await single.ainsert(self._run, self._cursors, insert, conn)
+            inserted = await self._run(insert, conn)
             result = inserted if inserted is not None else await self._run(self._s.enqueued(insert), conn)
             if result.duplicate and (replace := self._s.replace_unique(insert.params or {})) is not None:
                 await self._run(replace, conn)
