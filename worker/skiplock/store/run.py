@@ -47,8 +47,9 @@ async def aexecute(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
 
 
 def idle(conn: AnyConnection) -> bool:
-    """No transaction open (nor a statement running, nor the connection broken)."""
-    return conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    """No transaction open (nor a statement running, nor the connection broken). Read off libpq's connection:
+    ``conn.info`` builds a new object on every call."""
+    return conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
 class KeptCursors(Generic[C]):
