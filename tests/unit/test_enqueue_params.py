@@ -42,7 +42,7 @@ def test_the_usual_enqueue_built_from_the_defaults_gets_the_same_parameters_and_
     assert defaults == kept
     call = Statements(SETTINGS).enqueue("q", {"a": 1}, {})
     assert call.params == enqueue_params(SETTINGS, "q", {"a": 1}, {}) and call.tuples
-    assert call.query == Statements(SETTINGS).q.job_enqueue.encode()  # the same statement, as bytes
+    assert call.query == Statements(SETTINGS).q.job_insert_usual.encode()  # its own statement, as bytes
 
 
 class Unserialisable:

@@ -373,7 +373,7 @@ class Statements:
         self.settings = settings
         self.q: Queries = queries_for(settings.schema)
         self._defaults = default_params(settings)
-        self._enqueue = _as_bytes(self.q.job_enqueue)
+        self._enqueue = _as_bytes(self.q.job_insert_usual)
 
     def enqueue(
         self, queue: str, payload: Any, options: Mapping[str, Any], trace_context: Mapping[str, str] | None = None
