@@ -85,6 +85,7 @@ class Queries:
     """One attribute per named query, rendered for one schema. A typo in a name fails at first use."""
 
     job_enqueue: LiteralString
+    job_insert_usual: LiteralString
     job_find_by_key: LiteralString
     job_enqueue_many: LiteralString
     job_reserve_ids: LiteralString

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
@@ -20,6 +20,9 @@ from skiplock.settings import Settings, redact
 from skiplock.store.call import Call, Result
 
 T = TypeVar("T")
+C = TypeVar("C", psycopg.Cursor[Any], psycopg.AsyncCursor[Any])
+CURSORS_KEPT = 64
+"""Most cursors a runner keeps (one for each pool connection and kind of rows)."""
 NOT_CONNECTED = "not connected to a database: pass conn= (your transaction), or connect first"
 AnyConnection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
 
@@ -44,8 +47,55 @@ async def aexecute(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
 
 
 def idle(conn: AnyConnection) -> bool:
-    """No transaction open (nor a statement running, nor the connection broken)."""
-    return conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    """No transaction open (nor a statement running, nor the connection broken). Read off libpq's connection:
+    ``conn.info`` builds a new object on every call."""
+    return conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+class KeptCursors(Generic[C]):
+    """A cursor for each pool connection and kind of rows (tuples or dicts), kept for the next call on it: making a
+    cursor (its adapters, each parameter's dumper looked up again) costs more than a single enqueue's own work around
+    its statement. Pool connections only: the pool gives one to a single caller at a time, and owns and closes it. A
+    connection the pool discards or replaces is never given again, so its cursor is never used again; past
+    ``CURSORS_KEPT`` cursors, those of connections closed meanwhile are forgotten (all of them, if that is not
+    enough). A cursor whose statement failed, or returned no rows, is reset by its next ``execute``."""
+
+    def __init__(self, make: Callable[[Any, bool], C]) -> None:
+        self._make: Callable[[Any, bool], C] = make
+        self._kept: dict[tuple[Any, bool], C] = {}
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def __call__(self, conn: Any, tuples: bool) -> C:
+        key = (conn, tuples)
+        cursor = self._kept.get(key)
+        if cursor is None:
+            if len(self._kept) >= CURSORS_KEPT:
+                for old in [k for k in list(self._kept) if k[0].closed]:
+                    self._kept.pop(old, None)
+                if len(self._kept) >= CURSORS_KEPT:
+                    self._kept.clear()
+            cursor = self._kept[key] = self._make(conn, tuples)
+        return cursor
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
+def _cursor(conn: Any, tuples: bool) -> Any:
+    return conn.cursor(row_factory=tuple_row if tuples else dict_row)
+
+
+def execute_on(cur: psycopg.Cursor[Any], call: Call[T]) -> T:
+    """Run ``call`` on a kept cursor (its rows' kind already the call's)."""
+    cur.execute(call.query, call.params, binary=call.binary)
+    return call.read(Result(cur.fetchall() if _has_rows(cur) else [], cur.rowcount))
+
+
+async def aexecute_on(cur: psycopg.AsyncCursor[Any], call: Call[T]) -> T:
+    await cur.execute(call.query, call.params, binary=call.binary)
+    return call.read(Result(await cur.fetchall() if _has_rows(cur) else [], cur.rowcount))
 
 
 def outside_transaction(conn: AnyConnection) -> bool:
@@ -60,6 +110,14 @@ def may_autocommit(conn: AnyConnection) -> bool:
     commit together run in an explicit transaction (see :func:`skiplock.store.copy.copy_jobs`)."""
     plain = conn.isolation_level is None and conn.read_only is None and conn.deferrable is None
     return plain and not conn.autocommit and idle(conn)
+
+
+def _check_conn(conn: Any, kind: type) -> None:
+    """Refuse a caller's ``conn=`` of the wrong kind (a sync call's is a Connection, an async call's an
+    AsyncConnection)."""
+    if not isinstance(conn, kind):
+        what = "a sync" if kind is psycopg.Connection else "an async"
+        raise ConfigError(f"conn= of {what} call must be a psycopg.{kind.__name__}, not {type(conn).__name__}")
 
 
 def unavailable(exc: BaseException, dsn: str | None) -> DatabaseUnavailableError:
@@ -102,6 +160,7 @@ class Runner:
 
     def __init__(self, settings: Settings, pool: ConnectionPool[Any] | None, *, owned: bool = False) -> None:
         self.settings, self.pool, self.owned = settings, pool, owned
+        self.cursors: KeptCursors[psycopg.Cursor[Any]] = KeptCursors(_cursor)
 
     @classmethod
     def connect(cls, settings: Settings, *, name: str, max_size: int, connect_timeout: float) -> Runner:
@@ -118,6 +177,7 @@ class Runner:
         return cls(settings, pool, owned=True)
 
     def close(self) -> None:
+        self.cursors.clear()
         if self.owned and self.pool is not None:
             self.pool.close()
 
@@ -150,23 +210,25 @@ class Runner:
         """The caller's connection (``conn=``), or one of the pool for the time of the call, in autocommit when
         :func:`may_autocommit` says so."""
         if conn is not None:
-            if not isinstance(conn, psycopg.Connection):
-                raise ConfigError(f"conn= of a sync call must be a psycopg.Connection, not {type(conn).__name__}")
+            _check_conn(conn, psycopg.Connection)
             yield conn
             return
         with self.connection() as own, _switched(own) as on:
             yield on
 
     def __call__(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
+        """Run ``call`` on the caller's ``conn=`` (a cursor of its own), or on a pool connection's kept cursor
+        (:class:`KeptCursors`), in autocommit when :func:`may_autocommit` says so."""
         if conn is not None:
-            with self.on(conn) as on:
-                return execute(on, call)
+            _check_conn(conn, psycopg.Connection)
+            return execute(conn, call)
         own = self._checkout()  # the usual call (a single enqueue): no context manager but the pool's own
         try:
+            cur = self.cursors(own, call.tuples)
             if own.autocommit:  # the pools a Queue makes: the statement is a transaction of its own
-                return execute(own, call)
-            with own, _switched(own) as on:
-                return execute(on, call)
+                return execute_on(cur, call)
+            with own, _switched(own):
+                return execute_on(cur, call)
         finally:
             self.pool.putconn(own)  # type: ignore[union-attr]
 
@@ -190,6 +252,7 @@ class AsyncRunner:
 
     def __init__(self, settings: Settings, pool: AsyncConnectionPool[Any] | None, *, owned: bool = False) -> None:
         self.settings, self.pool, self.owned = settings, pool, owned
+        self.cursors: KeptCursors[psycopg.AsyncCursor[Any]] = KeptCursors(_cursor)
 
     @classmethod
     async def connect(
@@ -216,6 +279,7 @@ class AsyncRunner:
         return cls(settings, pool, owned=True)
 
     async def close(self) -> None:
+        self.cursors.clear()
         if self.owned and self.pool is not None:
             await self.pool.close()
 
@@ -245,10 +309,7 @@ class AsyncRunner:
     async def on(self, conn: psycopg.AsyncConnection[Any] | None) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """See :meth:`Runner.on`."""
         if conn is not None:
-            if not isinstance(conn, psycopg.AsyncConnection):
-                raise ConfigError(
-                    f"conn= of an async call must be a psycopg.AsyncConnection, not {type(conn).__name__}"
-                )
+            _check_conn(conn, psycopg.AsyncConnection)
             yield conn
             return
         async with self.connection() as own, _aswitched(own) as on:
@@ -257,14 +318,15 @@ class AsyncRunner:
     async def __call__(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
         """See :meth:`Runner.__call__`."""
         if conn is not None:
-            async with self.on(conn) as on:
-                return await aexecute(on, call)
+            _check_conn(conn, psycopg.AsyncConnection)
+            return await aexecute(conn, call)
         own = await self._checkout()
         try:
+            cur = self.cursors(own, call.tuples)
             if own.autocommit:
-                return await aexecute(own, call)
-            async with own, _aswitched(own) as on:
-                return await aexecute(on, call)
+                return await aexecute_on(cur, call)
+            async with own, _aswitched(own):
+                return await aexecute_on(cur, call)
         finally:
             await self.pool.putconn(own)  # type: ignore[union-attr]
 

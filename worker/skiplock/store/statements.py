@@ -24,7 +24,13 @@ from skiplock.store.call import Call, Result
 from skiplock.store.copy import CopyJobs, copies_defaults, reserved
 from skiplock.store.tasks import TaskDefaults, defaults_from_row
 from skiplock.store.tasks import register_params as task_register_params
-from skiplock.store.validation import _shown, check_queue_name, enqueue_many_params, enqueue_params
+from skiplock.store.validation import (
+    _shown,
+    check_queue_name,
+    default_params,
+    enqueue_many_params,
+    enqueue_params,
+)
 
 T = TypeVar("T")
 FlowCursor = tuple[int, datetime]
@@ -288,6 +294,12 @@ def _id_set(r: Result) -> set[int]:
     return {row["id"] for row in r.rows}
 
 
+def _as_bytes(query: str) -> str | bytes:
+    """A statement's text as the bytes psycopg sends, when it is ASCII (the same bytes in any client encoding): psycopg
+    then neither encodes nor hashes it again on every call."""
+    return query.encode("ascii") if query.isascii() else query
+
+
 def _enqueued(r: Result) -> EnqueueResult | None:
     """The row of ``job_enqueue`` (any variant; tuples: id, duplicate, notified), or None."""
     return EnqueueResult(r.rows[0][0], r.rows[0][1]) if r.rows else None
@@ -368,6 +380,8 @@ class Statements:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.q: Queries = queries_for(settings.schema)
+        self._defaults = default_params(settings)
+        self._enqueue = _as_bytes(self.q.job_insert_usual)
 
     def enqueue(
         self, queue: str, payload: Any, options: Mapping[str, Any], trace_context: Mapping[str, str] | None = None
@@ -375,7 +389,9 @@ class Statements:
         """The insert (it returns nothing when a concurrent insert with the same key committed after its snapshot:
         then :meth:`enqueued` finds that job). ``trace_context``: the enqueue's span, written with the job (the
         ``traced`` variant of the statement; ``skiplock.tracing``)."""
-        params = enqueue_params(self.settings, queue, payload, options)
+        params = enqueue_params(self.settings, queue, payload, options, self._defaults)
+        if not options and trace_context is None:  # the usual call
+            return Call(self._enqueue, params, _enqueued, tuples=True)
         by_name = params.get("by_name", False)
         unique = params.get("unique_key") is not None
         q = self.q

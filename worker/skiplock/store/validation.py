@@ -114,26 +114,52 @@ _JSON = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", "
 def encode_payload(payload: Any, max_bytes: int) -> str:
     """The payload as compact JSON text, or :class:`PayloadError` (nothing is written)."""
     try:
-        text = _JSON.encode(payload)
-    except RecursionError:
-        raise PayloadError("payload nests too deeply to serialise") from None
-    except (TypeError, ValueError) as exc:
-        raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
+        text = _encode_one(payload)
+    except Exception:  # the full encoder again: it names the problem (circular, NaN, a type JSON has not)
+        text = _checked_encode(payload)
     if _has_nul(text):
         raise PayloadError("payload contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
     if payload_depth_exceeded(text):  # a worker must be able to decode what a producer stores
         raise PayloadError(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels of arrays and objects")
-    size = len(text.encode("utf-8", "surrogatepass"))
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise PayloadError(
             f"payload is {size} bytes, over the {max_bytes}-byte limit (max_payload_bytes): "
             "store large data elsewhere and enqueue a reference"
         )
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise PayloadError("payload contains text that is not valid Unicode (lone surrogates)") from None
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise PayloadError("payload contains text that is not valid Unicode (lone surrogates)") from None
     return text
+
+
+def _checked_encode(payload: Any) -> str:
+    """``_JSON.encode``, its errors as :class:`PayloadError`."""
+    try:
+        return _JSON.encode(payload)
+    except RecursionError:
+        raise PayloadError("payload nests too deeply to serialise") from None
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
+
+
+def _stateless_encoder() -> Callable[[Any], str]:
+    """``_JSON.encode`` without its record of the containers it is inside (so one encoder, built once, serves every
+    thread; ``encode`` builds one a call): a circular payload then ends in RecursionError, and :func:`encode_payload`
+    asks ``_JSON.encode`` again for the reason. ``_JSON.encode`` itself where there is no C encoder."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _JSON.encode
+    e = _JSON
+    strings = json.encoder.encode_basestring_ascii if e.ensure_ascii else json.encoder.encode_basestring
+    separators = (e.key_separator, e.item_separator)
+    chunks = make(None, e.default, strings, None, *separators, e.sort_keys, e.skipkeys, e.allow_nan)
+    return lambda payload: "".join(chunks(payload, 0))
+
+
+_encode_one = _stateless_encoder()
 
 
 def batch_encoder() -> Callable[[Any], str]:
@@ -218,21 +244,27 @@ def serial_params(options: Mapping[str, Any]) -> dict[str, Any]:
     return {"serial_key": key, "serial_skip_on_retry": bool(skip)}
 
 
+def default_params(settings: Settings) -> dict[str, Any]:
+    """The parameters of an enqueue that gives no option, but its queue (and its payload): every option at its
+    default."""
+    return {
+        "queue": None,
+        "task": None,
+        "priority": 0,
+        "max_attempts": settings.max_attempts,
+        "delay": 0.0,
+        "run_at": None,
+        "channel": settings.channel,
+        "timeout_seconds": None,
+        "serial_key": None,
+        "serial_skip_on_retry": False,
+    }
+
+
 def _common_params(settings: Settings, queue: str, options: Mapping[str, Any], known: frozenset[str]) -> dict[str, Any]:
     """Validated parameters shared by one and many enqueues; :class:`EnqueueError` names what is wrong."""
     if not options:  # the usual call: every option at its default, so only the queue's name to check
-        return {
-            "queue": check_queue_name(queue),
-            "task": None,
-            "priority": 0,
-            "max_attempts": settings.max_attempts,
-            "delay": 0.0,
-            "run_at": None,
-            "channel": settings.channel,
-            "timeout_seconds": None,
-            "serial_key": None,
-            "serial_skip_on_retry": False,
-        }
+        return default_params(settings) | {"queue": check_queue_name(queue)}
     unknown = set(options) - known
     if unknown:
         raise EnqueueError(
@@ -294,8 +326,18 @@ def _by_name(settings: Settings, options: Mapping[str, Any]) -> dict[str, Any]:
     return {"by_name": True, "max_attempts_default": settings.max_attempts, "serial_skip_on_retry": skip}
 
 
-def enqueue_params(settings: Settings, queue: str, payload: Any, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Parameters of ``job_enqueue`` (``job_enqueue_unique`` with a unique key), or :class:`EnqueueError`."""
+def enqueue_params(
+    settings: Settings, queue: str, payload: Any, options: Mapping[str, Any], defaults: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Parameters of ``job_enqueue`` (``job_enqueue_unique`` with a unique key), or :class:`EnqueueError`.
+    ``defaults``: :func:`default_params` of ``settings``, built once by the caller (the usual call, no option, copies
+    it)."""
+    if not options and defaults is not None:
+        params = defaults.copy()
+        params["queue"] = check_queue_name(queue)
+        params["idempotency_key"] = None
+        params["payload"] = encode_payload(payload, settings.max_payload_bytes)
+        return params
     params = _common_params(settings, queue, options, ENQUEUE_OPTIONS)
     key = params["idempotency_key"] = check_idempotency_key(options.get("idempotency_key"))
     params["payload"] = encode_payload(payload, settings.max_payload_bytes)

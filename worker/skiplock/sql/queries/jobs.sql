@@ -41,6 +41,13 @@ SELECT j.id, true AS duplicate, 0 AS notified FROM {schema}.jobs AS j
 WHERE NOT EXISTS (SELECT 1 FROM ins)
   AND j.queue = %(queue)s AND j.idempotency_key = %(idempotency_key)s AND j.status <> 'failed';
 
+-- name: job_insert_usual
+-- The usual single enqueue (no key, no option): insert the job, every other column at its default (visible now), and
+-- wake workers; the same row as job_enqueue's (the notify's void value in place of its count).
+INSERT INTO {schema}.jobs (queue, payload, max_attempts)
+VALUES (%(queue)s, %(payload)s::jsonb, %(max_attempts)s)
+RETURNING id, false AS duplicate, pg_notify(%(channel)s, %(queue)s) AS notified;
+
 -- name: job_find_by_key
 -- The live job of a queue with an idempotency key (used when a concurrent insert won the race).
 SELECT id, task FROM {schema}.jobs
