@@ -17,6 +17,7 @@ subtracted. Variants:
 
     .venv/bin/python bench/backend_instructions.py                     # every variant, 10,000 jobs
     .venv/bin/python bench/backend_instructions.py --variants honest,statement --jobs 20000
+    .venv/bin/python bench/backend_instructions.py --variants skiplock,statement --keep-callgrind /tmp/cg
 
 Prints one JSON line a variant and a table; needs valgrind. A variant takes about a minute.
 """
@@ -190,6 +191,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--variants", default="honest,skiplock,no-checks,no-idle-indexes,statement")
+    parser.add_argument("--keep-callgrind", type=Path, metavar="DIR", help="copy each variant's callgrind.out here")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
@@ -206,6 +208,9 @@ def main() -> None:
             schema = "v_" + variant.replace("-", "_")
             seeded = count(postgres, srv.pgdata, srv.system_user, out, schema, args.jobs, loop=False)
             drained = count(postgres, srv.pgdata, srv.system_user, out, schema, args.jobs, loop=True)
+            if args.keep_callgrind is not None:
+                args.keep_callgrind.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(out, args.keep_callgrind / f"callgrind.{variant}.out")
             results[variant] = round((drained - seeded) / args.jobs)
             print(
                 json.dumps({"variant": variant, "jobs": args.jobs, "instructions_per_job": results[variant]}),
