@@ -19,11 +19,12 @@ WITH finishing AS (
 ), done AS (
     UPDATE {schema}.jobs AS j
     SET status = 'done', locked_at = NULL, lease_expires_at = NULL,
-        updated_at = coalesce(%(now)s::timestamptz, now())
+        updated_at = (SELECT coalesce(%(now)s::timestamptz, now()))
     -- each row found by primary key, its attempt looked up in a hash of the runs (IS TRUE keeps the IN a hashed
-    -- subplan; array_position walked the ids for every row)
+    -- subplan; array_position walked the ids for every row), hashed from the arrays as a target list of unnests
+    -- (read through the finishing CTE or FROM unnest(...), every run was first copied into a store)
     WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
-      AND ((j.id, j.attempts) IN (SELECT id, attempts FROM finishing)) IS TRUE
+      AND ((j.id, j.attempts) IN (SELECT unnest(%(ids)s::bigint[]), unnest(%(attempts)s::integer[]))) IS TRUE
       AND j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
     RETURNING j.id
 ), limit_full AS (
@@ -55,7 +56,16 @@ WITH finishing AS (
 /*[one*/
 ), picked AS (
 /*one]*/
-        SELECT id, task, priority, visible_at, attempts FROM {schema}.jobs
+        -- (a drain of one queue without limits reads only the ids of `picked`: every other column it stored was copied
+        -- into the CTE's store and out again for nothing)
+        SELECT id
+/*[!unlimited*/
+             , task, priority, visible_at, attempts
+/*!unlimited]*/
+/*[unlimited*//*[!one*/
+             , task, priority, visible_at, attempts
+/*!one]*//*unlimited]*/
+        FROM {schema}.jobs
         WHERE queue = /*[!one*/q.queue/*!one]*//*[one*/(%(queues)s::text[])[1]/*one]*/ AND status = 'pending'
 /*[after*/
           AND priority = %(after_priority)s::smallint
@@ -134,9 +144,14 @@ WITH finishing AS (
 ), claimed AS (
     UPDATE {schema}.jobs AS j
     SET status = 'processing', attempts = j.attempts + 1, locked_by = %(worker)s,
-        locked_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now()),
-        lease_expires_at = coalesce(%(now)s::timestamptz, now())
-            + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)), slot = /*[!unlimited*/go.cslot/*!unlimited]*//*[unlimited*/NULL/*unlimited]*/
+        -- the time and, when no task has a lease of its own, the lease deadline: init plans, computed once
+        locked_at = (SELECT coalesce(%(now)s::timestamptz, now())),
+        updated_at = (SELECT coalesce(%(now)s::timestamptz, now())),
+        lease_expires_at = CASE WHEN %(leases)s::jsonb IS NULL
+            THEN (SELECT coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_seconds)s))
+            ELSE coalesce(%(now)s::timestamptz, now())
+                + make_interval(secs => coalesce((%(leases)s::jsonb ->> j.task)::float8, %(lease_seconds)s)) END,
+        slot = /*[!unlimited*/go.cslot/*!unlimited]*//*[unlimited*/NULL/*unlimited]*/
 /*[!unlimited*/
     FROM go
     -- completions first (a serial key passes on): an init plan, run once before the first row (joined as a
@@ -148,7 +163,9 @@ WITH finishing AS (
 /*[unlimited*/
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND (SELECT count(*) FROM done) >= 0
 /*unlimited]*/
-    RETURNING j.id, j.queue, j.task, j.payload::text AS payload, j.attempts, j.max_attempts, j.priority,
+    -- the row as the worker reads it, `completed` (NULL here) first: selected as it is below, with no projection
+    RETURNING NULL::bigint[] AS completed, j.id, j.queue, j.task, j.payload::text AS payload, j.attempts,
+                  j.max_attempts, j.priority,
                   least(greatest(j.created_at, TIMESTAMPTZ '1970-01-01 00:00:00+00'), TIMESTAMPTZ '3000-01-01 00:00:00+00')
                       AS created_at,  -- within jobs_created_at_check / jobs_visible_at_check: a row stored outside
                   greatest(j.visible_at, TIMESTAMPTZ '1970-01-01 00:00:00+00') AS visible_at,  -- them still loads
@@ -172,6 +189,6 @@ WITH finishing AS (
     WHERE s.task = t.task AND s.kind = (SELECT 'rate'::text) AND s.n = t.rslot
 /*!unlimited]*/
 )
-SELECT NULL::bigint[] AS completed, c.* FROM claimed AS c
+SELECT * FROM claimed
 UNION ALL
 SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;

@@ -247,7 +247,7 @@ SELECT pg_notify(%(channel)s, %(queue)s);
 UPDATE {schema}.jobs AS j
 SET status = 'done', locked_at = NULL, lease_expires_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE j.id = ANY((SELECT %(ids)s::bigint[])::bigint[])
-      AND ((j.id, j.attempts) IN (SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]))) IS TRUE
+      AND ((j.id, j.attempts) IN (SELECT unnest(%(ids)s::bigint[]), unnest(%(attempts)s::integer[]))) IS TRUE
       AND j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
 RETURNING j.id;
 
