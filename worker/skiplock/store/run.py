@@ -35,15 +35,14 @@ def _has_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
 
 
 def execute(conn: psycopg.Connection[Any], call: Call[T]) -> T:
-    with conn.cursor(row_factory=tuple_row if call.tuples else dict_row, binary=call.binary) as cur:
-        cur.execute(call.query, call.params)
-        return call.read(Result(cur.fetchall() if _has_rows(cur) else [], cur.rowcount))
+    """Run ``call`` on a cursor of its own, closed after."""
+    with _cursor(conn, call.tuples) as cur:
+        return execute_on(cur, call)
 
 
 async def aexecute(conn: psycopg.AsyncConnection[Any], call: Call[T]) -> T:
-    async with conn.cursor(row_factory=tuple_row if call.tuples else dict_row, binary=call.binary) as cur:
-        await cur.execute(call.query, call.params)
-        return call.read(Result(await cur.fetchall() if _has_rows(cur) else [], cur.rowcount))
+    async with _cursor(conn, call.tuples) as cur:
+        return await aexecute_on(cur, call)
 
 
 def idle(conn: AnyConnection) -> bool:
