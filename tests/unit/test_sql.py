@@ -3,7 +3,7 @@ from importlib import resources
 
 import pytest
 
-from skiplock.sql import Queries, migrations, parse, queries_for, template
+from skiplock.sql import Queries, compact, migrations, parse, queries_for, template
 
 
 def test_every_query_is_loaded_and_rendered_for_the_schema():
@@ -43,6 +43,24 @@ def test_migrations_are_numbered_without_gaps():
 def test_hostile_schema_names_are_quoted_not_interpolated():
     q = queries_for('we"ird')
     assert '"we""ird".jobs' in q.job_complete_and_claim
+
+
+def test_compact_drops_comments_and_indentation_but_not_what_is_quoted():
+    text = "SELECT 'a -- b', \"x--y\"  -- why\n\n    -- a line of its own\n    , $f$ -- kept\n  $f$ -- end"
+    assert compact(text) == "SELECT 'a -- b', \"x--y\"\n, $f$ -- kept\n  $f$"
+    assert compact("SELECT 'it''s -- here'\n  FROM t -- the table") == "SELECT 'it''s -- here'\nFROM t"
+
+
+def test_the_statements_sent_carry_no_comment_and_the_usual_claims_fit_psycopgs_parse_cache():
+    # psycopg caches a statement's parsed placeholders only up to this length (psycopg._queries); longer ones are
+    # parsed again on every execution
+    cached = 4096
+    q = queries_for("a_schema_name_of_the_longest_length_postgresql_takes_63_bytes__")
+    for name in Queries.__annotations__:
+        assert not re.search(r"^\s|--", getattr(q, name), re.MULTILINE), name
+    for name in CLAIMS:
+        if "unlimited" in name:
+            assert len(getattr(q, name)) < cached, (name, len(getattr(q, name)))
 
 
 CLAIMS = [n for n in Queries.__annotations__ if n.startswith("job_complete_and_claim")]

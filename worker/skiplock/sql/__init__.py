@@ -63,6 +63,25 @@ def parse(source: str) -> list[Statement]:
     return out
 
 
+# What `compact` keeps whole (strings, quoted names, dollar-quoted bodies) and what it drops (comments, indentation).
+_TOKEN = re.compile(
+    r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|\$(?P<tag>\w*)\$.*?\$(?P=tag)\$"""
+    r"""|(?P<br>(?:[ \t]*(?:--[^\n]*)?\n[ \t]*)+)|(?P<comment>[ \t]*--[^\n]*)""",
+    re.DOTALL,
+)
+
+
+def compact(text: str) -> str:
+    """``text`` without its ``--`` comments, indentation and blank lines: what is sent to the server. The files keep
+    their comments for readers; psycopg parses a statement's ``%(name)s`` placeholders on every execution when its
+    text is over 4,096 characters (below that it caches them), and the claim, commented, is over it."""
+
+    def keep(m: re.Match[str]) -> str:
+        return "" if m["comment"] is not None else "\n" if m["br"] is not None else m[0]
+
+    return _TOKEN.sub(keep, text).strip()
+
+
 def render(text: str, schema: str) -> LiteralString:
     composed = sql.SQL(text).format(schema=sql.Identifier(schema))  # type: ignore[arg-type]
     return composed.as_string(None)  # type: ignore[return-value]
@@ -240,7 +259,7 @@ class Queries:
         if declared != loaded:
             raise ValueError(f"queries declared {sorted(declared ^ loaded)} do not match the .sql files")
         for stmt in _raw_queries():
-            setattr(self, stmt.name, render(stmt.text, schema))
+            setattr(self, stmt.name, render(compact(stmt.text), schema))
 
     def __getattr__(self, name: str) -> Any:  # only called for missing attributes
         raise AttributeError(f"no query named {name!r} in skiplock/sql/queries")
