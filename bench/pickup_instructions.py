@@ -9,6 +9,7 @@ count covers the whole window, so what the worker does on timers meanwhile is in
 
     .venv/bin/python bench/pickup_instructions.py                       # the working tree's worker and the honest loop
     .venv/bin/python bench/pickup_instructions.py --ref c995b43         # and that commit's worker, alternated
+    .venv/bin/python bench/pickup_instructions.py --keep-callgrind /tmp/cg   # keep callgrind's files
 
 Prints JSON lines (one per run, then the medians) and a table; needs valgrind (``apt-get install valgrind``).
 """
@@ -78,8 +79,9 @@ def _producer(cfg: scenario.Config, variant: str, schema: str) -> Iterator[Calla
         yield lambda: q.enqueue(scenario.QUEUE, {"t": time.time()}).id
 
 
-def count(cfg: scenario.Config, variant: str, src: str | None, jobs: int) -> int:
-    """Instructions (callgrind's Ir) of one worker picking up ``jobs`` jobs one after another."""
+def count(cfg: scenario.Config, variant: str, src: str | None, jobs: int, keep: Path | None = None) -> int:
+    """Instructions (callgrind's Ir) of one worker picking up ``jobs`` jobs one after another (``keep``: copy the
+    callgrind file into that directory, for ``callgrind_annotate --inclusive=yes``)."""
     schema = scenario.new_honest_schema(cfg) if variant == HONEST else scenario.new_schema(cfg, "pickup", src)
     logdir = Path(tempfile.mkdtemp(prefix="bench-pickup-"))
     proc = _start(cfg, variant, src, schema, logdir)
@@ -103,6 +105,10 @@ def count(cfg: scenario.Config, variant: str, src: str | None, jobs: int) -> int
         proc.popen.wait(timeout=120)
         scenario.drop_schemas(cfg, only=schema)
     found = COLLECTED.findall(proc.output())
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        for out in logdir.glob("cg.out*"):
+            shutil.copyfile(out, keep / f"callgrind.{variant.replace('/', '_')}.{out.name}")
     shutil.rmtree(logdir, ignore_errors=True)
     if not found:
         raise scenario.BenchError("valgrind reported no instruction count:\n" + proc.output()[-2000:])
@@ -126,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ref", help="also count this commit's worker/ (git ref, or a directory holding skiplock/)")
     p.add_argument("--poll", type=float, default=2.0, help="the worker's poll interval, s (default 2: the default)")
     p.add_argument("--no-honest", action="store_true", help="leave out the honest loop")
+    p.add_argument("--keep-callgrind", type=Path, metavar="DIR", help="copy each run's callgrind files here")
     a = p.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind not found (apt-get install valgrind)", file=sys.stderr)
@@ -145,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(a.repeat):
                 for name, src in variants:
                     t = time.monotonic()
-                    ir = count(cfg, name, src, a.jobs)
+                    ir = count(cfg, name, src, a.jobs, a.keep_callgrind)
                     per_job[name].append(ir / a.jobs)
                     record: dict[str, Any] = {"type": "run", "variant": name, "rep": rep + 1, "jobs": a.jobs}
                     print(json.dumps(record | {"instructions_per_job": round(ir / a.jobs)}), flush=True)

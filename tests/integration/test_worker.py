@@ -452,6 +452,30 @@ async def test_a_backlog_is_claimed_from_the_last_position_and_jobs_sorting_befo
         assert await asyncio.wait_for(task, 30) == 0
 
 
+async def test_a_worker_picking_up_jobs_one_at_a_time_keeps_its_claim_connection_between_them(
+    settings: Settings, aqueue, monkeypatch: pytest.MonkeyPatch
+):
+    """Between pick-ups less than IDLE_RETURN_SECONDS apart the claim connection stays checked out: a checkout and
+    a return for each pick-up cost more of the worker's CPU than the claim's own work. Idle for longer, it goes
+    back to the pool (the tests that wait for "claim connection returned when idle")."""
+    monkeypatch.setattr(claimer_module, "IDLE_RETURN_SECONDS", 60.0)
+    ran: list[int] = []
+    worker, task = await _run_worker(settings, Handler("t", lambda job: ran.append(job.id), False))
+    try:
+        await aqueue.enqueue("default", {})
+        await await_for(lambda: len(ran) == 1, timeout=30, what="the first job done")
+        await await_for(lambda: worker._store.claim_connection_kept, timeout=30, what="the claim connection kept")
+        checkouts = worker._store.pool.get_stats()["requests_num"]
+        for n in range(2, 5):
+            await aqueue.enqueue("default", {})
+            await await_for(lambda n=n: len(ran) == n, timeout=30, what=f"job {n} done")
+        assert worker._store.claim_connection_kept
+        assert worker._store.pool.get_stats()["requests_num"] == checkouts, "a checkout for a pick-up"
+    finally:
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 30) == 0
+
+
 async def test_control_connections_prepare_the_claim_at_its_first_use(settings: Settings, aqueue):
     """A statement sent unprepared is parsed again each time, 1-3 ms for the claim: psycopg prepares a statement at
     its sixth use by default, so every drain's first claims paid it. A worker's control connections prepare each

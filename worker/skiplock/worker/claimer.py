@@ -74,6 +74,10 @@ EMPTY_STREAK = 3
 EMPTY_CLAIM_QUIET_SECONDS = 0.1
 # All slots busy this long: the claim connection goes back to the pool (a slow job may run for hours).
 BUSY_RETURN_SECONDS = 1.0
+# Idle (nothing claimed, no wake-up) this long: the claim connection goes back to the pool, which checks and recycles
+# it meanwhile. A worker picking up jobs as they come keeps it between them: a checkout and a return for each pick-up
+# cost more of the worker's CPU than building and reading the claim (bench/pickup_instructions.py).
+IDLE_RETURN_SECONDS = 1.0
 # A prefetched job waits in the local buffer at most about this fraction of its lease (3 s of the default 60 s).
 PREFETCH_WAIT_FRACTION = 0.05
 # The pace (jobs started per second) that sizes the buffer is measured over windows this long.
@@ -166,6 +170,7 @@ class Claimer:
         self.draining = False  # the operator asked this pod to stop claiming (scale-in; see drain.py)
         self._orphans_possible = False
         self._quiet_until = 0.0
+        self._claimed_jobs_at = 0.0  # when (monotonic) the last claim that brought jobs started
         self._empty_streak = 0
         self._rotate = 0
         self._started_seen = 0  # the executors' count of started jobs at the last pace update
@@ -338,7 +343,6 @@ class Claimer:
                     if self.until_idle and idle:
                         stopping.set()
                         break
-                    await self._store.give_back_claim_connection()  # idle: the pool checks and recycles it meanwhile
                     source = await self._wait_for_work()
                     if stopping.is_set():
                         break
@@ -401,6 +405,7 @@ class Claimer:
         self._rotate += 1  # the next claim serves another queue first
         if jobs:
             self._claimed_jobs.inc()
+            self._claimed_jobs_at = started
             self._empty_streak = 0
         else:
             self._claimed_none.inc()
@@ -506,6 +511,14 @@ class Claimer:
             wakeup.gathering(False)
         return self._room()
 
+    async def _woken_within(self, seconds: float) -> bool:
+        try:
+            async with asyncio.timeout(seconds):
+                await self._wakeup.work.wait()
+        except TimeoutError:
+            return False
+        return True
+
     async def _wait_for_work(self) -> str:
         """Sleep until a wake-up (NOTIFY, recovered jobs, stop) or the poll interval; wake-ups right after an
         empty claim are folded into one claim at the end of a short quiet period."""
@@ -513,11 +526,12 @@ class Claimer:
         if due_in is not None:
             wait = min(wait, max(due_in, RATE_RETRY_SECONDS))
         wakeup = self._wakeup
-        try:
-            async with asyncio.timeout(wait):
-                await wakeup.work.wait()
-        except TimeoutError:
-            return "poll" if wait == self._settings.poll_seconds else "rate_limit"
+        # the claim connection stays checked out until IDLE_RETURN_SECONDS after the last claim that brought jobs
+        keep = min(wait, self._claimed_jobs_at + IDLE_RETURN_SECONDS - time.monotonic())
+        if not (keep > 0 and await self._woken_within(keep)):
+            await self._store.give_back_claim_connection()  # idle: the pool checks and recycles it meanwhile
+            if not await self._woken_within(wait - max(keep, 0.0)):
+                return "poll" if wait == self._settings.poll_seconds else "rate_limit"
         quiet = self._quiet_until - time.monotonic()
         if quiet > 0 and not wakeup.stopping.is_set():
             with contextlib.suppress(TimeoutError):
