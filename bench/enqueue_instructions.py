@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -32,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-COLLECTED = re.compile(r"Collected : (\d+)")
+import callgrind
+
 MODES = ("plain", "pool", "userpool", "conn", "many", "many-keys")
 BATCH = 100  # payloads a call of enqueue_many; calls a transaction of ``conn``
 WARM = 50
@@ -128,10 +127,9 @@ def count(dsn: str, schema: str, mode: str, calls: int, src: str | None) -> int:
     import scenario
 
     env = scenario._env({}, src)
-    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null"]
     args = [sys.executable, str(Path(__file__).resolve()), "--producer", mode, "--dsn", dsn, "--schema", schema]
     proc = subprocess.Popen(
-        [*command, *args, "--calls", str(calls)],
+        [*callgrind.command(), *args, "--calls", str(calls)],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -147,25 +145,22 @@ def count(dsn: str, schema: str, mode: str, calls: int, src: str | None) -> int:
             _, err = proc.communicate(timeout=60)
             raise RuntimeError(f"producer ({mode}) said {line!r}, not {word!r}:\n{err[-3000:]}")
 
-    def toggle(state: str) -> None:
-        subprocess.run(["callgrind_control", "-i", state, str(proc.pid)], check=True, capture_output=True)
-
     try:
         expect("ready")
-        toggle("on")
+        callgrind.counting(proc.pid, True)
         proc.stdin.write("go\n")
         proc.stdin.flush()
         expect("done")
-        toggle("off")
+        callgrind.counting(proc.pid, False)
         _, err = proc.communicate("exit\n", timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    found = COLLECTED.findall(err)
-    if proc.returncode != 0 or not found:
+    found = callgrind.collected(err)
+    if proc.returncode != 0 or found is None:
         raise RuntimeError(f"producer ({mode}) exited {proc.returncode} without a count:\n{err[-3000:]}")
-    return int(found[-1])
+    return found
 
 
 def per_unit(mode: str, calls: int) -> int:
@@ -189,15 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     modes = [m for m in a.modes.split(",") if m]
     if bad := set(modes) - set(MODES):
         p.error(f"unknown mode(s) {', '.join(sorted(bad))}")
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        print("valgrind not found (apt-get install valgrind)", file=sys.stderr)
+    if not callgrind.installed():
+        print(callgrind.MISSING, file=sys.stderr)
         return 2
     import run
     import scenario
 
-    variants: list[tuple[str, str | None]] = [("tree", None)]
-    if a.ref:
-        variants.append((a.ref, run.worker_source(a.ref)))
+    variants = callgrind.variants(a.ref)
     results: dict[tuple[str, str], list[float]] = {}
     with run.database(a.dsn) as srv:
         cfg = scenario.drain_config(srv, 0)

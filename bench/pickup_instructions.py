@@ -17,10 +17,7 @@ Prints JSON lines (one per run, then the medians) and a table; needs valgrind (`
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,17 +27,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import callgrind
 import run
 import scenario
 from psycopg import sql
 
-COLLECTED = re.compile(r"Collected : (\d+)")
 HONEST = "honest"
 DONE_TIMEOUT = 120.0  # seconds for one job under valgrind (about 50x slower than native)
-
-
-def _valgrind(out: Path) -> list[str]:
-    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
 
 
 def _start(cfg: scenario.Config, variant: str, src: str | None, schema: str, logdir: Path) -> scenario.Proc:
@@ -63,7 +56,10 @@ def _start(cfg: scenario.Config, variant: str, src: str | None, schema: str, log
         env, ready = scenario._env(settings, src), "listener connected"
     with log.open("wb") as out:
         popen = subprocess.Popen(
-            [*_valgrind(logdir / "cg.out"), sys.executable, *argv], env=env, stdout=out, stderr=subprocess.STDOUT
+            [*callgrind.command(logdir / "cg.out"), sys.executable, *argv],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     return scenario.Proc(popen, log, ready)
 
@@ -91,7 +87,7 @@ def count(cfg: scenario.Config, variant: str, src: str | None, jobs: int, keep: 
         with _producer(cfg, variant, schema) as enqueue, scenario.connect(cfg) as mon:
             enqueue()  # the first pick-up (connections, plans) is not counted
             _wait_all_done(mon, schema)
-            subprocess.run(["callgrind_control", "-i", "on", str(proc.popen.pid)], check=True, capture_output=True)
+            callgrind.counting(proc.popen.pid, True)
             for _ in range(jobs):
                 job = enqueue()
                 deadline = time.monotonic() + DONE_TIMEOUT
@@ -99,20 +95,20 @@ def count(cfg: scenario.Config, variant: str, src: str | None, jobs: int, keep: 
                     if time.monotonic() > deadline:
                         raise scenario.BenchError(f"job {job} not done in {DONE_TIMEOUT:.0f} s: {row}")
                     time.sleep(0.005)
-            subprocess.run(["callgrind_control", "-i", "off", str(proc.popen.pid)], check=True, capture_output=True)
+            callgrind.counting(proc.popen.pid, False)
     finally:
         scenario.stop([proc])
         proc.popen.wait(timeout=120)
         scenario.drop_schemas(cfg, only=schema)
-    found = COLLECTED.findall(proc.output())
+    found = callgrind.collected(proc.output())
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         for out in logdir.glob("cg.out*"):
             shutil.copyfile(out, keep / f"callgrind.{variant.replace('/', '_')}.{out.name}")
     shutil.rmtree(logdir, ignore_errors=True)
-    if not found:
+    if found is None:
         raise scenario.BenchError("valgrind reported no instruction count:\n" + proc.output()[-2000:])
-    return int(found[-1])
+    return found
 
 
 def _wait_all_done(mon: Any, schema: str) -> None:
@@ -134,39 +130,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-honest", action="store_true", help="leave out the honest loop")
     p.add_argument("--keep-callgrind", type=Path, metavar="DIR", help="copy each run's callgrind files here")
     a = p.parse_args(argv)
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        print("valgrind not found (apt-get install valgrind)", file=sys.stderr)
+    if not callgrind.installed():
+        print(callgrind.MISSING, file=sys.stderr)
         return 2
-    variants: list[tuple[str, str | None]] = [("tree", None)]
-    if a.ref:
-        variants.append((a.ref, run.worker_source(a.ref)))
-    if not a.no_honest:
-        variants.append((HONEST, None))
-    per_job: dict[str, list[float]] = {name: [] for name, _ in variants}
+    variants = callgrind.variants(a.ref) + ([] if a.no_honest else [(HONEST, None)])
     with run.database(a.dsn) as srv:
         cfg = scenario.Config(
-            server=srv, workers=1, concurrency=10, batch=None, poll_seconds=a.poll, drain_timeout=3600.0,
+            server=srv,
+            workers=1,
+            concurrency=10,
+            batch=None,
+            poll_seconds=a.poll,
+            drain_timeout=3600.0,
             **run.MODES["default"],
         )
         try:
-            for rep in range(a.repeat):
-                for name, src in variants:
-                    t = time.monotonic()
-                    ir = count(cfg, name, src, a.jobs, a.keep_callgrind)
-                    per_job[name].append(ir / a.jobs)
-                    record: dict[str, Any] = {"type": "run", "variant": name, "rep": rep + 1, "jobs": a.jobs}
-                    print(json.dumps(record | {"instructions_per_job": round(ir / a.jobs)}), flush=True)
-                    took = time.monotonic() - t
-                    print(f"  [{rep + 1}/{a.repeat}] {name}: {ir / a.jobs:,.0f} ({took:.0f}s)", file=sys.stderr)
+            per_job = callgrind.alternate(
+                variants,
+                a.repeat,
+                lambda name, src: count(cfg, name, src, a.jobs, a.keep_callgrind) / a.jobs,
+                jobs=a.jobs,
+            )
         finally:
             scenario.drop_schemas(cfg)
-    for name, values in per_job.items():
-        print(json.dumps({"type": "median", "variant": name, "instructions_per_job": round(statistics.median(values))}))
-    print(f"\n| worker (one process, a job at a time, poll {a.poll:g} s) | instructions/job (median) | runs |")
-    print("|---|---:|---|")
-    for name, values in per_job.items():
-        runs = ", ".join(f"{v:,.0f}" for v in values)
-        print(f"| {name} | {statistics.median(values):,.0f} | {runs} |")
+    callgrind.report(f"worker (one process, a job at a time, poll {a.poll:g} s)", per_job)
     return 0
 
 
