@@ -300,16 +300,19 @@ def test_the_migration_runs_again_when_its_record_is_removed(pg_dsn: str, schema
 
 
 # ------------------------------------------------------------------------------- fillfactor (migration 0022)
-def _options(conn: psycopg.Connection[Any], schema: str) -> list[str]:
-    row = conn.execute("SELECT reloptions FROM pg_class WHERE oid = %s::regclass", (f'"{schema}".jobs',)).fetchone()
+def _options(conn: psycopg.Connection[Any], schema: str, relation: str = "jobs") -> list[str]:
+    row = conn.execute(
+        "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", (f'"{schema}".{relation}',)
+    ).fetchone()
     assert row is not None
-    return sorted(row[0])
+    return sorted(row[0] or [])
 
 
 def test_the_jobs_table_leaves_room_for_a_jobs_new_versions(pg_dsn: str, schema: str) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         options = _options(conn, schema)
-    assert "fillfactor=60" in options
+        pkey = _options(conn, schema, "jobs_pkey")
+    assert "fillfactor=60" in options and pkey == ["fillfactor=50"]
     assert "autovacuum_vacuum_cost_delay=0" in options and "autovacuum_vacuum_scale_factor=0.01" in options
 
 
@@ -333,11 +336,13 @@ def test_the_fillfactor_migration_keeps_a_populated_tables_rows_and_runs_again(p
             before = conn.execute(rows_query).fetchall()
             node = sql.SQL("SELECT pg_relation_filenode({}::regclass)").format(sql.Literal(f'"{schema}".jobs'))
             filenode = conn.execute(node).fetchone()
-            assert "fillfactor=85" in _options(conn, schema)
+            assert "fillfactor=85" in _options(conn, schema) and _options(conn, schema, "jobs_pkey") == []
             assert migrate(conn, schema).applied == ("0022_jobs_fillfactor",)
             assert conn.execute(rows_query).fetchall() == before
             assert conn.execute(node).fetchone() == filenode, "the table was rewritten"
-            assert "fillfactor=60" in _options(conn, schema)
+            assert "fillfactor=60" in _options(conn, schema) and _options(conn, schema, "jobs_pkey") == [
+                "fillfactor=50"
+            ]
             assert "autovacuum_vacuum_cost_delay=0" in _options(conn, schema)
             conn.execute(
                 sql.SQL("DELETE FROM {} WHERE version = 22").format(sql.Identifier(schema, "schema_migrations"))
@@ -371,9 +376,11 @@ def test_the_fillfactor_migration_waits_for_its_lock_at_most_5_seconds(pg_dsn: s
             )
             with pytest.raises(psycopg.errors.LockNotAvailable):
                 migrate(conn, schema)
-            assert "fillfactor=85" in _options(conn, schema)
+            assert "fillfactor=85" in _options(conn, schema) and _options(conn, schema, "jobs_pkey") == []
             holder.rollback()
             assert migrate(conn, schema).applied == ("0022_jobs_fillfactor",)
-            assert "fillfactor=60" in _options(conn, schema)
+            assert "fillfactor=60" in _options(conn, schema) and _options(conn, schema, "jobs_pkey") == [
+                "fillfactor=50"
+            ]
     finally:
         drop_schema(pg_dsn, schema)
