@@ -6,7 +6,7 @@
 -- another page: one page pinned and locked instead of two, a smaller WAL record (same-page updates log only what
 -- changed), and the page's dead versions pruned where the next claim reads. At 85, a page filled by an enqueue had
 -- room for few of its jobs' new versions, so most went to the end of the table, every worker's to the same last page.
--- Measured (docs/performance.md, bench/HISTORY.md): the server's instructions a job of the claim-and-complete loop
+-- Measured (bench/HISTORY.md, issue 41 round 6): the server's instructions a job of the claim-and-complete loop
 -- fall with the fillfactor (154,374 at 100, 152,682 at 85, 151,152 at 70, 150,302 at 60, 149,316 at 50), and a
 -- drained table is no larger than at 85. Rows already stored keep their place; only pages filled from now on leave
 -- the room.
