@@ -15,6 +15,9 @@ subtracted. Variants:
 - ``statement``: skiplock's own complete-and-claim (``job_complete_and_claim_unlimited_one``, the statement of a
   drain of one queue without flow limits) on its table.
 
+Any variant may end in ``-ffN`` (``statement-ff70``): the same with the table's ``fillfactor`` set to N before seeding
+(skiplock's table has 85 since 0001, the honest table PostgreSQL's default of 100).
+
     .venv/bin/python bench/backend_instructions.py                     # every variant, 10,000 jobs
     .venv/bin/python bench/backend_instructions.py --variants honest,statement --jobs 20000
     .venv/bin/python bench/backend_instructions.py --variants skiplock,statement --keep-callgrind /tmp/cg
@@ -136,21 +139,29 @@ def statement_loop(schema: str) -> str:
     return STATEMENT_LOOP.format(s=schema, statement=text.replace("%%", "%"))
 
 
+FILLFACTOR = re.compile(r"-ff(\d+)$")
+
+
 def prepare(conn: psycopg.Connection[Any], variant: str) -> None:
-    """Create the variant's schema, table and ``drain()`` procedure."""
+    """Create the variant's schema, table and ``drain()`` procedure (``-ffN``: with that fillfactor)."""
     s = "v_" + variant.replace("-", "_")
+    fill = FILLFACTOR.search(variant)
+    base = variant if fill is None else variant[: fill.start()]
     conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(s)))
-    if variant == "honest":
+    if base == "honest":
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(s)))
         conn.execute(HONEST_SCHEMA.format(schema=s))
         conn.execute(LOOP.format(s=s, order="visible_at", lease=""))
-        return
-    migrate(conn, s)
-    if variant == "no-checks":
-        _drop(conn, s, "c", lambda name: False)
-    elif variant == "no-idle-indexes":
-        _drop(conn, s, "i", lambda name: name in HOT_INDEXES)
-    conn.execute(statement_loop(s) if variant == "statement" else LOOP.format(s=s, order=SKIPLOCK_ORDER, lease=LEASE))
+    else:
+        migrate(conn, s)
+        if base == "no-checks":
+            _drop(conn, s, "c", lambda name: False)
+        elif base == "no-idle-indexes":
+            _drop(conn, s, "i", lambda name: name in HOT_INDEXES)
+        conn.execute(statement_loop(s) if base == "statement" else LOOP.format(s=s, order=SKIPLOCK_ORDER, lease=LEASE))
+    if fill is not None:
+        table, value = sql.Identifier(s, "jobs"), sql.Literal(int(fill.group(1)))
+        conn.execute(sql.SQL("ALTER TABLE {} SET (fillfactor = {})").format(table, value))
 
 
 def count(postgres: Path, pgdata: Path, user: str | None, out: Path, schema: str, jobs: int, loop: bool) -> int:

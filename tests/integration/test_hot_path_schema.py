@@ -253,7 +253,7 @@ def test_the_migration_moves_a_populated_table_and_its_views(pg_dsn: str) -> Non
             conn.add_notice_handler(
                 lambda d: warnings.append(d.message_primary or "") if d.severity == "WARNING" else None
             )
-            assert migrate(conn, schema).applied == ("0021_column_domains",)
+            assert migrate(conn, schema).applied[0] == "0021_column_domains"
             assert conn.execute(rows_query).fetchall() == rows_before
             assert conn.execute(views_query, (f'"{schema}"',)).fetchall() == views_before
             seen_after = conn.execute(
@@ -297,3 +297,90 @@ def test_the_migration_runs_again_when_its_record_is_removed(pg_dsn: str, schema
         seen = conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(schema, "v"))).fetchall()
     assert table == TABLE_CHECKS and len(domains) == len({name for _, _, name in DOMAIN_BOUNDS})
     assert all(valid for _, valid in domains.values()) and seen == [("q",)]
+
+
+# ------------------------------------------------------------------------------- fillfactor (migration 0022)
+def _options(conn: psycopg.Connection[Any], schema: str, relation: str = "jobs") -> list[str]:
+    row = conn.execute(
+        "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", (f'"{schema}".{relation}',)
+    ).fetchone()
+    assert row is not None
+    return sorted(row[0] or [])
+
+
+def test_the_jobs_table_leaves_room_for_a_jobs_new_versions(pg_dsn: str, schema: str) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        options = _options(conn, schema)
+        pkey = _options(conn, schema, "jobs_pkey")
+    assert "fillfactor=60" in options and pkey == ["fillfactor=50"]
+    assert "autovacuum_vacuum_cost_delay=0" in options and "autovacuum_vacuum_scale_factor=0.01" in options
+
+
+def test_the_fillfactor_migration_keeps_a_populated_tables_rows_and_runs_again(pg_dsn: str) -> None:
+    """From 0021 with rows (pending, claimed, done): every row is kept where it was (no rewrite), the other storage
+    parameters stay, the jobs are claimed and completed after it, and it runs again when its record is removed."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    jobs = sql.Identifier(schema, "jobs")
+    try:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            migrate_to(conn, schema, 21)
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (queue, payload, status, locked_by, locked_at, attempts) SELECT 'q',"
+                    " jsonb_build_object('n', g), CASE WHEN g % 3 = 0 THEN 'processing' ELSE 'pending' END,"
+                    " CASE WHEN g % 3 = 0 THEN 'w' END, CASE WHEN g % 3 = 0 THEN now() END, (g % 3 = 0)::integer"
+                    " FROM generate_series(1, 3000) AS g"
+                ).format(jobs)
+            )
+            rows_query = sql.SQL("SELECT ctid::text, row_to_json(j)::text FROM {} AS j ORDER BY id").format(jobs)
+            before = conn.execute(rows_query).fetchall()
+            node = sql.SQL("SELECT pg_relation_filenode({}::regclass)").format(sql.Literal(f'"{schema}".jobs'))
+            filenode = conn.execute(node).fetchone()
+            assert "fillfactor=85" in _options(conn, schema) and _options(conn, schema, "jobs_pkey") == []
+            assert migrate(conn, schema).applied == ("0022_jobs_fillfactor",)
+            assert conn.execute(rows_query).fetchall() == before
+            assert conn.execute(node).fetchone() == filenode, "the table was rewritten"
+            assert "fillfactor=60" in _options(conn, schema) and _options(conn, schema, "jobs_pkey") == [
+                "fillfactor=50"
+            ]
+            assert "autovacuum_vacuum_cost_delay=0" in _options(conn, schema)
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE version = 22").format(sql.Identifier(schema, "schema_migrations"))
+            )
+            assert migrate(conn, schema).applied == ("0022_jobs_fillfactor",)
+            assert "fillfactor=60" in _options(conn, schema)
+
+        settings = Settings.load(env={}, dsn=pg_dsn, schema=schema, lease_seconds=30)
+        with Queue(settings=settings, max_size=2) as queue:
+            claimed = queue.claim("q", limit=5000, worker="w2")
+            assert len(claimed) == 2000
+            queue.complete(claimed, worker="w2")
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            counts = dict(
+                conn.execute(sql.SQL("SELECT status, count(*) FROM {} GROUP BY status").format(jobs)).fetchall()
+            )
+        assert counts == {"done": 2000, "processing": 1000}
+    finally:
+        drop_schema(pg_dsn, schema)
+
+
+def test_the_fillfactor_migration_waits_for_its_lock_at_most_5_seconds(pg_dsn: str) -> None:
+    """A transaction holding a lock that conflicts with ALTER TABLE ... SET (here: SHARE UPDATE EXCLUSIVE, as a
+    VACUUM or ANALYZE holds) makes the migration fail after 5 s, changing nothing; it applies once the lock is gone."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    try:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn, psycopg.connect(pg_dsn) as holder:
+            migrate_to(conn, schema, 21)
+            holder.execute(
+                sql.SQL("LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE").format(sql.Identifier(schema, "jobs"))
+            )
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                migrate(conn, schema)
+            assert "fillfactor=85" in _options(conn, schema) and _options(conn, schema, "jobs_pkey") == []
+            holder.rollback()
+            assert migrate(conn, schema).applied == ("0022_jobs_fillfactor",)
+            assert "fillfactor=60" in _options(conn, schema) and _options(conn, schema, "jobs_pkey") == [
+                "fillfactor=50"
+            ]
+    finally:
+        drop_schema(pg_dsn, schema)

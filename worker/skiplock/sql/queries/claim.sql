@@ -27,6 +27,10 @@ WITH finishing AS (
       AND ((j.id, j.attempts) IN (SELECT unnest(%(ids)s::bigint[]), unnest(%(attempts)s::integer[]))) IS TRUE
       AND j.status = (SELECT 'processing'::text) AND j.locked_by = %(worker)s
     RETURNING j.id
+), done_ids AS (
+    -- the ids completed, as one array in a one-row store: read by the claim (which therefore runs after the
+    -- completions) and by the last row of the result (counting the done rows and gathering them again read each twice)
+    SELECT array(SELECT id FROM done) AS ids
 ), limit_full AS (
 /*[!unlimited*/
     SELECT l.task FROM {schema}.task_limits AS l
@@ -158,10 +162,10 @@ WITH finishing AS (
     -- subquery, the planner re-read the completed rows once for every claimed one). The ids again as an array
     -- (an init plan): a generic plan, which cannot know the LIMIT, expected a tenth of the table in `go` and
     -- hash-joined it with a scan of the whole table; with the array the rows are found by primary key.
-    WHERE j.id = go.id AND j.id = ANY(ARRAY(SELECT id FROM go)) AND (SELECT count(*) FROM done) >= 0
+    WHERE j.id = go.id AND j.id = ANY(ARRAY(SELECT id FROM go)) AND (SELECT ids FROM done_ids) IS NOT NULL
 /*!unlimited]*/
 /*[unlimited*/
-    WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND (SELECT count(*) FROM done) >= 0
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked)) AND (SELECT ids FROM done_ids) IS NOT NULL
 /*unlimited]*/
     -- the row as the worker reads it, `completed` (NULL here) first: selected as it is below, with no projection
     RETURNING NULL::bigint[] AS completed, j.id, j.queue, j.task, j.payload::text AS payload, j.attempts,
@@ -191,4 +195,4 @@ WITH finishing AS (
 )
 SELECT * FROM claimed
 UNION ALL
-SELECT array(SELECT id FROM done), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+SELECT (SELECT ids FROM done_ids), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
