@@ -322,7 +322,6 @@ def job_from_row(row: dict[str, Any]) -> Job:
 
 
 _new_job = object.__new__
-_set_dict = object.__setattr__  # a frozen instance's __dict__, set in one C call
 
 
 def job_from_claim(row: tuple[Any, ...]) -> Job:
@@ -359,8 +358,11 @@ def job_from_claim(row: tuple[Any, ...]) -> Job:
     if error is not None:
         fields["_decode_error"] = error
     job: Job = _new_job(Job)
-    _set_dict(job, "__dict__", fields)
+    _set_job_dict(job, fields)
     return job
+
+
+_set_job_dict = Job.__dict__["__dict__"].__set__  # a frozen instance's __dict__, set in one C call
 
 
 @dataclass(frozen=True)

@@ -219,7 +219,9 @@ class Slots:
         until there is one; None once closed. ``ended``: the job this thread ran last, whose handler returned: its
         slot is freed under the same lock (one lock round a job, not two); ``now``: when it returned (the next job's
         start, unless the thread has to wait for one: one clock read a job)."""
-        with self._mutex:
+        mutex = self._mutex
+        mutex.acquire()  # not ``with``, which looks up and binds __enter__ and __exit__ anew each time (a job each)
+        try:
             if ended is not None and ended.busy:  # its slot, unless the loop collected its result first (_end,
                 ended.busy = False  # inline: bench/HISTORY.md, "Behind the code")
                 self._busy -= 1
@@ -236,7 +238,10 @@ class Slots:
                     if now - e.claimed >= self.lease and now - self.renewed >= self.lease:  # see the class
                         self._expired.append(e)
                         continue
-                    e = self._begin(e, now)
+                    e.started, e.busy = now, True  # _begin, inline (a job each)
+                    self._busy += 1
+                    self.started += 1
+                    self._running[e.job.id] = e
                 if e is not None:
                     if self._handing:  # the loop waits for this (see wait)
                         self._taken.notify()
@@ -249,14 +254,19 @@ class Slots:
                 self._waking = max(0, self._waking - 1)
                 now = None  # it waited: the next job starts later
             return None
+        finally:
+            mutex.release()
 
     # ------------------------------------------------------------------ async runners (on the loop)
     def next_for_task(self, ended: Entry | None = None) -> Entry | None:
         """An async runner's next job, once a slot is free; None when there is none now (the runner then waits to be
         woken). ``ended``: the job it ran last, whose slot is freed under the same lock."""
-        with self._mutex:
-            if ended is not None:
-                self._end(ended)
+        mutex = self._mutex
+        mutex.acquire()  # (see next_for_thread)
+        try:
+            if ended is not None and ended.busy:  # _end, inline
+                ended.busy = False
+                self._busy -= 1
             while self.open and self._by_task and self._busy < self.capacity:
                 e = self._by_task.popleft()
                 now = time.monotonic()
@@ -267,6 +277,8 @@ class Slots:
             if ended is not None:
                 self._wake_threads()  # the freed slot may start a waiting sync job
             return None
+        finally:
+            mutex.release()
 
     def task_work(self) -> bool:
         """Whether an async job waits and may start now (a hint for waking a runner: read without the lock)."""
