@@ -143,6 +143,19 @@ class _Deferred:
         return getattr(self._cm, name)
 
 
+class Bound:
+    """What a worker binds to the job its handler runs, in the job's one field ``_cancel`` (set and cleared once a job,
+    one dictionary store each, where three fields cost three): the job's cancel flag (``is_set``), the lazy
+    ``job.conn`` (``conn``) and ``job.step``'s store (``durable``). The worker's entry for the job is one."""
+
+    __slots__ = ()
+    conn: Any
+    durable: Any
+
+    def is_set(self) -> bool:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class Job:
     """One claimed attempt of a job.
@@ -178,6 +191,8 @@ class Job:
     @property
     def conn(self) -> Any:
         c = self._conn
+        if c is None and isinstance(bound := self._cancel, Bound):  # run by a worker (see Bound)
+            c = bound.conn
         return c.get() if type(c) is LazyConnection else c
 
     @property
@@ -199,6 +214,8 @@ class Job:
 
     def _durable_side(self, is_async: bool, what: str) -> Any:
         d = self._durable
+        if d is None and isinstance(bound := self._cancel, Bound):  # run by a worker (see Bound)
+            d = bound.durable
         if d is None:
             raise RuntimeError(f"{what} needs a job run by a skiplock worker")
         if d.is_async != is_async:

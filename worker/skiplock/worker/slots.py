@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skiplock.app import Task
-from skiplock.job import Job, Outcome
+from skiplock.job import Bound, Job, Outcome
 
 HANDOFF_SECONDS = 0.002
 """An idle worker's loop waits up to this long for the handler thread it woke to take its job (see
@@ -37,9 +37,10 @@ class Target:
 
 
 @dataclass(slots=True, eq=False)
-class Entry:
+class Entry(Bound):
     """A claimed job on its way through this worker: waiting for a slot (prefetched), then running, then its result
-    on its way back to the loop (the executors report the entry itself: no result object per job)."""
+    on its way back to the loop (the executors report the entry itself: no result object per job). While its handler
+    runs it is bound to its job (:class:`~skiplock.job.Bound`)."""
 
     job: Job
     target: Target
@@ -57,6 +58,8 @@ class Entry:
     error: BaseException | None = None  # what the handler raised (failed, timed_out, snoozed)
     result: str | None = None  # done: the handler's return value as JSON (None: it returned None)
     finished: float = 0.0  # time.monotonic() when the handler returned
+    conn: Any = None  # job.conn while it runs: its runner's lazy connection (see Bound)
+    durable: Any = None  # job.step's store while it runs
 
     def is_set(self) -> bool:
         """What ``job.cancelled`` reads in the handler (the entry is the job's cancel flag: one thread sets it and
@@ -321,14 +324,17 @@ class Slots:
         with self._mutex:
             running = self._running
             for e in entries:
-                if running.get(e.job.id) is e:
-                    del running[e.job.id]
-                    if e.busy:
-                        e.busy = False
-                        self._busy -= 1
-                    keep(e)
-                    if e.timer is not None:
-                        timed.append(e.timer)
+                held_now = running.pop(e.job.id, None)  # one lookup a job (not get, then del)
+                if held_now is not e:
+                    if held_now is not None:  # a later claim of its job: still held
+                        running[held_now.job.id] = held_now
+                    continue
+                if e.busy:
+                    e.busy = False
+                    self._busy -= 1
+                keep(e)
+                if e.timer is not None:
+                    timed.append(e.timer)
         for timer in timed:
             timer.cancel()
         if held:
