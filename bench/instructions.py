@@ -10,6 +10,7 @@ counts work, not contention: compare variants with it, read throughput off ``run
     .venv/bin/python bench/instructions.py --ref 60b41ee        # and that commit's, alternated with it
     .venv/bin/python bench/instructions.py --queues             # the jobs spread over 50 queues
     .venv/bin/python bench/instructions.py --async              # an async no-op handler
+    .venv/bin/python bench/instructions.py --keep-callgrind DIR  # and keep callgrind's files (callgrind_annotate)
 
 Prints JSON lines (one per run, then the medians) and a table; needs valgrind (``apt-get install valgrind``).
 """
@@ -34,9 +35,17 @@ import scenario
 COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-def count(cfg: scenario.Config, jobs: int, src: str | None, flow: str | None = None, handler: str = "noop") -> int:
+def count(
+    cfg: scenario.Config,
+    jobs: int,
+    src: str | None,
+    flow: str | None = None,
+    handler: str = "noop",
+    keep: Path | None = None,
+) -> int:
     """Instructions (callgrind's Ir) of one worker draining ``jobs`` no-op jobs (``flow="queues"``: spread over 50
-    queues, all served by the worker; ``handler="anoop"``: an async no-op)."""
+    queues, all served by the worker; ``handler="anoop"``: an async no-op); ``keep``: where to copy callgrind's out
+    file (for ``callgrind_annotate``)."""
     schema = scenario.new_schema(cfg, "instr")
     log = Path(tempfile.mkdtemp(prefix="bench-instr-")) / "worker.log"
     env = scenario._env(
@@ -69,6 +78,12 @@ def count(cfg: scenario.Config, jobs: int, src: str | None, flow: str | None = N
         scenario.stop([proc])
         worker.wait(timeout=120)
     found = COLLECTED.findall(proc.output())
+    claims = scenario.stopped_count(proc, "claims")
+    if claims:
+        print(f"  claims: {claims} ({jobs / claims:.0f} jobs a claim)", file=sys.stderr)
+    if keep is not None:
+        for out in log.parent.glob("cg.out*"):
+            shutil.copy(out, keep)
     shutil.rmtree(log.parent, ignore_errors=True)
     if not found:
         raise scenario.BenchError("valgrind reported no instruction count:\n" + proc.output()[-2000:])
@@ -83,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ref", help="also count this commit's worker/ (git ref, or a directory holding skiplock/)")
     p.add_argument("--queues", action="store_const", const="queues", help="spread the jobs over 50 queues")
     p.add_argument("--async", dest="handler", action="store_const", const="anoop", default="noop", help="async no-op")
+    p.add_argument("--keep-callgrind", type=Path, metavar="DIR", help="keep each run's callgrind out file in DIR")
     a = p.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("valgrind not found (apt-get install valgrind)", file=sys.stderr)
@@ -100,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(a.repeat):
                 for name, src in variants:
                     t = time.monotonic()
-                    ir = count(cfg, a.jobs, src, a.queues, a.handler)
+                    keep = None
+                    if a.keep_callgrind is not None:
+                        a.keep_callgrind.mkdir(parents=True, exist_ok=True)
+                        keep = a.keep_callgrind / f"{name.replace('/', '_')}-{rep + 1}.out"
+                    ir = count(cfg, a.jobs, src, a.queues, a.handler, keep)
                     per_job[name].append(ir / a.jobs)
                     record: dict[str, Any] = {"type": "run", "variant": name, "rep": rep + 1, "jobs": a.jobs}
                     print(json.dumps(record | {"instructions_per_job": round(ir / a.jobs)}), flush=True)

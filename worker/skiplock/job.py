@@ -143,6 +143,19 @@ class _Deferred:
         return getattr(self._cm, name)
 
 
+class Bound:
+    """What a worker binds to the job its handler runs, in the job's one field ``_cancel`` (set and cleared once a job,
+    one dictionary store each, where three fields cost three): the job's cancel flag (``is_set``), the lazy
+    ``job.conn`` (``conn``) and ``job.step``'s store (``durable``). The worker's entry for the job is one."""
+
+    __slots__ = ()
+    conn: Any
+    durable: Any
+
+    def is_set(self) -> bool:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class Job:
     """One claimed attempt of a job.
@@ -178,6 +191,8 @@ class Job:
     @property
     def conn(self) -> Any:
         c = self._conn
+        if c is None and isinstance(bound := self._cancel, Bound):  # run by a worker (see Bound)
+            c = bound.conn
         return c.get() if type(c) is LazyConnection else c
 
     @property
@@ -199,6 +214,8 @@ class Job:
 
     def _durable_side(self, is_async: bool, what: str) -> Any:
         d = self._durable
+        if d is None and isinstance(bound := self._cancel, Bound):  # run by a worker (see Bound)
+            d = bound.durable
         if d is None:
             raise RuntimeError(f"{what} needs a job run by a skiplock worker")
         if d.is_async != is_async:
@@ -326,31 +343,43 @@ _new_job = object.__new__
 
 def job_from_claim(row: tuple[Any, ...]) -> Job:
     """The Job of a claim's row (``completed``, then ``CLAIM_ROW``), built without the frozen ``__init__`` (which
-    sets each field through ``object.__setattr__``): this runs for every claimed job. The private fields keep their
-    class defaults (None) until a worker binds them."""
+    sets each field through ``object.__setattr__``): this runs for every claimed job. Its instance dictionary holds
+    only the fields whose value differs from the class default (a field left out reads the default, as the private
+    fields do until a worker binds them): each key a dictionary takes costs more than the test that leaves it out."""
     _, id_, queue, task, text, attempts, max_attempts, priority, created_at, visible_at, key, timeout, serial, tc = row
     payload, error = decode_payload(text)
-    if timeout is not None and (bad := timeout_error(timeout)) is not None:
-        timeout, error = None, error or bad
-    job: Job = _new_job(Job)
-    job.__dict__.update(
-        id=id_,
-        queue=queue,
-        payload=payload,
-        attempts=attempts,
-        max_attempts=max_attempts,
-        priority=priority,
-        created_at=created_at,
-        visible_at=visible_at,
-        idempotency_key=key,
-        task=task,
-        timeout_seconds=timeout,
-        serial_key=serial,
-        trace_context=tc,
-    )
+    fields = {
+        "id": id_,
+        "queue": queue,
+        "payload": payload,
+        "attempts": attempts,
+        "max_attempts": max_attempts,
+        "created_at": created_at,
+        "visible_at": visible_at,
+    }
+    if task is not None:
+        fields["task"] = task
+    if priority:
+        fields["priority"] = priority
+    if key is not None:
+        fields["idempotency_key"] = key
+    if timeout is not None:
+        if (bad := timeout_error(timeout)) is not None:
+            error = error or bad
+        else:
+            fields["timeout_seconds"] = timeout
+    if serial is not None:
+        fields["serial_key"] = serial
+    if tc is not None:
+        fields["trace_context"] = tc
     if error is not None:
-        job.__dict__["_decode_error"] = error
+        fields["_decode_error"] = error
+    job: Job = _new_job(Job)
+    _set_job_dict(job, fields)
     return job
+
+
+_set_job_dict = Job.__dict__["__dict__"].__set__  # a frozen instance's __dict__, set in one C call
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ transaction, or on a pool connection switched to autocommit for the time of the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Generic, TypeVar
@@ -94,6 +95,68 @@ def execute_on(cur: psycopg.Cursor[Any], call: Call[T]) -> T:
 
 async def aexecute_on(cur: psycopg.AsyncCursor[Any], call: Call[T]) -> T:
     await cur.execute(call.query, call.params, binary=call.binary)
+    return call.read(Result(await cur.fetchall() if _has_rows(cur) else [], cur.rowcount))
+
+
+_PLACEHOLDER = re.compile(r"%(?:\((\w+)\)s|%|)")
+POSITIONAL_KEPT = 64
+"""Most query texts whose conversion :func:`positional` keeps."""
+_positional: dict[str, tuple[bytes, tuple[str, ...]] | None] = {}
+
+
+def positional(query: Any) -> tuple[bytes, tuple[str, ...]] | None:
+    """``query`` (text with ``%(name)s`` placeholders) as PostgreSQL takes it, with ``$1``, ``$2``... numbered as
+    psycopg numbers them (each name once, in the order of its first use), and the names in that order; converted
+    once per query text. None for a query this does not take (not ASCII text, or a ``%`` sequence other than
+    ``%(name)s`` and ``%%``): psycopg converts that one itself."""
+    if not isinstance(query, str):
+        return None
+    found = _positional.get(query, False)
+    if found is not False:
+        return found  # type: ignore[return-value]
+    names: dict[str, int] = {}
+    chunks: list[str] = []
+    at = 0
+    converted: tuple[bytes, tuple[str, ...]] | None = None
+    for m in _PLACEHOLDER.finditer(query):
+        chunks.append(query[at : m.start()])
+        at = m.end()
+        if m.group(1) is not None:
+            chunks.append(f"${names.setdefault(m.group(1), len(names) + 1)}")
+        elif m.group(0) == "%%":
+            chunks.append("%")
+        else:  # a placeholder of another kind (%s, %b, %(name)t...): psycopg's own conversion
+            break
+    else:
+        chunks.append(query[at:])
+        text = "".join(chunks)
+        converted = (text.encode(), tuple(names)) if text.isascii() else None
+    if len(_positional) >= POSITIONAL_KEPT:
+        _positional.clear()
+    _positional[query] = converted
+    return converted
+
+
+def raw_cursor(conn: psycopg.AsyncConnection[Any], tuples: bool) -> psycopg.AsyncRawCursor[Any]:
+    """A cursor for :func:`aexecute_raw`, kept by the caller for the connection's next calls."""
+    return psycopg.AsyncRawCursor(conn, row_factory=tuple_row if tuples else dict_row)
+
+
+async def aexecute_raw(cur: psycopg.AsyncRawCursor[Any], call: Call[T]) -> T:
+    """Run ``call`` on a kept raw cursor (see :func:`raw_cursor`; its rows' kind already the call's), its placeholders
+    converted by :func:`positional`: psycopg parses a query longer than 4 kB (a claim's) again at every execution.
+    A query :func:`positional` does not take runs on a cursor of its own, converted by psycopg."""
+    converted = positional(call.query) if call.params is not None else None
+    if converted is None:
+        return await aexecute(cur.connection, call)
+    query, names = converted
+    params = call.params
+    assert params is not None
+    try:
+        values = [params[name] for name in names]
+    except KeyError as exc:
+        raise psycopg.ProgrammingError(f"query parameter missing: {exc.args[0]}") from None
+    await cur.execute(query, values, binary=call.binary)
     return call.read(Result(await cur.fetchall() if _has_rows(cur) else [], cur.rowcount))
 
 

@@ -30,7 +30,7 @@ from skiplock.settings import CONTROL_CONNECTIONS, Settings, redact
 from skiplock.store.call import Call
 from skiplock.store.links import complete_results
 from skiplock.store.purge import apurge_batch
-from skiplock.store.run import aexecute
+from skiplock.store.run import aexecute, aexecute_raw, raw_cursor
 from skiplock.store.schedules import ScheduleSession
 from skiplock.store.statements import Claim, Failure, PurgePolicy, Recovered, Statements
 from skiplock.store.tasks import TaskDefaults
@@ -168,6 +168,7 @@ class PgWorkerStore:
         self.prepare = True  # control statements are prepared (False once prepared statements went missing)
         self.plans = 0  # replans so far (see replan): a connection's plans are current when made after the last
         self._claim_conn: psycopg.AsyncConnection[Any] | None = None  # kept between claims: no checkout per claim
+        self._claim_cursor: psycopg.AsyncRawCursor[Any] | None = None  # the kept connection's (see aexecute_raw)
         self._streaming = False  # the kept connection plans its claims once (see stream_claims)
         self._refilling: asyncio.Task[None] | None = None  # see connect_now
 
@@ -353,7 +354,10 @@ class PgWorkerStore:
         try:
             if self._claim_conn is None:
                 self._claim_conn = await self.pool.getconn()
-            return await aexecute(self._claim_conn, call)
+                self._claim_cursor = None
+            if self._claim_cursor is None:
+                self._claim_cursor = raw_cursor(self._claim_conn, call.tuples)
+            return await aexecute_raw(self._claim_cursor, call)
         except BaseException:
             await self.give_back_claim_connection()
             raise
@@ -380,7 +384,7 @@ class PgWorkerStore:
 
     async def give_back_claim_connection(self) -> None:
         """The kept connection goes back to the pool (idle, or all slots busy for a while): plans reset first."""
-        conn, self._claim_conn = self._claim_conn, None
+        conn, self._claim_conn, self._claim_cursor = self._claim_conn, None, None
         if conn is None:
             return
         if not self._streaming:

@@ -314,10 +314,11 @@ class AsyncExecutor:
     async def _unit(self, entry: Entry, lazy: AsyncLazyConnection) -> Outcome:
         job, target = entry.job, entry.target
         timeout = job.timeout_seconds if job.timeout_seconds is not None else target.timeout_seconds  # timeout_for()
-        # bound in place for its handler (no copy of the job, no call): job.conn, job.cancelled (the entry is the
-        # flag) and job.step read these fields; cleared once it returned
+        # bound in place for its handler (no copy of the job, no call): job.conn, job.cancelled and job.step read
+        # the entry through the job's field; cleared once it returned
+        entry.conn, entry.durable = lazy, self._durable
         fields = job.__dict__
-        fields["_conn"], fields["_cancel"], fields["_durable"] = lazy, entry, self._durable
+        fields["_cancel"] = entry  # the entry is bound to its job (skiplock.job.Bound): one field, not three
         try:
             try:
                 if timeout is None:
@@ -349,7 +350,7 @@ class AsyncExecutor:
             return written
         finally:
             # the job and its entry no longer refer to each other: freed without the GC
-            fields["_conn"] = fields["_cancel"] = fields["_durable"] = None
+            fields["_cancel"] = None
             if lazy.conn is not None:
                 await self.pool.putconn(lazy.conn)
 
@@ -459,10 +460,11 @@ class ThreadExecutor:
 
     def _unit(self, entry: Entry, lazy: LazyConnection) -> Outcome:
         job = entry.job
-        # bound in place for its handler (no copy of the job, no call): job.conn, job.cancelled (the entry is the
-        # flag) and job.step read these fields; cleared once it returned
+        # bound in place for its handler (no copy of the job, no call): job.conn, job.cancelled and job.step read
+        # the entry through the job's field; cleared once it returned
+        entry.conn, entry.durable = lazy, self._durable
         fields = job.__dict__
-        fields["_conn"], fields["_cancel"], fields["_durable"] = lazy, entry, self._durable
+        fields["_cancel"] = entry  # (see AsyncExecutor._unit)
         try:
             try:
                 value = entry.target.func(job)
@@ -483,7 +485,7 @@ class ThreadExecutor:
             entry.written = True
             return written
         finally:
-            fields["_conn"] = fields["_cancel"] = fields["_durable"] = None  # see AsyncExecutor._unit
+            fields["_cancel"] = None  # see AsyncExecutor._unit
             if lazy.conn is not None:
                 self.pool.putconn(lazy.conn)
 

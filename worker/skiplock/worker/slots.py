@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skiplock.app import Task
-from skiplock.job import Job, Outcome
+from skiplock.job import Bound, Job, Outcome
 
 HANDOFF_SECONDS = 0.002
 """An idle worker's loop waits up to this long for the handler thread it woke to take its job (see
@@ -37,9 +37,10 @@ class Target:
 
 
 @dataclass(slots=True, eq=False)
-class Entry:
+class Entry(Bound):
     """A claimed job on its way through this worker: waiting for a slot (prefetched), then running, then its result
-    on its way back to the loop (the executors report the entry itself: no result object per job)."""
+    on its way back to the loop (the executors report the entry itself: no result object per job). While its handler
+    runs it is bound to its job (:class:`~skiplock.job.Bound`)."""
 
     job: Job
     target: Target
@@ -57,6 +58,8 @@ class Entry:
     error: BaseException | None = None  # what the handler raised (failed, timed_out, snoozed)
     result: str | None = None  # done: the handler's return value as JSON (None: it returned None)
     finished: float = 0.0  # time.monotonic() when the handler returned
+    conn: Any = None  # job.conn while it runs: its runner's lazy connection (see Bound)
+    durable: Any = None  # job.step's store while it runs
 
     def is_set(self) -> bool:
         """What ``job.cancelled`` reads in the handler (the entry is the job's cancel flag: one thread sets it and
@@ -219,7 +222,9 @@ class Slots:
         until there is one; None once closed. ``ended``: the job this thread ran last, whose handler returned: its
         slot is freed under the same lock (one lock round a job, not two); ``now``: when it returned (the next job's
         start, unless the thread has to wait for one: one clock read a job)."""
-        with self._mutex:
+        mutex = self._mutex
+        mutex.acquire()  # not ``with``, which looks up and binds __enter__ and __exit__ anew each time (a job each)
+        try:
             if ended is not None and ended.busy:  # its slot, unless the loop collected its result first (_end,
                 ended.busy = False  # inline: bench/HISTORY.md, "Behind the code")
                 self._busy -= 1
@@ -236,7 +241,10 @@ class Slots:
                     if now - e.claimed >= self.lease and now - self.renewed >= self.lease:  # see the class
                         self._expired.append(e)
                         continue
-                    e = self._begin(e, now)
+                    e.started, e.busy = now, True  # _begin, inline (a job each)
+                    self._busy += 1
+                    self.started += 1
+                    self._running[e.job.id] = e
                 if e is not None:
                     if self._handing:  # the loop waits for this (see wait)
                         self._taken.notify()
@@ -249,14 +257,19 @@ class Slots:
                 self._waking = max(0, self._waking - 1)
                 now = None  # it waited: the next job starts later
             return None
+        finally:
+            mutex.release()
 
     # ------------------------------------------------------------------ async runners (on the loop)
     def next_for_task(self, ended: Entry | None = None) -> Entry | None:
         """An async runner's next job, once a slot is free; None when there is none now (the runner then waits to be
         woken). ``ended``: the job it ran last, whose slot is freed under the same lock."""
-        with self._mutex:
-            if ended is not None:
-                self._end(ended)
+        mutex = self._mutex
+        mutex.acquire()  # (see next_for_thread)
+        try:
+            if ended is not None and ended.busy:  # _end, inline
+                ended.busy = False
+                self._busy -= 1
             while self.open and self._by_task and self._busy < self.capacity:
                 e = self._by_task.popleft()
                 now = time.monotonic()
@@ -267,6 +280,8 @@ class Slots:
             if ended is not None:
                 self._wake_threads()  # the freed slot may start a waiting sync job
             return None
+        finally:
+            mutex.release()
 
     def task_work(self) -> bool:
         """Whether an async job waits and may start now (a hint for waking a runner: read without the lock)."""
@@ -309,14 +324,17 @@ class Slots:
         with self._mutex:
             running = self._running
             for e in entries:
-                if running.get(e.job.id) is e:
-                    del running[e.job.id]
-                    if e.busy:
-                        e.busy = False
-                        self._busy -= 1
-                    keep(e)
-                    if e.timer is not None:
-                        timed.append(e.timer)
+                held_now = running.pop(e.job.id, None)  # one lookup a job (not get, then del)
+                if held_now is not e:
+                    if held_now is not None:  # a later claim of its job: still held
+                        running[held_now.job.id] = held_now
+                    continue
+                if e.busy:
+                    e.busy = False
+                    self._busy -= 1
+                keep(e)
+                if e.timer is not None:
+                    timed.append(e.timer)
         for timer in timed:
             timer.cancel()
         if held:
