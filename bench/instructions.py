@@ -18,21 +18,15 @@ Prints JSON lines (one per run, then the medians) and a table; needs valgrind (`
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
+import callgrind
 import run
 import scenario
-
-COLLECTED = re.compile(r"Collected : (\d+)")
 
 
 def count(
@@ -58,26 +52,28 @@ def count(
         },
         src,
     )
-    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={log.parent}/cg.out"]
     with log.open("wb") as out:
         worker = subprocess.Popen(
-            [*command, sys.executable, "-m", "skiplock", "worker"], env=env, stdout=out, stderr=subprocess.STDOUT
+            [*callgrind.command(log.parent / "cg.out"), sys.executable, "-m", "skiplock", "worker"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     proc = scenario.Proc(worker, log, "listener connected")
     try:
         scenario.wait_ready([proc], timeout=600)
-        subprocess.run(["callgrind_control", "-i", "on", str(worker.pid)], check=True, capture_output=True)
+        callgrind.counting(worker.pid, True)
         with scenario.queue_for(cfg, schema) as q, scenario.connect(cfg, autocommit=False) as conn:
             for start in range(0, jobs, scenario.ENQUEUE_CHUNK):
                 scenario.enqueue_chunk(q, conn, range(start, min(jobs, start + scenario.ENQUEUE_CHUNK)), flow)
             conn.commit()
         with scenario.connect(cfg) as mon:
             scenario.wait_drained(mon, schema, timeout=3600, queues=scenario.drain_queues(flow))
-        subprocess.run(["callgrind_control", "-i", "off", str(worker.pid)], check=True, capture_output=True)
+        callgrind.counting(worker.pid, False)
     finally:
         scenario.stop([proc])
         worker.wait(timeout=120)
-    found = COLLECTED.findall(proc.output())
+    found = callgrind.collected(proc.output())
     claims = scenario.stopped_count(proc, "claims")
     if claims:
         print(f"  claims: {claims} ({jobs / claims:.0f} jobs a claim)", file=sys.stderr)
@@ -85,9 +81,9 @@ def count(
         for out in log.parent.glob("cg.out*"):
             shutil.copy(out, keep)
     shutil.rmtree(log.parent, ignore_errors=True)
-    if not found:
+    if found is None:
         raise scenario.BenchError("valgrind reported no instruction count:\n" + proc.output()[-2000:])
-    return int(found[-1])
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,42 +96,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--async", dest="handler", action="store_const", const="anoop", default="noop", help="async no-op")
     p.add_argument("--keep-callgrind", type=Path, metavar="DIR", help="keep each run's callgrind out file in DIR")
     a = p.parse_args(argv)
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        print("valgrind not found (apt-get install valgrind)", file=sys.stderr)
+    if not callgrind.installed():
+        print(callgrind.MISSING, file=sys.stderr)
         return 2
-    variants: list[tuple[str, str | None]] = [("tree", None)]
-    if a.ref:
-        variants.append((a.ref, run.worker_source(a.ref)))
-    per_job: dict[str, list[float]] = {name: [] for name, _ in variants}
+
+    def keep(name: str) -> Path | None:  # the next file of this variant's runs in --keep-callgrind
+        if a.keep_callgrind is None:
+            return None
+        a.keep_callgrind.mkdir(parents=True, exist_ok=True)
+        stem = name.replace("/", "_")
+        return a.keep_callgrind / f"{stem}-{len(list(a.keep_callgrind.glob(f'{stem}-*.out'))) + 1}.out"
+
     with run.database(a.dsn) as srv:
         size = dict(run.MODES["default"], drain_jobs=a.jobs)
         cfg = scenario.Config(
             server=srv, workers=1, concurrency=10, batch=None, poll_seconds=2.0, drain_timeout=3600.0, **size
         )
         try:
-            for rep in range(a.repeat):
-                for name, src in variants:
-                    t = time.monotonic()
-                    keep = None
-                    if a.keep_callgrind is not None:
-                        a.keep_callgrind.mkdir(parents=True, exist_ok=True)
-                        keep = a.keep_callgrind / f"{name.replace('/', '_')}-{rep + 1}.out"
-                    ir = count(cfg, a.jobs, src, a.queues, a.handler, keep)
-                    per_job[name].append(ir / a.jobs)
-                    record: dict[str, Any] = {"type": "run", "variant": name, "rep": rep + 1, "jobs": a.jobs}
-                    print(json.dumps(record | {"instructions_per_job": round(ir / a.jobs)}), flush=True)
-                    took = time.monotonic() - t
-                    print(f"  [{rep + 1}/{a.repeat}] {name}: {ir / a.jobs:,.0f} ({took:.0f}s)", file=sys.stderr)
+            per_job = callgrind.alternate(
+                callgrind.variants(a.ref),
+                a.repeat,
+                lambda name, src: count(cfg, a.jobs, src, a.queues, a.handler, keep(name)) / a.jobs,
+                jobs=a.jobs,
+            )
         finally:
             scenario.drop_schemas(cfg)
-    for name, values in per_job.items():
-        print(json.dumps({"type": "median", "variant": name, "instructions_per_job": round(statistics.median(values))}))
     shape = "50 queues" if a.queues else "one queue"
     kind = "async no-op" if a.handler == "anoop" else "no-op"
-    print(f"\n| worker (one, C=10, {kind}, {shape}) | instructions/job (median) | runs |\n|---|---:|---|")
-    for name, values in per_job.items():
-        runs = ", ".join(f"{v:,.0f}" for v in values)
-        print(f"| {name} | {statistics.median(values):,.0f} | {runs} |")
+    callgrind.report(f"worker (one, C=10, {kind}, {shape})", per_job)
     return 0
 
 
