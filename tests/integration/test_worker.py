@@ -465,12 +465,21 @@ async def test_a_worker_picking_up_jobs_one_at_a_time_keeps_its_claim_connection
         await aqueue.enqueue("default", {})
         await await_for(lambda: len(ran) == 1, timeout=30, what="the first job done")
         await await_for(lambda: worker._store.claim_connection_kept, timeout=30, what="the claim connection kept")
-        checkouts = worker._store.pool.get_stats()["requests_num"]
+        store = worker._store
+        give_back = store.give_back_claim_connection
+        given_back: list[bool] = []
+
+        async def counted() -> None:
+            given_back.append(store.claim_connection_kept)
+            await give_back()
+
+        monkeypatch.setattr(store, "give_back_claim_connection", counted)
+        kept = store._claim_conn
         for n in range(2, 5):
             await aqueue.enqueue("default", {})
             await await_for(lambda n=n: len(ran) == n, timeout=30, what=f"job {n} done")
-        assert worker._store.claim_connection_kept
-        assert worker._store.pool.get_stats()["requests_num"] == checkouts, "a checkout for a pick-up"
+        assert store.claim_connection_kept and store._claim_conn is kept
+        assert True not in given_back, "the claim connection went back to the pool between pick-ups"
     finally:
         worker.request_stop()
         assert await asyncio.wait_for(task, 30) == 0
