@@ -72,9 +72,10 @@ _TOKEN = re.compile(
 
 
 def compact(text: str) -> str:
-    """``text`` without its ``--`` comments, indentation and blank lines: what is sent to the server. The files keep
-    their comments for readers; psycopg parses a statement's ``%(name)s`` placeholders on every execution when its
-    text is over 4,096 characters (below that it caches them), and the claim, commented, is over it."""
+    """``text`` without its ``--`` comments, indentation and blank lines: what is sent to the server (and what it
+    parses, logs and shows in ``pg_stat_statements``). The files keep their comments for readers. psycopg caches a
+    statement's converted ``%(name)s`` placeholders only up to 4,096 characters: compacted, every statement but the
+    limited claims fits; the worker's claim converts its own once whatever its length (``store.run.positional``)."""
 
     def keep(m: re.Match[str]) -> str:
         return "" if m["comment"] is not None else "\n" if m["br"] is not None else m[0]
